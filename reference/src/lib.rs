@@ -1,0 +1,36 @@
+//! The pure-CPU reference of every algorithm in `spec/SPEC.md`, and the
+//! source of truth every backend is checked against.
+//!
+//! Invariants: no tensor library and no backend is used (plain loops over
+//! [`Tensor`], f64 throughout, sums in index order, CONV-9); no function owns
+//! randomness, every draw consumes noise given by the caller (CONV-10); every
+//! public function validates all of its input before computing anything and
+//! reports the first defect as a typed [`SpecError`] (ERR-1), never a panic;
+//! rule IDs in doc comments name the spec rule a function implements.
+
+pub mod accept;
+pub mod controller;
+pub mod dflash;
+pub mod error;
+pub mod greedy;
+pub mod kvcache;
+pub mod logits;
+pub mod lossy;
+pub mod ngram;
+pub mod rejection;
+pub mod sampling;
+pub mod tensor;
+pub mod theory;
+pub(crate) mod validate;
+
+pub use accept::{Comparator, accept_test, speculative_accept};
+pub use error::{ErrorKind, Result, SpecError};
+pub use greedy::{DflashOutput, VerifyOutput, dflash_accept, greedy_verify};
+pub use logits::{SamplingParams, process_logits, process_logits_batch};
+pub use rejection::{DrawNoise, RejectionInputs, rejection_verify, residual_distribution};
+pub use sampling::{DrawMethod, Drawn};
+pub use tensor::Tensor;
+pub use validate::SUM_TOLERANCE;
+
+/// The token id that marks an unused slot in padded token tensors (CONV-1).
+pub const PAD: i64 = -1;

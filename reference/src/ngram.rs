@@ -1,0 +1,264 @@
+//! The n-gram (prompt lookup) proposer, NGRAM-1 .. NGRAM-7: a linear search
+//! that defines the answer, and an incremental index that must return
+//! exactly the same answer in O(1) amortised time per token.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, SpecError};
+use crate::tensor::Tensor;
+use crate::validate;
+use crate::PAD;
+
+/// Which occurrence of the matched n-gram is used (NGRAM-2). Both prefer
+/// the largest n first.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum NgramPolicy {
+    /// Seed 001: the most recent (rightmost) occurrence.
+    #[default]
+    LargestNMostRecent,
+    /// vLLM: the earliest (leftmost) occurrence.
+    LargestNEarliest,
+}
+
+/// N-gram proposer settings (NGRAM-1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NgramConfig {
+    pub ngram_min: usize,
+    pub ngram_max: usize,
+    /// Maximum number of draft tokens proposed.
+    pub k: usize,
+    pub policy: NgramPolicy,
+    /// NGRAM-5: if set, the proposal leaves room for itself and one bonus token.
+    pub max_model_len: Option<usize>,
+}
+
+impl Default for NgramConfig {
+    /// Seed 001's defaults: n in 1..=4, k = 5.
+    fn default() -> Self {
+        NgramConfig { ngram_min: 1, ngram_max: 4, k: 5, policy: NgramPolicy::default(), max_model_len: None }
+    }
+}
+
+impl NgramConfig {
+    /// NGRAM-1: `1 <= ngram_min <= ngram_max`, `k >= 1`, `max_model_len >= 1`.
+    pub fn validate(&self) -> Result<()> {
+        if self.ngram_min < 1 {
+            return Err(SpecError::param("ngram_min", self.ngram_min, "must be >= 1"));
+        }
+        if self.ngram_max < self.ngram_min {
+            return Err(SpecError::param("ngram_max", self.ngram_max, "must be >= ngram_min"));
+        }
+        if self.k < 1 {
+            return Err(SpecError::param("k", self.k, "must be >= 1"));
+        }
+        if self.max_model_len == Some(0) {
+            return Err(SpecError::param("max_model_len", 0, "must be >= 1"));
+        }
+        Ok(())
+    }
+
+    /// NGRAM-5: the number of drafts allowed for a context of `len` tokens.
+    fn capped_k(&self, seq: usize, len: usize) -> Result<usize> {
+        match self.max_model_len {
+            None => Ok(self.k),
+            Some(max) if len > max => {
+                Err(SpecError::ContextTooLong { arg: "context", seq, len, max_model_len: max })
+            }
+            Some(max) => Ok(self.k.min(max.saturating_sub(len + 1))),
+        }
+    }
+}
+
+/// The search context of seed 001: prompt and generated tokens, or only the
+/// generated ones when `prompt_lookup` is off.
+pub fn lookup_context(prompt: &[i64], generated: &[i64], prompt_lookup: bool) -> Vec<i64> {
+    if prompt_lookup { prompt.iter().chain(generated).copied().collect() } else { generated.to_vec() }
+}
+
+fn validate_context(seq: usize, context: &[i64], vocab: usize) -> Result<()> {
+    if context.is_empty() {
+        return Err(SpecError::EmptyContext { arg: "context", seq });
+    }
+    for (i, &t) in context.iter().enumerate() {
+        validate::token("context", || vec![seq, i], t, vocab)?;
+    }
+    Ok(())
+}
+
+/// NGRAM-2/3 by linear search over a validated context.
+fn search(context: &[i64], cfg: &NgramConfig, k: usize) -> Vec<i64> {
+    let len = context.len();
+    if k == 0 {
+        return Vec::new();
+    }
+    for n in (cfg.ngram_min..=cfg.ngram_max).rev() {
+        if len < n + 1 {
+            continue;
+        }
+        let key = &context[len - n..];
+        // Candidate starts exclude the suffix itself: i in [0, len - n).
+        let hit = |i: &usize| &context[*i..*i + n] == key;
+        let found = match cfg.policy {
+            NgramPolicy::LargestNMostRecent => (0..len - n).rev().find(hit),
+            NgramPolicy::LargestNEarliest => (0..len - n).find(hit),
+        };
+        if let Some(i) = found {
+            return continuation(context, i + n, k);
+        }
+    }
+    Vec::new()
+}
+
+fn continuation(context: &[i64], start: usize, k: usize) -> Vec<i64> {
+    context[start..(start + k).min(context.len())].to_vec()
+}
+
+/// Proposes up to `k` drafts for one context by linear search (NGRAM-2 .. NGRAM-5).
+pub fn propose(context: &[i64], vocab: usize, cfg: &NgramConfig) -> Result<Vec<i64>> {
+    cfg.validate()?;
+    validate_context(0, context, vocab)?;
+    let k = cfg.capped_k(0, context.len())?;
+    Ok(search(context, cfg, k))
+}
+
+/// Batched proposal (NGRAM-7).
+///
+/// * `contexts` `[B, L]`, PAD beyond each length; `context_lens` `[B]` in `[1, L]`.
+///
+/// Returns the drafts `[B, k]` (PAD-padded) and the proposal lengths `[B]`.
+pub fn propose_batch(
+    contexts: &Tensor<i64>,
+    context_lens: &Tensor<i64>,
+    vocab: usize,
+    cfg: &NgramConfig,
+) -> Result<(Tensor<i64>, Vec<usize>)> {
+    cfg.validate()?;
+    let dims = validate::rank("contexts", contexts.shape(), 2, "[B, L]")?;
+    let (batch, width) = (dims[0], dims[1]);
+    if batch == 0 {
+        return Err(SpecError::EmptyBatch { arg: "contexts" });
+    }
+    validate::shape("context_lens", context_lens.shape(), &[batch], "[B]")?;
+    let mut lens = Vec::with_capacity(batch);
+    for (b, &len) in context_lens.data().iter().enumerate() {
+        if len == 0 {
+            return Err(SpecError::EmptyContext { arg: "contexts", seq: b });
+        }
+        if len < 0 || len as u64 > width as u64 {
+            return Err(SpecError::LengthOutOfRange { arg: "context_lens", seq: b, len, max: width });
+        }
+        let row = contexts.lane_at(&[b]);
+        let len = len as usize;
+        validate_context(b, &row[..len], vocab)?;
+        if let Some(j) = row[len..].iter().position(|&t| t != PAD) {
+            return Err(SpecError::PaddingMismatch {
+                arg: "contexts",
+                index: vec![b, len + j],
+                token: row[len + j],
+                expected: "PAD (-1) beyond the context length",
+            });
+        }
+        cfg.capped_k(b, len)?;
+        lens.push(len);
+    }
+
+    let mut drafts = Tensor::full(vec![batch, cfg.k], PAD);
+    let mut proposal_lens = Vec::with_capacity(batch);
+    for (b, &len) in lens.iter().enumerate() {
+        let context = &contexts.lane_at(&[b])[..len];
+        let proposal = search(context, cfg, cfg.capped_k(b, len)?);
+        drafts.data_mut()[b * cfg.k..b * cfg.k + proposal.len()].copy_from_slice(&proposal);
+        proposal_lens.push(proposal.len());
+    }
+    Ok((drafts, proposal_lens))
+}
+
+/// Where an n-gram has started so far (only starts that exclude the suffix).
+#[derive(Debug, Clone, Copy)]
+struct Occurrences {
+    first: usize,
+    last: usize,
+}
+
+/// Incremental n-gram index (NGRAM-6): `propose()` equals [`propose`] on
+/// the same tokens after any sequence of appends.
+///
+/// Each append inserts one start per n (the n-gram that has just stopped
+/// being the suffix), so positions arrive in increasing order and keeping
+/// the first and last start per key is enough for both policies. Cost per
+/// token: `O(ngram_max^2)` hashing, independent of the context length.
+#[derive(Debug, Clone)]
+pub struct NgramIndex {
+    cfg: NgramConfig,
+    vocab: usize,
+    tokens: Vec<i64>,
+    /// `tables[n - ngram_min]` maps an n-gram to its admissible starts.
+    tables: Vec<HashMap<Vec<i64>, Occurrences>>,
+}
+
+impl NgramIndex {
+    pub fn new(cfg: NgramConfig, vocab: usize) -> Result<Self> {
+        cfg.validate()?;
+        if vocab == 0 {
+            return Err(SpecError::EmptyVocab { arg: "vocab" });
+        }
+        let tables = vec![HashMap::new(); cfg.ngram_max - cfg.ngram_min + 1];
+        Ok(NgramIndex { cfg, vocab, tokens: Vec::new(), tables })
+    }
+
+    /// The tokens indexed so far.
+    pub fn context(&self) -> &[i64] {
+        &self.tokens
+    }
+
+    /// Appends tokens; all are validated before any is indexed.
+    pub fn extend(&mut self, tokens: &[i64]) -> Result<()> {
+        for (i, &t) in tokens.iter().enumerate() {
+            validate::token("tokens", || vec![self.tokens.len() + i], t, self.vocab)?;
+        }
+        for &t in tokens {
+            self.tokens.push(t);
+            let len = self.tokens.len();
+            for n in self.cfg.ngram_min..=self.cfg.ngram_max {
+                if len < n + 1 {
+                    break;
+                }
+                // The start len-1-n became admissible: it is < len - n.
+                let start = len - 1 - n;
+                let key = self.tokens[start..start + n].to_vec();
+                self.tables[n - self.cfg.ngram_min]
+                    .entry(key)
+                    .and_modify(|o| o.last = start)
+                    .or_insert(Occurrences { first: start, last: start });
+            }
+        }
+        Ok(())
+    }
+
+    /// The proposal for the current context (NGRAM-2 .. NGRAM-5).
+    pub fn propose(&self) -> Result<Vec<i64>> {
+        let len = self.tokens.len();
+        if len == 0 {
+            return Err(SpecError::EmptyContext { arg: "context", seq: 0 });
+        }
+        let k = self.cfg.capped_k(0, len)?;
+        if k == 0 {
+            return Ok(Vec::new());
+        }
+        for n in (self.cfg.ngram_min..=self.cfg.ngram_max).rev() {
+            if len < n + 1 {
+                continue;
+            }
+            if let Some(o) = self.tables[n - self.cfg.ngram_min].get(&self.tokens[len - n..]) {
+                let start = match self.cfg.policy {
+                    NgramPolicy::LargestNMostRecent => o.last,
+                    NgramPolicy::LargestNEarliest => o.first,
+                };
+                return Ok(continuation(&self.tokens, start + n, k));
+            }
+        }
+        Ok(Vec::new())
+    }
+}

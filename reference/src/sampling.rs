@@ -1,0 +1,104 @@
+//! The two specified ways to draw a token from non-negative weights
+//! (SAMPLE-1 .. SAMPLE-3). Randomness is always an explicit input (CONV-10).
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, SpecError};
+use crate::validate;
+
+/// Which draw method consumes the draw noise.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DrawMethod {
+    /// SAMPLE-1: one uniform per draw, inverse CDF over index order.
+    #[default]
+    InverseCdf,
+    /// SAMPLE-2: one Exp(1) value per vocabulary entry per draw; the
+    /// exponential race (Gumbel-max) form of seed 001 P2.2 and vLLM.
+    ExponentialRace,
+}
+
+/// A drawn token and the margin of the decision (SAMPLE-3).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Drawn {
+    pub token: usize,
+    /// Distance to the nearest boundary that would change the token, in
+    /// units of the total weight; `f64::INFINITY` if no noise could change it.
+    pub margin: f64,
+}
+
+/// Validates a weight row: finite, non-negative, positive total.
+pub(crate) fn weights(arg: &'static str, prefix: &[usize], w: &[f64]) -> Result<()> {
+    let mut total = 0.0;
+    for (i, &x) in w.iter().enumerate() {
+        let index = || prefix.iter().copied().chain([i]).collect();
+        if !x.is_finite() {
+            return Err(SpecError::NonFinite { arg, index: index(), value: x });
+        }
+        if x < 0.0 {
+            return Err(SpecError::NegativeProbability { arg, index: index(), value: x });
+        }
+        total += x;
+    }
+    if total > 0.0 { Ok(()) } else { Err(SpecError::ZeroMass { arg, row: prefix.to_vec() }) }
+}
+
+/// SAMPLE-1, validated: the smallest `i` with `v * S < C_i`, where `S` is the
+/// f64 sum of `w` and `C_i` its running sum in index order.
+pub fn sample_inverse_cdf(w: &[f64], v: f64) -> Result<Drawn> {
+    weights("weights", &[], w)?;
+    validate::uniform("v", Vec::new, v)?;
+    Ok(inverse_cdf(w, v))
+}
+
+/// SAMPLE-2, validated: `argmax_{i : w_i > 0} w_i / e_i`, ties to the lowest id.
+pub fn sample_exponential_race(w: &[f64], e: &[f64]) -> Result<Drawn> {
+    weights("weights", &[], w)?;
+    validate::shape("exponentials", &[e.len()], &[w.len()], "[V]")?;
+    for (i, &x) in e.iter().enumerate() {
+        if !(x.is_finite() && x > 0.0) {
+            return Err(SpecError::InvalidNoise { arg: "exponentials", index: vec![i], value: x });
+        }
+    }
+    Ok(exponential_race(w, e))
+}
+
+/// SAMPLE-1 on validated input (positive total weight, `v` in [0, 1)).
+pub(crate) fn inverse_cdf(w: &[f64], v: f64) -> Drawn {
+    let total: f64 = w.iter().sum();
+    let target = v * total;
+    let mut below = 0.0;
+    for (i, &x) in w.iter().enumerate() {
+        let above = below + x;
+        if target < above {
+            return Drawn { token: i, margin: (target - below).min(above - target) / total };
+        }
+        below = above;
+    }
+    // `v * S` rounded up to `S`: the last id with positive weight, margin 0.
+    let last = w.iter().rposition(|&x| x > 0.0).expect("positive total weight");
+    Drawn { token: last, margin: 0.0 }
+}
+
+/// SAMPLE-2 on validated input (positive total weight, `e` finite and > 0).
+pub(crate) fn exponential_race(w: &[f64], e: &[f64]) -> Drawn {
+    let mut best: Option<(usize, f64)> = None;
+    let mut second = f64::NEG_INFINITY;
+    for (i, (&x, &ei)) in w.iter().zip(e).enumerate() {
+        if x <= 0.0 {
+            continue; // zero-weight ids never win, whatever their noise
+        }
+        let score = x / ei;
+        match best {
+            Some((_, b)) if score <= b => second = second.max(score),
+            _ => {
+                if let Some((_, b)) = best {
+                    second = second.max(b);
+                }
+                best = Some((i, score));
+            }
+        }
+    }
+    let (token, top) = best.expect("positive total weight");
+    let margin = if second == f64::NEG_INFINITY { f64::INFINITY } else { (top - second) / top };
+    Drawn { token, margin }
+}

@@ -1,0 +1,118 @@
+//! ERR-1 and CONV-7: arbitrary input never panics, and padding never matters.
+
+use proptest::prelude::*;
+use specdec_reference::kvcache::{self, BatchKvCache};
+use specdec_reference::ngram::{self, NgramConfig};
+use specdec_reference::{
+    Comparator, DrawNoise, PAD, RejectionInputs, SamplingParams, Tensor, dflash_accept, greedy_verify,
+    process_logits_batch, rejection_verify, residual_distribution, speculative_accept,
+};
+
+/// Any small shape (rank 0 to 4, dims 0 to 3).
+fn shape() -> impl Strategy<Value = Vec<usize>> {
+    prop::collection::vec(0usize..4, 0..5)
+}
+
+/// Floats including every troublesome value.
+fn float() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        4 => 0.0f64..1.0,
+        1 => Just(f64::NAN),
+        1 => Just(f64::INFINITY),
+        1 => Just(f64::NEG_INFINITY),
+        1 => -2.0f64..2.0,
+        1 => Just(1.0),
+        1 => Just(0.0),
+    ]
+}
+
+fn tensor_f() -> impl Strategy<Value = Tensor<f64>> {
+    shape().prop_flat_map(|s| {
+        let n: usize = s.iter().product();
+        prop::collection::vec(float(), n).prop_map(move |d| Tensor::new(s.clone(), d).unwrap())
+    })
+}
+
+fn tensor_i() -> impl Strategy<Value = Tensor<i64>> {
+    shape().prop_flat_map(|s| {
+        let n: usize = s.iter().product();
+        prop::collection::vec(-2i64..5, n).prop_map(move |d| Tensor::new(s.clone(), d).unwrap())
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// ERR-1: no public operation panics, whatever it is given.
+    #[test]
+    fn no_operation_panics(
+        a in tensor_f(), b in tensor_f(), c in tensor_f(), d in tensor_f(),
+        t in tensor_i(), l in tensor_i(), v in 0usize..6,
+        temp in float(), top_k in 0usize..4, top_p in float(), r in prop::collection::vec(float(), 0..4),
+        toks in prop::collection::vec(-2i64..5, 0..4),
+    ) {
+        let _ = greedy_verify(&a, &t, &l);
+        let _ = dflash_accept(&t, &l, v);
+        let _ = speculative_accept(&toks, &a, &b, &r, Comparator::Strict);
+        let _ = speculative_accept(&toks, &a, &b, &r, Comparator::Seed004LessEq);
+        for draw in [DrawNoise::InverseCdf(c.clone()), DrawNoise::ExponentialRace(c.clone())] {
+            for q in [Some(&b), None] {
+                let inputs = RejectionInputs {
+                    target_probs: &a, draft_probs: q, draft_tokens: &t, proposal_lens: &l,
+                    accept_uniforms: &d, draw: &draw,
+                };
+                let _ = rejection_verify(&inputs, Comparator::Strict);
+            }
+        }
+        let rows = a.shape().first().copied().unwrap_or(0);
+        let params = vec![SamplingParams { temperature: temp, top_k, top_p }; rows];
+        let _ = process_logits_batch(&a, &params);
+        let _ = residual_distribution(&a, Some(&b), &t);
+        let _ = residual_distribution(&a, None, &t);
+        let cfg = NgramConfig { ngram_min: top_k, ngram_max: v, k: top_k + 1, ..NgramConfig::default() };
+        let _ = ngram::propose_batch(&t, &l, v, &cfg);
+        let _ = ngram::propose(&toks, v, &cfg);
+        let _ = kvcache::gather_paged(&a, &t, &l);
+        if let Ok(mut cache) = BatchKvCache::new(v.max(1), 1, 2, 4) {
+            let _ = cache.append(&a, &b, &l);
+            let _ = cache.trim_variable(&l);
+            let _ = cache.trim_clamped(&t);
+        }
+    }
+}
+
+/// CONV-7: rows past a sequence's proposal are not read. Filling them with
+/// NaN (target rows past `len`, draft rows at and past `len`) changes nothing.
+#[test]
+fn padding_rows_are_never_read() {
+    let (b, k, v) = (2, 3, 4);
+    let row = [0.1, 0.2, 0.3, 0.4];
+    let qrow = [0.4, 0.3, 0.2, 0.1];
+    let lens = Tensor::from_vec(vec![1, 3]);
+    let drafts = Tensor::new(vec![b, k], vec![3, PAD, PAD, 0, 1, 2]).unwrap();
+    let build = |fill: f64| {
+        let mut p = Vec::new();
+        let mut q = Vec::new();
+        for s in 0..b {
+            let len = [1, 3][s];
+            for j in 0..=k {
+                p.extend(if j <= len { row } else { [fill; 4] });
+                if j < k {
+                    q.extend(if j < len { qrow } else { [fill; 4] });
+                }
+            }
+        }
+        (Tensor::new(vec![b, k + 1, v], p).unwrap(), Tensor::new(vec![b, k, v], q).unwrap())
+    };
+    let u = Tensor::new(vec![b, k], vec![0.3, 0.9, 0.1, 0.2, 0.5, 0.7]).unwrap();
+    let draw = DrawNoise::InverseCdf(Tensor::new(vec![b, k + 1], vec![0.5; b * (k + 1)]).unwrap());
+    let run = |fill: f64| {
+        let (p, q) = build(fill);
+        let inputs = RejectionInputs {
+            target_probs: &p, draft_probs: Some(&q), draft_tokens: &drafts, proposal_lens: &lens,
+            accept_uniforms: &u, draw: &draw,
+        };
+        (rejection_verify(&inputs, Comparator::Strict).unwrap(), greedy_verify(&p, &drafts, &lens).unwrap())
+    };
+    assert_eq!(run(f64::NAN), run(0.25));
+}
