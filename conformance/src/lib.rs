@@ -1,1 +1,22 @@
-//! (stub)
+//! The conformance suite every specdec backend must pass: golden cases read
+//! from language-neutral JSON files, differential cases generated from a
+//! seed and judged against the reference, and calibrated statistical checks
+//! of a backend's own random generator.
+//!
+//! Invariants: the reference is the oracle (expected outputs come from hand
+//! calculations checked against it, or from the reference itself); a
+//! difference is excused only where the reference's own decision margin is
+//! below the backend's stated epsilon, and every excuse is counted; a
+//! malformed case fails alone and never stops the run; statistical checks
+//! state their power before sampling and are never retried; `NotSupported`
+//! is reported and never counted as a pass.
+
+pub mod bless;
+pub mod case;
+pub mod compare;
+pub mod diff;
+pub mod execute;
+pub mod harness;
+pub mod report;
+pub mod stat;
+pub mod suite;

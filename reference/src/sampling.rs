@@ -4,6 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, SpecError};
+use crate::rejection::DrawNoise;
+use crate::tensor::Tensor;
 use crate::validate;
 
 /// Which draw method consumes the draw noise.
@@ -101,4 +103,39 @@ pub(crate) fn exponential_race(w: &[f64], e: &[f64]) -> Drawn {
     let (token, top) = best.expect("positive total weight");
     let margin = if second == f64::NEG_INFINITY { f64::INFINITY } else { (top - second) / top };
     Drawn { token, margin }
+}
+
+/// SAMPLE-1/2 row by row (the backend `draw` operation): `weights` `[R, V]`
+/// with `[R]` uniforms or `[R, V]` exponentials.
+pub fn draw_rows(weights: &Tensor<f64>, noise: &DrawNoise) -> Result<Vec<Drawn>> {
+    let dims = validate::rank("weights", weights.shape(), 2, "[R, V]")?;
+    let (rows, vocab) = (dims[0], dims[1]);
+    if rows == 0 {
+        return Err(SpecError::EmptyBatch { arg: "weights" });
+    }
+    if vocab == 0 {
+        return Err(SpecError::EmptyVocab { arg: "weights" });
+    }
+    match noise {
+        DrawNoise::InverseCdf(u) => {
+            validate::shape("draw_uniforms", u.shape(), &[rows], "[R]")?;
+            validate::uniforms("draw_uniforms", u)?;
+        }
+        DrawNoise::ExponentialRace(e) => {
+            validate::shape("draw_exponentials", e.shape(), &[rows, vocab], "[R, V]")?;
+            validate::exponentials("draw_exponentials", e)?;
+        }
+    }
+    for r in 0..rows {
+        self::weights("weights", &[r], weights.lane_at(&[r]))?;
+    }
+    Ok((0..rows)
+        .map(|r| {
+            let w = weights.lane_at(&[r]);
+            match noise {
+                DrawNoise::InverseCdf(u) => inverse_cdf(w, u.data()[r]),
+                DrawNoise::ExponentialRace(e) => exponential_race(w, e.lane_at(&[r])),
+            }
+        })
+        .collect())
 }

@@ -153,7 +153,7 @@ impl<T: Clone> Tensor<T> {
 }
 
 /// Expands a flat offset back into a full index (for error messages).
-pub(crate) fn unravel(shape: &[usize], mut offset: usize) -> Vec<usize> {
+pub fn unravel(shape: &[usize], mut offset: usize) -> Vec<usize> {
     let mut index = vec![0; shape.len()];
     for (slot, &n) in index.iter_mut().zip(shape).rev() {
         if n > 0 {

@@ -1,1 +1,301 @@
-//! (stub)
+//! The Backend contract every specdec port implements, and the reference
+//! wrapped as the canonical backend.
+//!
+//! A backend owns a device tensor type and implements the spec's operations
+//! on it. Inputs are uploaded once; outputs stay on the device until the
+//! caller downloads them, so a decode loop only moves accepted tokens and
+//! counts to the host. Invariants: every operation returns the same typed
+//! [`SpecError`] kinds as the reference for the same bad input (the contract
+//! is checked by `specdec-conformance`); an operation a backend lacks answers
+//! [`BackendError::NotSupported`], which reports never count as a pass;
+//! randomness is an explicit input except in [`Backend::rejection_verify_seeded`].
+//! Model-forward operations (embedding, attention over a batched KV cache,
+//! MLP, lm_head, aux hidden states) are added to [`Op`] and to the trait as
+//! further default-`NotSupported` methods, using the same tensor and cache types.
+
+mod reference;
+
+pub use reference::{ReferenceBackend, RefTensor};
+pub use specdec_reference::ngram::NgramConfig;
+pub use specdec_reference::{
+    Comparator, DrawMethod, ErrorKind, PAD, SamplingParams, SpecError, Tensor as HostTensor,
+};
+
+use serde::{Deserialize, Serialize};
+
+/// Why a backend operation did not produce a result.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BackendError {
+    /// The input violates the spec; the same error the reference gives.
+    #[error(transparent)]
+    Invalid(#[from] SpecError),
+    /// The backend does not implement this operation.
+    #[error("backend `{backend}` does not support `{op}`")]
+    NotSupported { op: Op, backend: String },
+    /// The device or library failed (allocation, kernel launch, dtype).
+    #[error("backend `{backend}` device error: {message}")]
+    Device { backend: String, message: String },
+}
+
+impl BackendError {
+    pub fn device(backend: &str, message: impl std::fmt::Display) -> Self {
+        BackendError::Device { backend: backend.to_string(), message: message.to_string() }
+    }
+
+    /// The spec error kind, when the input was invalid.
+    pub fn kind(&self) -> Option<ErrorKind> {
+        match self {
+            BackendError::Invalid(e) => Some(e.kind()),
+            _ => None,
+        }
+    }
+}
+
+pub type Result<T, E = BackendError> = std::result::Result<T, E>;
+
+/// Every operation of the contract, by its case-file name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Op {
+    GreedyVerify,
+    DflashAccept,
+    RejectionVerify,
+    RejectionVerifySeeded,
+    Residual,
+    ProcessLogits,
+    Draw,
+    NgramPropose,
+    KvCache,
+    PagedGather,
+}
+
+impl Op {
+    pub const ALL: [Op; 10] = [
+        Op::GreedyVerify,
+        Op::DflashAccept,
+        Op::RejectionVerify,
+        Op::RejectionVerifySeeded,
+        Op::Residual,
+        Op::ProcessLogits,
+        Op::Draw,
+        Op::NgramPropose,
+        Op::KvCache,
+        Op::PagedGather,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::GreedyVerify => "greedy_verify",
+            Op::DflashAccept => "dflash_accept",
+            Op::RejectionVerify => "rejection_verify",
+            Op::RejectionVerifySeeded => "rejection_verify_seeded",
+            Op::Residual => "residual",
+            Op::ProcessLogits => "process_logits",
+            Op::Draw => "draw",
+            Op::NgramPropose => "ngram_propose",
+            Op::KvCache => "kv_cache",
+            Op::PagedGather => "paged_gather",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Op> {
+        Op::ALL.into_iter().find(|op| op.name() == name)
+    }
+}
+
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The numeric contract a backend states (CONV-9, SAMPLE-3).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Precision {
+    /// The dtype probabilities and scores are computed in, e.g. `"f32"`.
+    pub float_dtype: &'static str,
+    /// The dtype cumulative sums are accumulated in.
+    pub accumulate_dtype: &'static str,
+    /// Decisions whose reference margin is below this may differ from the
+    /// reference; such cases are excused and counted, never hidden.
+    pub margin_epsilon: f64,
+    /// Absolute tolerance on float outputs (distributions, gathered K/V).
+    pub value_tolerance: f64,
+}
+
+/// Draw noise on the device: `[R]`/`[B, k+1]` uniforms or `[.., V]` exponentials.
+#[derive(Debug, Clone, Copy)]
+pub enum DrawNoiseArg<'a, T> {
+    InverseCdf(&'a T),
+    ExponentialRace(&'a T),
+}
+
+impl<T> DrawNoiseArg<'_, T> {
+    pub fn method(&self) -> DrawMethod {
+        match self {
+            DrawNoiseArg::InverseCdf(_) => DrawMethod::InverseCdf,
+            DrawNoiseArg::ExponentialRace(_) => DrawMethod::ExponentialRace,
+        }
+    }
+}
+
+/// The probabilities and drafts of a rejection-sampling verify (REJECT-1).
+#[derive(Debug, Clone, Copy)]
+pub struct RejectionArgs<'a, T> {
+    /// `[B, k+1, V]`.
+    pub target_probs: &'a T,
+    /// `[B, k, V]`, or `None` for drafts without probabilities (RESID-2).
+    pub draft_probs: Option<&'a T>,
+    /// `[B, k]` i64, PAD beyond each proposal.
+    pub draft_tokens: &'a T,
+    /// `[B]` i64.
+    pub proposal_lens: &'a T,
+}
+
+/// Explicit noise of a rejection-sampling verify.
+#[derive(Debug, Clone, Copy)]
+pub struct RejectionNoise<'a, T> {
+    /// `[B, k]` uniforms.
+    pub accept_uniforms: &'a T,
+    pub draw: DrawNoiseArg<'a, T>,
+}
+
+/// Verify outputs, still on the device.
+#[derive(Debug, Clone)]
+pub struct Verified<T> {
+    /// `[B, k+1]` i64: accepted drafts, the next token, PAD.
+    pub tokens: T,
+    /// `[B]` i64.
+    pub num_accepted: T,
+}
+
+/// DFlash outputs, still on the device.
+#[derive(Debug, Clone)]
+pub struct DflashAccepted<T> {
+    /// `[bs]` i64.
+    pub accept_len: T,
+    /// `[bs]` i64.
+    pub bonus: T,
+}
+
+/// Per-row sampling parameters on the device (LOGITS-1).
+#[derive(Debug, Clone, Copy)]
+pub struct LogitsParams<'a, T> {
+    /// `[R]` float.
+    pub temperature: &'a T,
+    /// `[R]` i64, 0 disables.
+    pub top_k: &'a T,
+    /// `[R]` float in (0, 1].
+    pub top_p: &'a T,
+}
+
+/// How `kv_trim` treats amounts beyond a sequence's length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrimMode {
+    /// KV-4: an error, nothing trimmed.
+    Strict,
+    /// KV-5: clamp to the length and report what was trimmed.
+    Clamped,
+}
+
+/// A speculative-decoding backend. Every method but the transfers has a
+/// default that answers `NotSupported`.
+pub trait Backend {
+    /// A device-resident tensor: floats in the backend's dtype, or i64 ids.
+    type Tensor: Clone + std::fmt::Debug;
+    /// A batched KV cache living on the device (KV-1).
+    type KvCache;
+
+    /// A short stable name, e.g. `"candle-cpu"`.
+    fn name(&self) -> String;
+    /// The device, e.g. `"cpu"` or `"cuda:0"`.
+    fn device(&self) -> String;
+    fn precision(&self) -> Precision;
+
+    /// Copies host floats to the device, converting to the backend's dtype.
+    fn upload_f64(&self, t: &HostTensor<f64>) -> Result<Self::Tensor>;
+    fn upload_i64(&self, t: &HostTensor<i64>) -> Result<Self::Tensor>;
+    fn download_f64(&self, t: &Self::Tensor) -> Result<HostTensor<f64>>;
+    fn download_i64(&self, t: &Self::Tensor) -> Result<HostTensor<i64>>;
+
+    /// GREEDY-1 .. GREEDY-4.
+    fn greedy_verify(&self, _target_scores: &Self::Tensor, _draft_tokens: &Self::Tensor, _proposal_lens: &Self::Tensor) -> Result<Verified<Self::Tensor>> {
+        Err(self.unsupported(Op::GreedyVerify))
+    }
+
+    /// DFLASH-1 .. DFLASH-3.
+    fn dflash_accept(&self, _candidates: &Self::Tensor, _target_predict: &Self::Tensor, _vocab: usize) -> Result<DflashAccepted<Self::Tensor>> {
+        Err(self.unsupported(Op::DflashAccept))
+    }
+
+    /// REJECT-1 .. REJECT-5 with explicit noise.
+    fn rejection_verify(&self, _args: RejectionArgs<'_, Self::Tensor>, _noise: RejectionNoise<'_, Self::Tensor>, _comparator: Comparator) -> Result<Verified<Self::Tensor>> {
+        Err(self.unsupported(Op::RejectionVerify))
+    }
+
+    /// REJECT-1 .. REJECT-5 with the backend's own generator seeded by `seed`
+    /// (the exception of CONV-10; checked statistically). Each sequence's
+    /// noise must be independent of every other sequence's.
+    fn rejection_verify_seeded(&self, _args: RejectionArgs<'_, Self::Tensor>, _method: DrawMethod, _comparator: Comparator, _seed: u64) -> Result<Verified<Self::Tensor>> {
+        Err(self.unsupported(Op::RejectionVerifySeeded))
+    }
+
+    /// RESID-1 .. RESID-3 as normalised rows: `target [R, V]`, `draft [R, V]`
+    /// or `None` with `drafted [R]`.
+    fn residual(&self, _target: &Self::Tensor, _draft: Option<&Self::Tensor>, _drafted: &Self::Tensor) -> Result<Self::Tensor> {
+        Err(self.unsupported(Op::Residual))
+    }
+
+    /// LOGITS-1 .. LOGITS-6 on `logits [R, V]`.
+    fn process_logits(&self, _logits: &Self::Tensor, _params: LogitsParams<'_, Self::Tensor>) -> Result<Self::Tensor> {
+        Err(self.unsupported(Op::ProcessLogits))
+    }
+
+    /// SAMPLE-1/2 row-wise: `weights [R, V]` and `[R]` uniforms or `[R, V]`
+    /// exponentials give `[R]` i64 ids.
+    fn draw(&self, _weights: &Self::Tensor, _noise: DrawNoiseArg<'_, Self::Tensor>) -> Result<Self::Tensor> {
+        Err(self.unsupported(Op::Draw))
+    }
+
+    /// NGRAM-7: `contexts [B, L]`, `context_lens [B]` give drafts `[B, k]`
+    /// and proposal lengths `[B]`.
+    fn ngram_propose(&self, _contexts: &Self::Tensor, _context_lens: &Self::Tensor, _vocab: usize, _config: &NgramConfig) -> Result<(Self::Tensor, Self::Tensor)> {
+        Err(self.unsupported(Op::NgramPropose))
+    }
+
+    /// KV-1: an empty cache.
+    fn kv_new(&self, _batch: usize, _heads: usize, _head_dim: usize, _capacity: usize) -> Result<Self::KvCache> {
+        Err(self.unsupported(Op::KvCache))
+    }
+
+    /// KV-2.
+    fn kv_append(&self, _cache: &mut Self::KvCache, _keys: &Self::Tensor, _values: &Self::Tensor, _counts: &Self::Tensor) -> Result<()> {
+        Err(self.unsupported(Op::KvCache))
+    }
+
+    /// KV-3 .. KV-5: returns the trimmed amounts `[B]` i64.
+    fn kv_trim(&self, _cache: &mut Self::KvCache, _amounts: &Self::Tensor, _mode: TrimMode) -> Result<Self::Tensor> {
+        Err(self.unsupported(Op::KvCache))
+    }
+
+    /// The lengths `[B]` i64.
+    fn kv_lens(&self, _cache: &Self::KvCache) -> Result<Self::Tensor> {
+        Err(self.unsupported(Op::KvCache))
+    }
+
+    /// The valid keys and values, each `[B, H, max len, D]`, zero past each length.
+    fn kv_contents(&self, _cache: &Self::KvCache) -> Result<(Self::Tensor, Self::Tensor)> {
+        Err(self.unsupported(Op::KvCache))
+    }
+
+    /// KV-8/9.
+    fn paged_gather(&self, _pages: &Self::Tensor, _block_table: &Self::Tensor, _context_lens: &Self::Tensor) -> Result<Self::Tensor> {
+        Err(self.unsupported(Op::PagedGather))
+    }
+
+    /// The `NotSupported` error for `op`, named after this backend.
+    fn unsupported(&self, op: Op) -> BackendError {
+        BackendError::NotSupported { op, backend: self.name() }
+    }
+}

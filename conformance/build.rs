@@ -1,0 +1,32 @@
+//! Embeds the golden case files of `fixtures/cases/` so that the suite is
+//! self-contained: a vendor's test binary needs no path to this repository.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+fn main() {
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo");
+    let root = Path::new(&manifest).join("../fixtures/cases");
+    println!("cargo:rerun-if-changed={}", root.display());
+    let mut files = Vec::new();
+    let mut stack = vec![root.clone()];
+    while let Some(dir) = stack.pop() {
+        println!("cargo:rerun-if-changed={}", dir.display());
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "json") {
+                files.push(path.strip_prefix(&root).expect("below root").to_string_lossy().replace('\\', "/"));
+            }
+        }
+    }
+    files.sort();
+    let mut out = String::from("/// The golden case files, by path below `fixtures/cases/`.\npub static GOLDEN_FILES: &[(&str, &str)] = &[\n");
+    for f in files {
+        let _ = writeln!(out, "    (\"{f}\", include_str!(concat!(env!(\"CARGO_MANIFEST_DIR\"), \"/../fixtures/cases/{f}\"))),");
+    }
+    out.push_str("];\n");
+    let dest = Path::new(&std::env::var("OUT_DIR").expect("set by cargo")).join("golden_files.rs");
+    std::fs::write(dest, out).expect("OUT_DIR is writable");
+}

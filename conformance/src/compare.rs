@@ -1,0 +1,199 @@
+//! Judging a backend's observed outputs against a case's expectation
+//! (CASE-5): exact for ids, within tolerance for floats, and excused only
+//! where the reference's decision margin is below the backend's epsilon.
+
+use serde_json::{Map, Value};
+use specdec_backend::{BackendError, ErrorKind, HostTensor, Precision, SamplingParams};
+use specdec_reference as r;
+
+use crate::case::{Case, CaseError, decode_f64, decode_i64};
+use crate::execute::{OutValue, Observed};
+
+/// The outcome of one check.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// Matched; `excused` rows differed only within their margin.
+    Pass { excused: usize, max_abs_err: f64 },
+    Fail(String),
+    NotSupported(String),
+}
+
+/// Per-row decision margins of the reference on this case (SAMPLE-3), for
+/// the ops whose integer or kept-set outputs can flip under rounding.
+pub fn reference_margins(case: &Case) -> Result<Option<Vec<f64>>, CaseError> {
+    let margins = match case.op.as_str() {
+        "greedy_verify" => {
+            let out = r::greedy_verify(&case.input_f("target_scores")?, &case.input_i("draft_tokens")?, &case.input_i("proposal_lens")?);
+            out.ok().map(|o| o.margins)
+        }
+        "rejection_verify" => {
+            let (p, q) = (case.input_f("target_probs")?, case.opt_input_f("draft_probs")?);
+            let (d, l, u) = (case.input_i("draft_tokens")?, case.input_i("proposal_lens")?, case.input_f("accept_uniforms")?);
+            let draw = match case.opt_input_f("draw_uniforms")? {
+                Some(v) => r::DrawNoise::InverseCdf(v),
+                None => r::DrawNoise::ExponentialRace(case.input_f("draw_exponentials")?),
+            };
+            let cmp = case.param("comparator", Some(r::Comparator::Strict))?;
+            let inputs = r::RejectionInputs {
+                target_probs: &p, draft_probs: q.as_ref(), draft_tokens: &d, proposal_lens: &l,
+                accept_uniforms: &u, draw: &draw,
+            };
+            r::rejection_verify(&inputs, cmp).ok().map(|o| o.margins)
+        }
+        "draw" => {
+            let w = case.input_f("weights")?;
+            let noise = match case.opt_input_f("draw_uniforms")? {
+                Some(v) => r::DrawNoise::InverseCdf(v),
+                None => r::DrawNoise::ExponentialRace(case.input_f("draw_exponentials")?),
+            };
+            r::sampling::draw_rows(&w, &noise).ok().map(|d| d.iter().map(|x| x.margin).collect())
+        }
+        "process_logits" => {
+            let (z, t, k, p) = (case.input_f("logits")?, case.input_f("temperature")?, case.input_i("top_k")?, case.input_f("top_p")?);
+            logits_margins(&z, &t, &k, &p)
+        }
+        _ => None,
+    };
+    Ok(margins)
+}
+
+/// SAMPLE-3 margins of LOGITS decisions: for top-k, the gap between the k-th
+/// logit and the largest logit below it; for top-p, the distance of every
+/// survivor's preceding mass from `top_p`; for T = 0, the argmax gap.
+fn logits_margins(z: &HostTensor<f64>, t: &HostTensor<f64>, k: &HostTensor<i64>, p: &HostTensor<f64>) -> Option<Vec<f64>> {
+    let [rows, vocab] = z.shape() else { return None };
+    let mut out = Vec::with_capacity(*rows);
+    for row in 0..*rows {
+        let logits = z.lane(&[row])?;
+        let params = SamplingParams { temperature: *t.get(&[row])?, top_k: usize::try_from(*k.get(&[row])?).ok()?, top_p: *p.get(&[row])? };
+        let mut sorted = logits.to_vec();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        let scale = sorted[0].abs().max(1.0);
+        let mut margin = f64::INFINITY;
+        if params.temperature == 0.0 {
+            let second = sorted.get(1).copied().unwrap_or(f64::NEG_INFINITY);
+            margin = if sorted[0] == second { f64::INFINITY } else { (sorted[0] - second) / scale };
+        } else {
+            if params.top_k > 0 && params.top_k < *vocab {
+                let kth = sorted[params.top_k - 1];
+                if let Some(below) = sorted.iter().find(|&&x| x < kth) {
+                    margin = margin.min((kth - below) / scale);
+                }
+            }
+            if params.top_p < 1.0 {
+                // Survivors of top-k in descending probability order.
+                let full = r::process_logits(logits, SamplingParams { top_p: 1.0, ..params }).ok()?;
+                let mut order: Vec<usize> = (0..*vocab).filter(|&i| full[i] > 0.0).collect();
+                order.sort_by(|&a, &b| full[b].total_cmp(&full[a]).then(a.cmp(&b)));
+                let mut before = 0.0;
+                for &i in &order {
+                    margin = margin.min((before - params.top_p).abs());
+                    before += full[i];
+                }
+            }
+        }
+        out.push(margin);
+    }
+    Some(out)
+}
+
+/// Judges `observed` against the case's `expect` block.
+pub fn judge(case: &Case, observed: &Observed, precision: &Precision, margins: Option<&[f64]>) -> Verdict {
+    match judge_inner(case, observed, precision, margins) {
+        Ok(v) => v,
+        Err(e) => Verdict::Fail(format!("malformed expectation: {e}")),
+    }
+}
+
+fn judge_inner(case: &Case, obs: &Observed, precision: &Precision, margins: Option<&[f64]>) -> Result<Verdict, CaseError> {
+    let expect = &case.expect;
+    if let Some(BackendError::NotSupported { op, .. }) = &obs.error {
+        return Ok(Verdict::NotSupported(format!("`{op}` is not supported")));
+    }
+    let mut failures = Vec::new();
+    match (expect.get("error"), &obs.error) {
+        (Some(kind), Some(BackendError::Invalid(e))) => {
+            let want: ErrorKind = serde_json::from_value(kind.clone()).map_err(|m| case.error("expect", "error", m))?;
+            if e.kind() != want {
+                failures.push(format!("expected error {want:?}, got {:?}: {e}", e.kind()));
+            }
+            if let Some(arg) = expect.get("arg").and_then(Value::as_str)
+                && e.arg() != Some(arg)
+            {
+                failures.push(format!("expected the error to name `{arg}`, it names {:?}: {e}", e.arg()));
+            }
+        }
+        (Some(kind), Some(other)) => failures.push(format!("expected error {kind}, got {other}")),
+        (Some(kind), None) => failures.push(format!("expected error {kind}, but the operation succeeded")),
+        (None, Some(e)) => failures.push(format!("unexpected error: {e}")),
+        (None, None) => {}
+    }
+
+    let tolerance = case.param::<f64>("tolerance", Some(0.0))?.max(precision.value_tolerance).max(1e-12);
+    let mut excused_rows = std::collections::BTreeSet::new();
+    let mut max_abs_err: f64 = 0.0;
+    for (name, want) in expected_outputs(expect) {
+        let Some(got) = obs.get(name) else {
+            failures.push(format!("missing output `{name}`"));
+            continue;
+        };
+        let row_ok = |row: usize| margins.and_then(|m| m.get(row)).is_some_and(|&m| m < precision.margin_epsilon);
+        match got {
+            OutValue::Ints(got) => {
+                let want = decode_i64(want).map_err(|m| case.error("expect", name, m))?;
+                compare(name, &want, got, |a, b| a == b, &row_ok, &mut excused_rows, &mut failures);
+            }
+            OutValue::Floats(got) => {
+                let want = decode_f64(want).map_err(|m| case.error("expect", name, m))?;
+                let close = |a: &f64, b: &f64| (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= tolerance;
+                if want.shape() == got.shape() {
+                    for (a, b) in want.data().iter().zip(got.data()) {
+                        if a.is_finite() && b.is_finite() {
+                            max_abs_err = max_abs_err.max((a - b).abs());
+                        }
+                    }
+                }
+                compare(name, &want, got, close, &row_ok, &mut excused_rows, &mut failures);
+            }
+        }
+    }
+    Ok(if failures.is_empty() {
+        Verdict::Pass { excused: excused_rows.len(), max_abs_err }
+    } else {
+        Verdict::Fail(failures.join("; "))
+    })
+}
+
+/// The output entries of an `expect` block (everything but error metadata).
+pub fn expected_outputs(expect: &Map<String, Value>) -> impl Iterator<Item = (&str, &Value)> {
+    expect.iter().filter(|(k, _)| !matches!(k.as_str(), "error" | "arg")).map(|(k, v)| (k.as_str(), v))
+}
+
+fn compare<T: PartialEq + std::fmt::Debug>(
+    name: &str,
+    want: &HostTensor<T>,
+    got: &HostTensor<T>,
+    same: impl Fn(&T, &T) -> bool,
+    row_excusable: &dyn Fn(usize) -> bool,
+    excused: &mut std::collections::BTreeSet<usize>,
+    failures: &mut Vec<String>,
+) {
+    if want.shape() != got.shape() {
+        failures.push(format!("`{name}`: expected shape {:?}, got {:?}", want.shape(), got.shape()));
+        return;
+    }
+    let row_len = if want.shape().is_empty() { 1 } else { want.len() / want.shape()[0].max(1) };
+    for (i, (a, b)) in want.data().iter().zip(got.data()).enumerate() {
+        if same(a, b) {
+            continue;
+        }
+        let row = i / row_len.max(1);
+        if row_excusable(row) {
+            excused.insert(row);
+            continue;
+        }
+        let index = r::tensor::unravel(want.shape(), i);
+        failures.push(format!("`{name}`{index:?}: expected {a:?}, got {b:?}"));
+        return;
+    }
+}

@@ -1,0 +1,407 @@
+//! Differential cases (CASE-6): seeded random inputs for every op, with the
+//! expectation computed by the reference, judged like golden cases.
+//!
+//! The generators aim at the known bug classes rather than at typical
+//! inputs: tied scores, exact zeros, `q(x) = 0`, `p == q`, disjoint
+//! supports, uniforms of exactly 0, NaN padding rows (CONV-7), PAD-heavy
+//! batches, trims to zero, and one injected defect in about one case in
+//! eight (so error kinds are compared too).
+
+use rand::{RngExt, SeedableRng};
+use rand_pcg::Pcg64;
+use serde_json::{Map, Value, json};
+use specdec_backend::{HostTensor, Op, PAD};
+
+use crate::bless::bless;
+use crate::case::{Case, CaseError, ExpectedBy, encode_f64, encode_i64};
+
+/// How many differential cases each op gets by default.
+pub const DEFAULT_CASES_PER_OP: usize = 48;
+
+/// The ops with a differential generator.
+pub const OPS: [Op; 9] = [
+    Op::GreedyVerify,
+    Op::DflashAccept,
+    Op::RejectionVerify,
+    Op::Residual,
+    Op::ProcessLogits,
+    Op::Draw,
+    Op::NgramPropose,
+    Op::KvCache,
+    Op::PagedGather,
+];
+
+/// The name of differential case `index` of `op`.
+pub fn name(op: Op, index: usize) -> String {
+    format!("diff/{}/{index:03}", op.name())
+}
+
+/// Builds differential case `index` of `op` for run seed `seed`, blessed by the reference.
+pub fn case(op: Op, index: usize, seed: u64) -> Result<Case, CaseError> {
+    let mut g = Gen(Pcg64::seed_from_u64(seed ^ (op as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (index as u64) << 20));
+    let (params, inputs) = match op {
+        Op::GreedyVerify => greedy(&mut g),
+        Op::DflashAccept => dflash(&mut g),
+        Op::RejectionVerify => rejection(&mut g),
+        Op::Residual => residual(&mut g),
+        Op::ProcessLogits => logits(&mut g),
+        Op::Draw => draw(&mut g),
+        Op::NgramPropose => ngram(&mut g),
+        Op::KvCache => kv(&mut g),
+        Op::PagedGather => paged(&mut g),
+        Op::RejectionVerifySeeded => unreachable!("statistical, not differential"),
+    };
+    let mut inputs = inputs;
+    if g.chance(0.125) {
+        inject_defect(&mut g, &mut inputs);
+    }
+    let case = Case {
+        id: name(op, index),
+        op: op.name().to_string(),
+        rules: Vec::new(),
+        source: format!("differential generator, seed {seed}"),
+        expected_by: ExpectedBy::Reference,
+        params,
+        inputs,
+        expect: Map::new(),
+    };
+    bless(&case)
+}
+
+struct Gen(Pcg64);
+
+impl Gen {
+    fn int(&mut self, lo: usize, hi: usize) -> usize {
+        self.0.random_range(lo..=hi)
+    }
+    fn unit(&mut self) -> f64 {
+        self.0.random()
+    }
+    fn chance(&mut self, p: f64) -> bool {
+        self.unit() < p
+    }
+    /// A uniform in [0, 1), exactly 0 now and then (the `<=` bug class).
+    fn uniform(&mut self) -> f64 {
+        if self.chance(0.05) { 0.0 } else { self.unit() }
+    }
+    fn exponential(&mut self) -> f64 {
+        loop {
+            let u = self.unit();
+            if u > 0.0 {
+                return -(-u).ln_1p();
+            }
+        }
+    }
+    /// A probability row with exact zeros and sometimes a single id.
+    fn prob_row(&mut self, v: usize) -> Vec<f64> {
+        if self.chance(0.1) {
+            let mut row = vec![0.0; v];
+            row[self.int(0, v - 1)] = 1.0;
+            return row;
+        }
+        let mut w: Vec<f64> = (0..v).map(|_| if self.chance(0.25) { 0.0 } else { self.unit() }).collect();
+        if w.iter().all(|&x| x == 0.0) {
+            w[self.int(0, v - 1)] = 1.0;
+        }
+        let s: f64 = w.iter().sum();
+        w.iter().map(|x| x / s).collect()
+    }
+    /// A draft row related to `p`: equal, disjoint, one-hot, or independent.
+    fn draft_row(&mut self, p: &[f64]) -> Vec<f64> {
+        let v = p.len();
+        match self.int(0, 5) {
+            0 => p.to_vec(),
+            1 => {
+                let mut q: Vec<f64> = p.iter().map(|&x| if x > 0.0 { 0.0 } else { 1.0 }).collect();
+                let s: f64 = q.iter().sum();
+                if s == 0.0 {
+                    return self.prob_row(v);
+                }
+                q.iter_mut().for_each(|x| *x /= s);
+                q
+            }
+            2 => {
+                let mut q = vec![0.0; v];
+                q[self.int(0, v - 1)] = 1.0;
+                q
+            }
+            _ => self.prob_row(v),
+        }
+    }
+    /// Draws an id from `row` (so drafts look like real samples), or any id.
+    fn sample(&mut self, row: &[f64]) -> i64 {
+        if self.chance(0.15) {
+            return self.int(0, row.len() - 1) as i64;
+        }
+        let u = self.unit();
+        let mut c = 0.0;
+        for (i, &x) in row.iter().enumerate() {
+            c += x;
+            if u < c {
+                return i as i64;
+            }
+        }
+        row.iter().rposition(|&x| x > 0.0).unwrap_or(0) as i64
+    }
+    fn garbage_row(&mut self, v: usize) -> Vec<f64> {
+        let fill = if self.chance(0.5) { f64::NAN } else { -1.0 };
+        vec![fill; v]
+    }
+}
+
+fn f(shape: Vec<usize>, data: Vec<f64>) -> Value {
+    encode_f64(&HostTensor::new(shape, data).expect("generator shapes match"))
+}
+
+fn i(shape: Vec<usize>, data: Vec<i64>) -> Value {
+    encode_i64(&HostTensor::new(shape, data).expect("generator shapes match"))
+}
+
+fn obj(pairs: Vec<(&str, Value)>) -> Map<String, Value> {
+    pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+/// Proposal lengths in `[0, k]`, biased to full and empty proposals.
+fn lens(g: &mut Gen, b: usize, k: usize) -> Vec<usize> {
+    (0..b).map(|_| match g.int(0, 4) { 0 => 0, 1 | 2 => k, _ => g.int(0, k) }).collect()
+}
+
+fn greedy(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {
+    let (b, k, v) = (g.int(1, 4), g.int(1, 5), g.int(1, 12));
+    let lens = lens(g, b, k);
+    let mut scores = Vec::new();
+    let mut drafts = vec![PAD; b * k];
+    for s in 0..b {
+        let mut rows = Vec::new();
+        for j in 0..=k {
+            // Small integer scores make ties (CONV-8); -inf masks some ids.
+            let mut row: Vec<f64> = (0..v).map(|_| if g.chance(0.1) { f64::NEG_INFINITY } else { g.int(0, 3) as f64 }).collect();
+            if row.iter().all(|x| x.is_infinite()) {
+                row[0] = 0.0;
+            }
+            if j > lens[s] && g.chance(0.5) {
+                row = g.garbage_row(v); // CONV-7: never read
+            }
+            rows.push(row);
+        }
+        for j in 0..lens[s] {
+            let top = (0..v).fold(0, |m, x| if rows[j][x] > rows[j][m] { x } else { m });
+            drafts[s * k + j] = if g.chance(0.75) { top as i64 } else { g.int(0, v - 1) as i64 };
+        }
+        scores.extend(rows.into_iter().flatten());
+    }
+    let lens = lens.into_iter().map(|l| l as i64).collect();
+    (Map::new(), obj(vec![
+        ("target_scores", f(vec![b, k + 1, v], scores)),
+        ("draft_tokens", i(vec![b, k], drafts)),
+        ("proposal_lens", i(vec![b], lens)),
+    ]))
+}
+
+fn dflash(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {
+    let (bs, block, v) = (g.int(1, 4), g.int(2, 8), g.int(1, 5));
+    let mut cand = Vec::new();
+    let mut pred = Vec::new();
+    for _ in 0..bs {
+        let p: Vec<i64> = (0..block).map(|_| g.int(0, v - 1) as i64).collect();
+        cand.push(g.int(0, v - 1) as i64);
+        for j in 1..block {
+            cand.push(if g.chance(0.7) { p[j - 1] } else { g.int(0, v - 1) as i64 });
+        }
+        pred.extend(p);
+    }
+    (obj(vec![("vocab", json!(v))]), obj(vec![
+        ("candidates", i(vec![bs, block], cand)),
+        ("target_predict", i(vec![bs, block], pred)),
+    ]))
+}
+
+fn rejection(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {
+    let (b, k, v) = (g.int(1, 4), g.int(1, 4), g.int(1, 10));
+    let lens = lens(g, b, k);
+    let with_q = g.chance(0.75);
+    let (mut p, mut q, mut drafts) = (Vec::new(), Vec::new(), vec![PAD; b * k]);
+    for s in 0..b {
+        for j in 0..=k {
+            let row = if j <= lens[s] { g.prob_row(v) } else { g.garbage_row(v) };
+            if j < k {
+                let qrow = if j < lens[s] { g.draft_row(&row) } else { g.garbage_row(v) };
+                if j < lens[s] {
+                    drafts[s * k + j] = g.sample(&qrow);
+                }
+                q.extend(qrow);
+            }
+            p.extend(row);
+        }
+    }
+    let u: Vec<f64> = (0..b * k).map(|_| g.uniform()).collect();
+    let mut inputs = obj(vec![
+        ("target_probs", f(vec![b, k + 1, v], p)),
+        ("draft_tokens", i(vec![b, k], drafts)),
+        ("proposal_lens", i(vec![b], lens.into_iter().map(|l| l as i64).collect())),
+        ("accept_uniforms", f(vec![b, k], u)),
+    ]);
+    if with_q {
+        inputs.insert("draft_probs".into(), f(vec![b, k, v], q));
+    }
+    if g.chance(0.5) {
+        inputs.insert("draw_uniforms".into(), f(vec![b, k + 1], (0..b * (k + 1)).map(|_| g.uniform()).collect()));
+    } else {
+        inputs.insert("draw_exponentials".into(), f(vec![b, k + 1, v], (0..b * (k + 1) * v).map(|_| g.exponential()).collect()));
+    }
+    let cmp = if g.chance(0.2) { "Seed004LessEq" } else { "Strict" };
+    (obj(vec![("comparator", json!(cmp))]), inputs)
+}
+
+fn residual(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {
+    let (rows, v) = (g.int(1, 4), g.int(1, 10));
+    let (mut p, mut q, mut x) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rows {
+        let row = g.prob_row(v);
+        let qrow = g.draft_row(&row);
+        x.push(g.sample(&qrow));
+        p.extend(row);
+        q.extend(qrow);
+    }
+    let mut inputs = obj(vec![("target_probs", f(vec![rows, v], p)), ("drafted", i(vec![rows], x))]);
+    if g.chance(0.7) {
+        inputs.insert("draft_probs".into(), f(vec![rows, v], q));
+    }
+    (Map::new(), inputs)
+}
+
+fn logits(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {
+    let (rows, v) = (g.int(1, 4), g.int(1, 16));
+    let mut z = Vec::new();
+    let (mut t, mut k, mut p) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rows {
+        let mut row: Vec<f64> = (0..v)
+            .map(|_| match g.int(0, 9) { 0 => f64::NEG_INFINITY, 1 | 2 => g.int(0, 2) as f64, _ => g.unit() * 8.0 - 4.0 })
+            .collect();
+        if row.iter().all(|x| x.is_infinite()) {
+            row[0] = 1.0;
+        }
+        z.extend(row);
+        t.push([0.0, 0.5, 1.0, 2.0][g.int(0, 3)]);
+        k.push([0, 1, 2, v.saturating_sub(1), v][g.int(0, 4)] as i64);
+        p.push([1.0, 0.95, 0.7, 0.3][g.int(0, 3)]);
+    }
+    (Map::new(), obj(vec![
+        ("logits", f(vec![rows, v], z)),
+        ("temperature", f(vec![rows], t)),
+        ("top_k", i(vec![rows], k)),
+        ("top_p", f(vec![rows], p)),
+    ]))
+}
+
+fn draw(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {
+    let (rows, v) = (g.int(1, 4), g.int(1, 12));
+    let mut w = Vec::new();
+    for _ in 0..rows {
+        // Unnormalised weights: draws must divide by the actual total.
+        let scale = [1.0, 0.3, 7.0][g.int(0, 2)];
+        w.extend(g.prob_row(v).into_iter().map(|x| x * scale));
+    }
+    let mut inputs = obj(vec![("weights", f(vec![rows, v], w))]);
+    if g.chance(0.5) {
+        inputs.insert("draw_uniforms".into(), f(vec![rows], (0..rows).map(|_| g.uniform()).collect()));
+    } else {
+        inputs.insert("draw_exponentials".into(), f(vec![rows, v], (0..rows * v).map(|_| g.exponential()).collect()));
+    }
+    (Map::new(), inputs)
+}
+
+fn ngram(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {
+    let (b, width, alphabet) = (g.int(1, 3), g.int(1, 30), g.int(1, 4));
+    let ngram_min = g.int(1, 3);
+    let cfg = json!({
+        "ngram_min": ngram_min,
+        "ngram_max": ngram_min + g.int(0, 2),
+        "k": g.int(1, 6),
+        "policy": if g.chance(0.5) { "LargestNMostRecent" } else { "LargestNEarliest" },
+        "max_model_len": if g.chance(0.3) { json!(width + g.int(0, 4)) } else { Value::Null },
+    });
+    let mut ctx = Vec::new();
+    let mut lens = Vec::new();
+    for _ in 0..b {
+        let len = g.int(1, width);
+        ctx.extend((0..width).map(|j| if j < len { g.int(0, alphabet - 1) as i64 } else { PAD }));
+        lens.push(len as i64);
+    }
+    (obj(vec![("vocab", json!(alphabet)), ("config", cfg)]), obj(vec![
+        ("contexts", i(vec![b, width], ctx)),
+        ("context_lens", i(vec![b], lens)),
+    ]))
+}
+
+fn kv(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {
+    let (b, h, d, cap) = (g.int(1, 3), g.int(1, 2), g.int(1, 3), g.int(4, 10));
+    let mut lens = vec![0usize; b];
+    let mut steps = Vec::new();
+    for _ in 0..g.int(1, 5) {
+        if g.chance(0.55) {
+            let t = g.int(1, 4);
+            let counts: Vec<i64> = lens.iter().map(|&l| g.int(0, t.min(cap - l)) as i64).collect();
+            for (l, c) in lens.iter_mut().zip(&counts) {
+                *l += *c as usize;
+            }
+            let n = b * h * t * d;
+            let keys: Vec<f64> = (0..n).map(|_| (g.unit() * 8.0).round() / 4.0).collect();
+            let values: Vec<f64> = (0..n).map(|_| (g.unit() * 8.0).round() / 4.0).collect();
+            steps.push(json!({"append": {
+                "keys": f(vec![b, h, t, d], keys), "values": f(vec![b, h, t, d], values), "counts": i(vec![b], counts),
+            }}));
+        } else {
+            let clamped = g.chance(0.3);
+            let amounts: Vec<i64> = lens.iter().map(|&l| g.int(0, if clamped { l + 2 } else { l }) as i64).collect();
+            for (l, a) in lens.iter_mut().zip(&amounts) {
+                *l -= (*a as usize).min(*l);
+            }
+            steps.push(json!({"trim": {"amounts": i(vec![b], amounts), "mode": if clamped { "clamped" } else { "strict" }}}));
+        }
+    }
+    (obj(vec![("batch", json!(b)), ("heads", json!(h)), ("head_dim", json!(d)), ("capacity", json!(cap))]), obj(vec![("steps", Value::Array(steps))]))
+}
+
+fn paged(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {
+    let (pages, size, h, d, b, slots) = (g.int(1, 6), g.int(1, 4), g.int(1, 2), g.int(1, 3), g.int(1, 3), g.int(1, 4));
+    let data: Vec<f64> = (0..pages * size * h * d).map(|x| x as f64 + 0.5).collect();
+    let mut table = Vec::new();
+    let mut lens = Vec::new();
+    for _ in 0..b {
+        let len = g.int(1, slots * size);
+        let used = len.div_ceil(size);
+        table.extend((0..slots).map(|s| if s < used { g.int(0, pages - 1) as i64 } else { PAD }));
+        lens.push(len as i64);
+    }
+    (Map::new(), obj(vec![
+        ("pages", f(vec![pages, size, h, d], data)),
+        ("block_table", i(vec![b, slots], table)),
+        ("context_lens", i(vec![b], lens)),
+    ]))
+}
+
+/// Replaces one value of one tensor input with a defect: NaN, a negative
+/// probability, an out-of-range id, or a wrong length.
+fn inject_defect(g: &mut Gen, inputs: &mut Map<String, Value>) {
+    let names: Vec<String> = inputs.keys().filter(|k| inputs[*k].is_array()).cloned().collect();
+    if names.is_empty() {
+        return;
+    }
+    let name = names[g.int(0, names.len() - 1)].clone();
+    let value = inputs.get_mut(&name).expect("listed");
+    // Walk to a random leaf.
+    let mut cur = value;
+    while let Value::Array(items) = cur {
+        if items.is_empty() {
+            return;
+        }
+        let j = g.int(0, items.len() - 1);
+        cur = &mut items[j];
+    }
+    *cur = match cur {
+        Value::Number(n) if n.is_i64() => json!([-7, 99, 1_000_000][g.int(0, 2)]),
+        Value::Number(_) => [json!("nan"), json!(-0.25), json!(1.5), json!("inf")][g.int(0, 3)].clone(),
+        _ => return, // objects (kv_cache steps) are left alone
+    };
+}

@@ -1,0 +1,111 @@
+//! The vendor adapter: the whole suite as `cargo test` trials (SUITE-4).
+//!
+//! A backend crate adds `tests/conformance.rs` with `harness = false`:
+//!
+//! ```ignore
+//! specdec_conformance::conformance_main!(my_backend::MyBackend::new(), "tests/conformance.toml");
+//! ```
+//!
+//! The suite runs once, in order (a backend may keep global generator
+//! state), and each check is then reported as one trial: pass and xfail pass,
+//! fail and xpass fail, not-supported and skipped are ignored with the
+//! reason. Set `SPECDEC_REPORT_DIR` to also write the JSON, Markdown and
+//! JUnit reports there.
+
+use std::process::ExitCode;
+
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use specdec_backend::Backend;
+
+use crate::report::Report;
+use crate::suite::{self, Selection, Status, SuiteConfig};
+
+/// Instantiates the suite for a backend: `conformance_main!(backend_expr, "selection.toml")`.
+/// The expression may also be a `Result<Backend, String>`-returning call via
+/// [`conformance_main!`]'s `try` form: `conformance_main!(try make(), "...")`,
+/// where an `Err` reports every check as not supported with that reason.
+#[macro_export]
+macro_rules! conformance_main {
+    (try $backend:expr, $selection:literal) => {
+        fn main() -> ::std::process::ExitCode {
+            $crate::harness::main(|| $backend, include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/", $selection)))
+        }
+    };
+    ($backend:expr, $selection:literal) => {
+        $crate::conformance_main!(try Ok::<_, String>($backend), $selection);
+    };
+}
+
+/// The body of [`conformance_main!`].
+pub fn main<B: Backend>(make: impl FnOnce() -> Result<B, String>, selection_toml: &str) -> ExitCode {
+    let args = Arguments::from_args();
+    let selection = match Selection::parse(selection_toml) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let seed = match suite::seed_from_env() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cfg = SuiteConfig { seed, filter: args.filter.clone().filter(|_| !args.exact), selection, ..SuiteConfig::default() };
+    let items = suite::all_items(&cfg);
+    if args.list {
+        let trials = items.iter().map(|i| Trial::test(i.name.clone(), || Ok(()))).collect();
+        return libtest_mimic::run(&args, trials).exit_code();
+    }
+
+    let backend = match make() {
+        Ok(b) => b,
+        Err(reason) => {
+            println!("backend unavailable: {reason}; every check is reported as not supported");
+            let trials = items
+                .iter()
+                .map(|i| {
+                    let reason = format!("not supported: backend unavailable: {reason}");
+                    Trial::ignorable_test(i.name.clone(), move || Ok(Completion::ignored_with(reason)))
+                })
+                .collect();
+            return libtest_mimic::run(&args, trials).exit_code();
+        }
+    };
+    println!("specdec conformance: backend `{}` on `{}`, seed {seed}", backend.name(), backend.device());
+    let results = suite::run(&backend, &items, &cfg, &mut |_| {});
+    let report = Report::new(&backend, seed, results);
+    println!("{}", report.summary_line());
+    print!("{}", report.coverage_by_op());
+    if let Ok(dir) = std::env::var("SPECDEC_REPORT_DIR") {
+        if let Err(e) = write_reports(&report, std::path::Path::new(&dir)) {
+            eprintln!("cannot write reports to {dir}: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+
+    let trials = report
+        .results
+        .into_iter()
+        .map(|r| {
+            Trial::ignorable_test(r.name.clone(), move || match r.status {
+                Status::Pass | Status::XFail => Ok(Completion::Completed),
+                Status::Fail | Status::XPass => Err(Failed::from(format!("{:?}: {}\n  repro: {}", r.status, r.message, r.repro))),
+                Status::NotSupported => Ok(Completion::ignored_with(format!("not supported: {}", r.message))),
+                Status::Skipped => Ok(Completion::ignored_with(r.message)),
+            })
+            .with_kind(format!("{:?}", r.kind).to_lowercase())
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit_code()
+}
+
+/// Writes `<backend>.json`, `.md` and `.junit.xml` into `dir`.
+pub fn write_reports(report: &Report, dir: &std::path::Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join(format!("{}.json", report.backend)), report.to_json())?;
+    std::fs::write(dir.join(format!("{}.md", report.backend)), report.to_markdown())?;
+    std::fs::write(dir.join(format!("{}.junit.xml", report.backend)), report.to_junit())
+}
