@@ -1,12 +1,21 @@
-//! Embeds the golden case files of `fixtures/cases/` so that the suite is
+//! Embeds the case and model files of `fixtures/` so that the suite is
 //! self-contained: a vendor's test binary needs no path to this repository.
 
 use std::fmt::Write as _;
 use std::path::Path;
 
 fn main() {
+    let mut out = String::new();
+    embed("cases", "GOLDEN_FILES", "The golden case files", &mut out);
+    embed("host", "HOST_FILES", "The host case files (reference-only algorithms)", &mut out);
+    embed("models", "MODEL_FILES", "The table-driven target and draft models", &mut out);
+    let dest = Path::new(&std::env::var("OUT_DIR").expect("set by cargo")).join("golden_files.rs");
+    std::fs::write(dest, out).expect("OUT_DIR is writable");
+}
+
+fn embed(sub: &str, name: &str, doc: &str, out: &mut String) {
     let manifest = std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo");
-    let root = Path::new(&manifest).join("../fixtures/cases");
+    let root = Path::new(&manifest).join("../fixtures").join(sub);
     println!("cargo:rerun-if-changed={}", root.display());
     let mut files = Vec::new();
     let mut stack = vec![root.clone()];
@@ -22,11 +31,9 @@ fn main() {
         }
     }
     files.sort();
-    let mut out = String::from("/// The golden case files, by path below `fixtures/cases/`.\npub static GOLDEN_FILES: &[(&str, &str)] = &[\n");
+    let _ = writeln!(out, "/// {doc}, by path below `fixtures/{sub}/`.\npub static {name}: &[(&str, &str)] = &[");
     for f in files {
-        let _ = writeln!(out, "    (\"{f}\", include_str!(concat!(env!(\"CARGO_MANIFEST_DIR\"), \"/../fixtures/cases/{f}\"))),");
+        let _ = writeln!(out, "    (\"{f}\", include_str!(concat!(env!(\"CARGO_MANIFEST_DIR\"), \"/../fixtures/{sub}/{f}\"))),");
     }
     out.push_str("];\n");
-    let dest = Path::new(&std::env::var("OUT_DIR").expect("set by cargo")).join("golden_files.rs");
-    std::fs::write(dest, out).expect("OUT_DIR is writable");
 }

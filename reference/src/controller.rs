@@ -16,6 +16,7 @@ pub enum SpecMode {
 
 /// Seed 001's `SpecDecodeConfig` (the fields the algorithms read).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct SpecConfig {
     pub mode: SpecMode,
     pub num_speculative_tokens: usize,

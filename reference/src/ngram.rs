@@ -24,6 +24,7 @@ pub enum NgramPolicy {
 
 /// N-gram proposer settings (NGRAM-1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct NgramConfig {
     pub ngram_min: usize,
     pub ngram_max: usize,
@@ -77,6 +78,7 @@ pub fn lookup_context(prompt: &[i64], generated: &[i64], prompt_lookup: bool) ->
     if prompt_lookup { prompt.iter().chain(generated).copied().collect() } else { generated.to_vec() }
 }
 
+/// NGRAM-4: a context must be non-empty and hold valid ids.
 fn validate_context(seq: usize, context: &[i64], vocab: usize) -> Result<()> {
     if context.is_empty() {
         return Err(SpecError::EmptyContext { arg: "context", seq });
@@ -111,6 +113,7 @@ fn search(context: &[i64], cfg: &NgramConfig, k: usize) -> Vec<i64> {
     Vec::new()
 }
 
+/// NGRAM-3: the (possibly shorter than k) continuation after a match.
 fn continuation(context: &[i64], start: usize, k: usize) -> Vec<i64> {
     context[start..(start + k).min(context.len())].to_vec()
 }

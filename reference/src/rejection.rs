@@ -129,6 +129,10 @@ pub fn residual_distribution(
 }
 
 /// Batched rejection-sampling verification (REJECT-1 .. REJECT-5).
+///
+/// REJECT-6 follows from the rules: with a one-hot `p` row, `u q(x) < p(x)`
+/// holds exactly for the argmax, and the residual of any other draft is
+/// one-hot at the argmax, so the output is GREEDY's for any noise.
 pub fn rejection_verify(inputs: &RejectionInputs<'_>, comparator: Comparator) -> Result<VerifyOutput> {
     let RejectionInputs { target_probs, draft_probs, draft_tokens, proposal_lens, accept_uniforms, draw } = *inputs;
     let vocab = *validate::rank("target_probs", target_probs.shape(), 3, "[B, k+1, V]")?.last().unwrap_or(&0);

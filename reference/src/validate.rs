@@ -14,7 +14,7 @@ use crate::PAD;
 /// renormalised: samplers divide by the actual row sum.
 pub const SUM_TOLERANCE: f64 = 1e-4;
 
-/// Checks that `actual` equals `expected`; `names` spells the symbolic shape
+/// CONV-4: checks that `actual` equals `expected`; `names` spells the symbolic shape
 /// (e.g. `"[B, k+1, V]"`) for the error message.
 pub(crate) fn shape(arg: &'static str, actual: &[usize], expected: &[usize], names: &str) -> Result<()> {
     if actual == expected {
@@ -119,7 +119,7 @@ pub(crate) struct DraftLayout {
     pub lens: Vec<usize>,
 }
 
-/// Validates `draft_tokens` `[B, k]` against `proposal_lens` `[B]`: `B >= 1`,
+/// CONV-5/CONV-6: validates `draft_tokens` `[B, k]` against `proposal_lens` `[B]`: `B >= 1`,
 /// `k >= 1`, every length in `[0, k]`, ids valid below the length, PAD after.
 pub(crate) fn draft_layout(draft: &Tensor<i64>, lens: &Tensor<i64>, vocab: usize) -> Result<DraftLayout> {
     let dims = rank("draft_tokens", draft.shape(), 2, "[B, k]")?;

@@ -1,1 +1,125 @@
-fn main() {}
+//! Repository automation behind the README's two commands.
+//!
+//! `cargo xtask conform` (the main job) and `cargo xtask test` (every test)
+//! do their own setup: they fetch and cache libtorch from PyPI wheels under
+//! `.cache/` (git-ignored, idempotent), then run cargo with the environment
+//! the tch backend needs. Without this tool, `cargo test --workspace` still
+//! builds and tests everything but the tch backend, and says so.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use clap::{Parser, Subcommand};
+
+use xtask::coverage;
+mod libtorch;
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "specdec repository tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Every test of the workspace, including the tch backend (fetches libtorch once).
+    Test {
+        /// Extra arguments passed to `cargo test` after `--`.
+        #[arg(last = true)]
+        rest: Vec<String>,
+    },
+    /// The main job: the conformance report over every backend in the build, written to `reports/`.
+    Conform {
+        /// Extra arguments for `specdec conform` (e.g. `--filter rejection`).
+        #[arg(last = true)]
+        rest: Vec<String>,
+    },
+    /// Rewrites the expected outputs of `expected_by: reference` cases (`--check` fails on drift).
+    Bless {
+        #[arg(long)]
+        check: bool,
+    },
+    /// The seed-varying statistics campaign (not in CI): `--seeds 200`.
+    StatsSweep {
+        #[arg(long, default_value_t = 200)]
+        seeds: u64,
+    },
+    /// Checks that every spec rule is implemented and tested.
+    Coverage,
+    /// Fetches and caches libtorch, then prints the environment it needs.
+    Libtorch,
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the repository").to_path_buf()
+}
+
+fn cargo(root: &Path, args: &[&str], extra: &[String], libtorch: Option<&Path>) -> Result<(), String> {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(root).args(args).args(extra);
+    if let Some(lt) = libtorch {
+        for var in libtorch::LIBTORCH_ENV_REMOVE {
+            cmd.env_remove(var);
+        }
+        cmd.envs(libtorch::libtorch_env(lt));
+    }
+    eprintln!("xtask: cargo {}", args.iter().chain(extra.iter().map(String::as_str).collect::<Vec<_>>().iter()).copied().collect::<Vec<_>>().join(" "));
+    let status = cmd.status().map_err(|e| format!("cannot run cargo: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("cargo {} failed ({status})", args.join(" "))) }
+}
+
+fn run(task: Task) -> Result<(), String> {
+    let root = repo_root();
+    match task {
+        Task::Test { rest } => {
+            let lt = libtorch::ensure_libtorch(&root)?;
+            cargo(&root, &["test", "--workspace", "--features", "specdec-tch/libtorch"], &rest_after_dashdash(rest), Some(&lt))
+        }
+        Task::Conform { rest } => {
+            let lt = libtorch::ensure_libtorch(&root)?;
+            let mut args = vec!["conform".to_string(), "--backend".into(), "all".into(), "--report".into(), "reports/conformance".into()];
+            args.extend(rest);
+            cargo(&root, &["run", "--release", "--quiet", "-p", "specdec-cli", "--features", "tch", "--"], &args, Some(&lt))
+        }
+        Task::Bless { check } => {
+            let args = if check { vec!["bless".to_string(), "--check".into()] } else { vec!["bless".to_string()] };
+            cargo(&root, &["run", "--quiet", "-p", "specdec-cli", "--"], &args, None)
+        }
+        Task::StatsSweep { seeds } => {
+            let args = vec!["stats".to_string(), "--sweep".into(), seeds.to_string(), "--out".into(), "reports/stats-sweep".into()];
+            cargo(&root, &["run", "--release", "--quiet", "-p", "specdec-cli", "--"], &args, None)
+        }
+        Task::Coverage => {
+            let cov = coverage::scan(&root)?;
+            println!("{}", cov.check()?);
+            Ok(())
+        }
+        Task::Libtorch => {
+            let lt = libtorch::ensure_libtorch(&root)?;
+            for (k, v) in libtorch::libtorch_env(&lt) {
+                println!("export {k}={v}");
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `cargo xtask test -- --nocapture` forwards `-- --nocapture` to cargo test.
+fn rest_after_dashdash(rest: Vec<String>) -> Vec<String> {
+    if rest.is_empty() {
+        rest
+    } else {
+        std::iter::once("--".to_string()).chain(rest).collect()
+    }
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse().task) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,306 @@
+//! Exact output laws of a verify implementation, with no sampling (STAT-7).
+//!
+//! With inverse-CDF draws every random decision of a verify step reads one
+//! uniform: draft `j`'s accept test reads `u_j` and is accepted on an
+//! interval `[0, t_j)`; the correction or bonus drawn at row `j` reads `v_j`
+//! and is monotone in it. So the exact law of the step's output is a sum
+//! over the drafts of products of interval lengths, and those lengths can
+//! be read off the implementation itself by bisecting each boundary. This
+//! treats the backend as a black box: what is integrated is the code under
+//! test, not a formula copied from it. 64 bisection rounds resolve every
+//! boundary to 2^-64, so an exact implementation reproduces the target law
+//! to about 1e-15.
+
+use std::collections::BTreeMap;
+
+use specdec_backend::{Backend, BackendError, Comparator, DrawNoiseArg, HostTensor, PAD, RejectionArgs, RejectionNoise};
+
+use crate::model::TableModel;
+
+/// A law over emitted token sequences.
+pub type Law = BTreeMap<Vec<i64>, f64>;
+
+/// One sequence to integrate: its target and draft rows, its drafts, and the
+/// probability of having drawn these drafts.
+#[derive(Debug, Clone)]
+pub struct Instance {
+    /// `k + 1` target rows.
+    pub p: Vec<Vec<f64>>,
+    /// `k` draft rows, or `None` (drafts without probabilities).
+    pub q: Option<Vec<Vec<f64>>>,
+    pub drafts: Vec<i64>,
+    pub weight: f64,
+}
+
+/// The bisection depth: boundaries are resolved to 2^-BISECTION_ROUNDS.
+pub const BISECTION_ROUNDS: usize = 64;
+
+/// The largest uniform below 1: probes never step outside [0, 1) (CONV-3).
+const BELOW_ONE: f64 = 1.0 - f64::EPSILON / 2.0;
+
+/// Noise for one probe row.
+struct Probe {
+    instance: usize,
+    u: Vec<f64>,
+    v: Vec<f64>,
+}
+
+/// Runs the probes as one batch and returns each row's `(tokens, num_accepted)`.
+fn run<B: Backend>(backend: &B, inst: &[Instance], probes: &[Probe], cmp: Comparator) -> Result<Vec<(Vec<i64>, usize)>, BackendError> {
+    let k = inst[0].drafts.len();
+    let v = inst[0].p[0].len();
+    let n = probes.len();
+    let mut p = Vec::with_capacity(n * (k + 1) * v);
+    let mut q = Vec::with_capacity(n * k * v);
+    let mut d = Vec::with_capacity(n * k);
+    let (mut u, mut w) = (Vec::with_capacity(n * k), Vec::with_capacity(n * (k + 1)));
+    for probe in probes {
+        let i = &inst[probe.instance];
+        p.extend(i.p.iter().flatten());
+        if let Some(rows) = &i.q {
+            q.extend(rows.iter().flatten());
+        }
+        d.extend(&i.drafts);
+        u.extend(probe.u.iter().map(|x| x.min(BELOW_ONE)));
+        w.extend(probe.v.iter().map(|x| x.min(BELOW_ONE)));
+    }
+    let t = |shape: Vec<usize>, data: Vec<f64>| HostTensor::new(shape, data).expect("probe shapes");
+    let p = backend.upload_f64(&t(vec![n, k + 1, v], p))?;
+    let q = match inst[0].q {
+        Some(_) => Some(backend.upload_f64(&t(vec![n, k, v], q))?),
+        None => None,
+    };
+    let d = backend.upload_i64(&HostTensor::new(vec![n, k], d).expect("probe shapes"))?;
+    let lens = backend.upload_i64(&HostTensor::from_vec(vec![k as i64; n]))?;
+    let (u, w) = (backend.upload_f64(&t(vec![n, k], u))?, backend.upload_f64(&t(vec![n, k + 1], w))?);
+    let args = RejectionArgs { target_probs: &p, draft_probs: q.as_ref(), draft_tokens: &d, proposal_lens: &lens };
+    let out = backend.rejection_verify(args, RejectionNoise { accept_uniforms: &u, draw: DrawNoiseArg::InverseCdf(&w) }, cmp)?;
+    let tokens = backend.download_i64(&out.tokens)?;
+    let accepted = backend.download_i64(&out.num_accepted)?;
+    Ok((0..n).map(|r| (tokens.data()[r * (k + 1)..(r + 1) * (k + 1)].to_vec(), accepted.data()[r] as usize)).collect())
+}
+
+/// Bisects `sup { x in [0, 1) : pred(x) }` for many monotone predicates at
+/// once (true below the boundary). `start[i]` is `pred_i(0)`.
+fn bisect<B: Backend>(
+    backend: &B,
+    inst: &[Instance],
+    cmp: Comparator,
+    make: &dyn Fn(usize, f64) -> Probe,
+    count: usize,
+    pred: &dyn Fn(usize, &(Vec<i64>, usize)) -> bool,
+) -> Result<Vec<f64>, BackendError> {
+    let zeros: Vec<Probe> = (0..count).map(|i| make(i, 0.0)).collect();
+    let at_zero = run(backend, inst, &zeros, cmp)?;
+    let mut lo = vec![0.0f64; count];
+    let mut hi = vec![1.0f64; count];
+    let active: Vec<usize> = (0..count).filter(|&i| pred(i, &at_zero[i])).collect();
+    for i in 0..count {
+        if !pred(i, &at_zero[i]) {
+            hi[i] = 0.0; // empty set: boundary 0
+        }
+    }
+    for _ in 0..BISECTION_ROUNDS {
+        if active.is_empty() {
+            break;
+        }
+        let probes: Vec<Probe> = active.iter().map(|&i| make(i, 0.5 * (lo[i] + hi[i]))).collect();
+        let out = run(backend, inst, &probes, cmp)?;
+        for (&i, o) in active.iter().zip(&out) {
+            let mid = 0.5 * (lo[i] + hi[i]);
+            if pred(i, o) { lo[i] = mid } else { hi[i] = mid }
+        }
+    }
+    Ok(hi)
+}
+
+/// The exact law of one verify step's emitted tokens, summed over `instances`.
+pub fn step_law<B: Backend>(backend: &B, instances: &[Instance], cmp: Comparator) -> Result<Law, BackendError> {
+    let k = instances[0].drafts.len();
+    let v = instances[0].p[0].len();
+    let n_inst = instances.len();
+
+    // Phase 1: t[i][j], draft j's accept interval with drafts 0..j accepted (u = 0).
+    let accept_probe = |idx: usize, x: f64| {
+        let (i, j) = (idx / k, idx % k);
+        let mut u = vec![0.0; k];
+        u[j] = x;
+        Probe { instance: i, u, v: vec![0.5; k + 1] }
+    };
+    let t = bisect(backend, instances, cmp, &accept_probe, n_inst * k, &|idx, o| o.1 > idx % k)?;
+
+    // Phase 2: for each row j a draw can happen at, the cumulative law of the drawn id.
+    // Row j < k draws after a rejection at j (u_j inside the reject interval); row k is the bonus.
+    let reject_u = |i: usize, j: usize| {
+        let mut u = vec![0.0; k];
+        if j < k {
+            u[j] = 0.5 * (t[i * k + j] + 1.0);
+        }
+        u
+    };
+    let per_inst = (k + 1) * v;
+    let draw_probe = |idx: usize, x: f64| {
+        let i = idx / per_inst;
+        let j = (idx % per_inst) / v;
+        let mut vv = vec![0.5; k + 1];
+        vv[j] = x;
+        Probe { instance: i, u: reject_u(i, j), v: vv }
+    };
+    let cdf = bisect(backend, instances, cmp, &draw_probe, n_inst * per_inst, &|idx, o| {
+        let j = (idx % per_inst) / v;
+        let c = (idx % v) as i64;
+        o.1 == j && o.0[j] <= c
+    })?;
+
+    let mut law = Law::new();
+    for (i, inst) in instances.iter().enumerate() {
+        let mut reach = inst.weight; // probability that drafts 0..j were all accepted
+        for j in 0..=k {
+            let stop = if j < k { 1.0 - t[i * k + j] } else { 1.0 };
+            if reach * stop > 0.0 {
+                let mut below = 0.0;
+                for c in 0..v {
+                    let f = cdf[i * per_inst + j * v + c].max(below);
+                    let mass = f - below;
+                    below = f;
+                    if mass > 0.0 {
+                        let mut seq = inst.drafts[..j].to_vec();
+                        seq.push(c as i64);
+                        *law.entry(seq).or_default() += reach * stop * mass;
+                    }
+                }
+            }
+            if j < k {
+                reach *= t[i * k + j];
+            }
+        }
+    }
+    Ok(law)
+}
+
+/// The instances of one step with fixed rows: every draft sequence with
+/// positive probability under `q` (or the fixed drafts when `q` is `None`).
+pub fn fixed_row_instances(p: &[Vec<f64>], q: Option<&[Vec<f64>]>, fixed_drafts: &[i64]) -> Vec<Instance> {
+    let Some(q) = q else {
+        return vec![Instance { p: p.to_vec(), q: None, drafts: fixed_drafts.to_vec(), weight: 1.0 }];
+    };
+    let mut out = vec![(Vec::new(), 1.0)];
+    for row in q {
+        out = out
+            .into_iter()
+            .flat_map(|(d, w): (Vec<i64>, f64)| {
+                row.iter().enumerate().filter(|&(_, &x)| x > 0.0).map(move |(x, &qx)| {
+                    let mut d = d.clone();
+                    d.push(x as i64);
+                    (d, w * qx)
+                })
+            })
+            .collect();
+    }
+    out.into_iter().map(|(drafts, weight)| Instance { p: p.to_vec(), q: Some(q.to_vec()), drafts, weight }).collect()
+}
+
+/// The instances of one step of `model` after `prefix` with `k` drafts drawn
+/// from the drafter: rows depend on the drafts (the multi-draft chain).
+pub fn model_instances(model: &TableModel, prefix: &[i64], k: usize) -> Vec<Instance> {
+    let mut out = vec![(Vec::new(), 1.0)];
+    for _ in 0..k {
+        out = out
+            .into_iter()
+            .flat_map(|(d, w): (Vec<i64>, f64)| {
+                let mut ctx = prefix.to_vec();
+                ctx.extend(&d);
+                let row = model.draft(&ctx).to_vec();
+                row.into_iter().enumerate().filter(|&(_, x)| x > 0.0).map(move |(x, qx)| {
+                    let mut d = d.clone();
+                    d.push(x as i64);
+                    (d, w * qx)
+                })
+            })
+            .collect();
+    }
+    out.into_iter()
+        .map(|(drafts, weight)| {
+            let mut ctx = prefix.to_vec();
+            let mut p = Vec::with_capacity(k + 1);
+            let mut q = Vec::with_capacity(k);
+            for j in 0..=k {
+                p.push(model.target(&ctx).to_vec());
+                if j < k {
+                    q.push(model.draft(&ctx).to_vec());
+                    ctx.push(drafts[j]);
+                }
+            }
+            Instance { p, q: Some(q), drafts, weight }
+        })
+        .collect()
+}
+
+/// The exact law of the first `m` tokens that speculative decoding with `k`
+/// drafts per step generates after the model's context (steps repeat until
+/// `m` tokens exist; later tokens are cut).
+pub fn generation_law<B: Backend>(backend: &B, model: &TableModel, k: usize, m: usize, cmp: Comparator) -> Result<Law, BackendError> {
+    let mut cache: BTreeMap<Vec<i64>, Law> = BTreeMap::new();
+    generation_law_from(backend, model, k, m, cmp, &model.context.clone(), &mut cache)
+}
+
+fn generation_law_from<B: Backend>(
+    backend: &B,
+    model: &TableModel,
+    k: usize,
+    m: usize,
+    cmp: Comparator,
+    prefix: &[i64],
+    cache: &mut BTreeMap<Vec<i64>, Law>,
+) -> Result<Law, BackendError> {
+    if !cache.contains_key(prefix) {
+        let law = step_law(backend, &model_instances(model, prefix, k), cmp)?;
+        cache.insert(prefix.to_vec(), law);
+    }
+    let step = cache[prefix].clone();
+    let mut out = Law::new();
+    for (emitted, p) in step {
+        if emitted.len() >= m {
+            *out.entry(emitted[..m].to_vec()).or_default() += p;
+        } else {
+            let mut next = prefix.to_vec();
+            next.extend(&emitted);
+            for (rest, q) in generation_law_from(backend, model, k, m - emitted.len(), cmp, &next, cache)? {
+                let mut seq = emitted.clone();
+                seq.extend(rest);
+                *out.entry(seq).or_default() += p * q;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The law of the accepted count of one step with fixed rows, from a step law.
+pub fn accepted_count_law(law: &Law, k: usize) -> Vec<f64> {
+    let mut counts = vec![0.0; k + 1];
+    for (seq, p) in law {
+        counts[seq.len() - 1] += p;
+    }
+    counts
+}
+
+/// The law of the first emitted token, from a step law.
+pub fn first_token_law(law: &Law, vocab: usize) -> Vec<f64> {
+    let mut out = vec![0.0; vocab];
+    for (seq, p) in law {
+        if let Some(&x) = seq.first()
+            && x != PAD
+        {
+            out[x as usize] += p;
+        }
+    }
+    out
+}
+
+/// `max |a - b|` over the union of outcomes.
+pub fn max_abs_diff(a: &Law, b: &Law) -> f64 {
+    a.keys()
+        .chain(b.keys())
+        .map(|s| (a.get(s).copied().unwrap_or(0.0) - b.get(s).copied().unwrap_or(0.0)).abs())
+        .fold(0.0, f64::max)
+}

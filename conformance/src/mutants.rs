@@ -1,0 +1,169 @@
+//! Deliberately broken verifiers (STAT-5): the bug classes the statistical
+//! checks must reject. Each is a backend wrapping the reference whose
+//! explicit-noise `rejection_verify` has one defect; everything else is the
+//! reference. Test fixtures only: never used to produce tokens.
+
+use specdec_backend::{
+    Backend, Comparator, DrawNoiseArg, HostTensor, Precision, RefTensor, ReferenceBackend, RejectionArgs, RejectionNoise,
+    Result, Verified,
+};
+use specdec_reference::kvcache::BatchKvCache;
+use specdec_reference::{PAD, lossy};
+
+/// The defect a mutant carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Defect {
+    /// LOSSY-1 in place of rejection sampling (threshold 0.1).
+    LossyThreshold,
+    /// LOSSY-2 in place of rejection sampling (epsilon 0.3, delta 0.09).
+    LossyTypical,
+    /// The seed-004 `<=` comparator (only visible with coarse uniforms).
+    LessEqComparator,
+    /// The correction is drawn from `p` instead of `max(0, p - q)`.
+    ResidualIsTarget,
+    /// The residual is drawn as if it summed to 1.
+    ResidualNotRenormalised,
+    /// The bonus is drawn from the last draft row instead of row `len`.
+    BonusFromWrongRow,
+}
+
+impl Defect {
+    pub const ALL: [Defect; 6] = [
+        Defect::LossyThreshold,
+        Defect::LossyTypical,
+        Defect::LessEqComparator,
+        Defect::ResidualIsTarget,
+        Defect::ResidualNotRenormalised,
+        Defect::BonusFromWrongRow,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Defect::LossyThreshold => "lossy-threshold",
+            Defect::LossyTypical => "lossy-typical",
+            Defect::LessEqComparator => "less-eq-comparator",
+            Defect::ResidualIsTarget => "residual-is-target",
+            Defect::ResidualNotRenormalised => "residual-not-renormalised",
+            Defect::BonusFromWrongRow => "bonus-from-wrong-row",
+        }
+    }
+}
+
+/// The reference with one defect.
+#[derive(Debug, Clone, Copy)]
+pub struct Mutant(pub Defect);
+
+fn f(t: &RefTensor) -> &HostTensor<f64> {
+    match t {
+        RefTensor::F64(t) => t,
+        RefTensor::I64(_) => panic!("mutants are driven by the samplers, which pass floats here"),
+    }
+}
+
+fn i(t: &RefTensor) -> &HostTensor<i64> {
+    match t {
+        RefTensor::I64(t) => t,
+        RefTensor::F64(_) => panic!("mutants are driven by the samplers, which pass ids here"),
+    }
+}
+
+impl Mutant {
+    /// The residual/bonus defects, written out as the scalar loop with the bug.
+    fn broken_verify(&self, a: &RejectionArgs<'_, RefTensor>, u: &HostTensor<f64>, v: &HostTensor<f64>) -> Verified<RefTensor> {
+        let (p, d, lens) = (f(a.target_probs), i(a.draft_tokens), i(a.proposal_lens));
+        let q = a.draft_probs.map(f);
+        let (batch, k, vocab) = (d.shape()[0], d.shape()[1], p.shape()[2]);
+        let mut tokens = vec![PAD; batch * (k + 1)];
+        let mut accepted = Vec::with_capacity(batch);
+        let row = |t: &HostTensor<f64>, b: usize, j: usize| t.lane(&[b, j]).expect("sampler shapes").to_vec();
+        for b in 0..batch {
+            let len = lens.data()[b] as usize;
+            let mut n = 0;
+            let next = loop {
+                let pr = row(p, b, n);
+                if n == len {
+                    let bonus_row = if self.0 == Defect::BonusFromWrongRow && len > 0 { row(p, b, len - 1) } else { pr };
+                    break draw(&bonus_row, v.data()[b * (k + 1) + n], true);
+                }
+                let x = d.data()[b * k + n] as usize;
+                let qr = q.map_or_else(|| (0..vocab).map(|y| if y == x { 1.0 } else { 0.0 }).collect(), |q| row(q, b, n));
+                if u.data()[b * k + n] * qr[x] < pr[x] {
+                    tokens[b * (k + 1) + n] = x as i64;
+                    n += 1;
+                    continue;
+                }
+                let weights: Vec<f64> = match self.0 {
+                    Defect::ResidualIsTarget => pr,
+                    _ => pr.iter().zip(&qr).map(|(a, b)| (a - b).max(0.0)).collect(),
+                };
+                break draw(&weights, v.data()[b * (k + 1) + n], self.0 != Defect::ResidualNotRenormalised);
+            };
+            tokens[b * (k + 1) + n] = next as i64;
+            accepted.push(n as i64);
+        }
+        Verified {
+            tokens: RefTensor::I64(HostTensor::new(vec![batch, k + 1], tokens).expect("shape")),
+            num_accepted: RefTensor::I64(HostTensor::from_vec(accepted)),
+        }
+    }
+}
+
+/// Inverse CDF; `normalise = false` compares `v` with the raw running sum.
+fn draw(w: &[f64], v: f64, normalise: bool) -> usize {
+    let total: f64 = if normalise { w.iter().sum() } else { 1.0 };
+    let mut c = 0.0;
+    for (x, &wx) in w.iter().enumerate() {
+        c += wx;
+        if v * total < c {
+            return x;
+        }
+    }
+    w.iter().rposition(|&x| x > 0.0).unwrap_or(0)
+}
+
+impl Backend for Mutant {
+    type Tensor = RefTensor;
+    type KvCache = BatchKvCache;
+
+    fn name(&self) -> String {
+        format!("mutant-{}", self.0.name())
+    }
+    fn device(&self) -> String {
+        "host".into()
+    }
+    fn precision(&self) -> Precision {
+        ReferenceBackend.precision()
+    }
+    fn upload_f64(&self, t: &HostTensor<f64>) -> Result<RefTensor> {
+        ReferenceBackend.upload_f64(t)
+    }
+    fn upload_i64(&self, t: &HostTensor<i64>) -> Result<RefTensor> {
+        ReferenceBackend.upload_i64(t)
+    }
+    fn download_f64(&self, t: &RefTensor) -> Result<HostTensor<f64>> {
+        ReferenceBackend.download_f64(t)
+    }
+    fn download_i64(&self, t: &RefTensor) -> Result<HostTensor<i64>> {
+        ReferenceBackend.download_i64(t)
+    }
+
+    fn rejection_verify(&self, a: RejectionArgs<'_, RefTensor>, n: RejectionNoise<'_, RefTensor>, cmp: Comparator) -> Result<Verified<RefTensor>> {
+        let DrawNoiseArg::InverseCdf(v) = n.draw else {
+            return Err(self.unsupported(specdec_backend::Op::RejectionVerify));
+        };
+        let (p, d, l) = (f(a.target_probs), i(a.draft_tokens), i(a.proposal_lens));
+        let wrap = |o: specdec_reference::VerifyOutput| Verified {
+            tokens: RefTensor::I64(o.tokens),
+            num_accepted: RefTensor::I64(HostTensor::from_vec(o.num_accepted.iter().map(|&x| x as i64).collect())),
+        };
+        match self.0 {
+            Defect::LossyThreshold => Ok(wrap(lossy::lossy_threshold_verify(p, d, l, 0.1)?)),
+            Defect::LossyTypical => Ok(wrap(lossy::lossy_typical_verify(p, d, l, 0.3, 0.09, f(v))?)),
+            Defect::LessEqComparator => ReferenceBackend.rejection_verify(a, n, Comparator::Seed004LessEq),
+            _ => {
+                let _ = cmp;
+                Ok(self.broken_verify(&a, f(n.accept_uniforms), f(v)))
+            }
+        }
+    }
+}

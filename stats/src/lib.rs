@@ -1,0 +1,40 @@
+//! Calibrated statistical tests behind specdec's "lossless" claims: goodness of fit
+//! (Pearson chi-squared, G-test) against exact distributions, exact binomial tests
+//! and proportion intervals, Holm's multiplicity correction, and power/sample-size
+//! calculations in terms of total-variation distance. Invariants: distributions come
+//! from `statrs`; p-values come from survival functions, never `1 - cdf`, and are 0
+//! only for outcomes impossible under the null (underflow is floored to
+//! `f64::MIN_POSITIVE`, an upper bound, with its log10 kept); impossible outcomes and
+//! untestable (degenerate) nulls are reported as such, never pooled away or counted as
+//! passes; pooling depends on `n` and the null only, so every test can state its
+//! power before it runs; nothing here retries or resamples; every public function
+//! validates its input and returns [`StatsError`] instead of panicking.
+
+mod binomial;
+mod distance;
+mod error;
+mod gof;
+mod holm;
+mod power;
+mod report;
+mod tail;
+mod validate;
+
+pub use binomial::{
+    Alternative, BINOMIAL_RELATIVE_TOLERANCE, BinomialTestResult, Interval, MAX_BINOMIAL_N,
+    binomial_test, clopper_pearson_interval, wilson_interval,
+};
+pub use distance::total_variation;
+pub use error::StatsError;
+pub use gof::{
+    GofOutcome, GofResult, MIN_EXPECTED_COUNT, Pooling, TestKind, chi_squared_gof, g_test_gof,
+    plan_pooling,
+};
+pub use holm::{HolmDecision, holm};
+pub use power::{
+    MAX_NONCENTRALITY, NONCENTRAL_TRUNCATION, detectable_delta, gof_power, min_samples,
+    noncentral_chi_squared_cdf, noncentral_chi_squared_sf, noncentrality_for_power,
+};
+pub use report::{Decision, GofPlan, PowerClaim, TestReport, judge_holm, plan_gof};
+pub use tail::{PValue, chi_squared_p_value};
+pub use validate::{MAX_DF, PROBABILITY_SUM_TOLERANCE};

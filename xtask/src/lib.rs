@@ -1,0 +1,2 @@
+//! The parts of xtask that its tests use: spec-rule coverage.
+pub mod coverage;
