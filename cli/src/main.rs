@@ -1,1 +1,263 @@
-fn main() {}
+//! `specdec`: run the conformance suite on any backend in this build, check
+//! external case files, bless golden cases from the reference, and run the
+//! statistics campaign. Exit status is non-zero whenever a check fails.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use specdec_backend::Backend;
+use specdec_conformance::harness::write_reports;
+use specdec_conformance::report::Report;
+use specdec_conformance::suite::{self, Item, Selection, Status, SuiteConfig};
+
+mod backends;
+mod bless;
+mod campaign;
+
+use backends::{Describe, Job, NAMES, with_backend};
+
+#[derive(Parser)]
+#[command(name = "specdec", version, about = "Speculative-decoding reference and conformance testbed")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Lists the backends of this build and whether each can run here.
+    Backends,
+    /// Runs the conformance suite (golden, differential, statistical checks).
+    Conform {
+        /// A backend name, or `all` for every backend available in this build.
+        #[arg(long, default_value = "all")]
+        backend: String,
+        /// Only checks whose name contains this (or matches it, with `*`).
+        #[arg(long)]
+        filter: Option<String>,
+        /// A selection file (TOML: include, exclude, xfail glob lists).
+        #[arg(long)]
+        xfails: Option<PathBuf>,
+        /// The run seed (default: SPECDEC_SEED, else the fixed default).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Where to write reports: a directory (JSON, Markdown and JUnit per
+        /// backend) or a file ending in .json, .md or .xml. Repeatable.
+        #[arg(long)]
+        report: Vec<PathBuf>,
+        /// Differential cases per operation.
+        #[arg(long, default_value_t = specdec_conformance::diff::DEFAULT_CASES_PER_OP)]
+        diff_cases: usize,
+        /// Skip the statistical checks.
+        #[arg(long)]
+        no_stat: bool,
+    },
+    /// Runs a case file written by anyone, reporting each case.
+    Check {
+        cases: PathBuf,
+        #[arg(long, default_value = "reference")]
+        backend: String,
+        #[arg(long)]
+        filter: Option<String>,
+        #[arg(long)]
+        report: Vec<PathBuf>,
+    },
+    /// Recomputes `expected_by: reference` outputs and regenerates
+    /// `fixtures/cases/blessed/`; `--check` fails on drift instead of writing.
+    Bless {
+        #[arg(long)]
+        check: bool,
+        #[arg(long, default_value = "fixtures")]
+        fixtures: PathBuf,
+    },
+    /// The statistics campaign: lossless checks and negative controls with
+    /// reports and plots; `--sweep N` reruns the lossless family over N seeds.
+    Stats {
+        #[arg(long)]
+        seed: Option<u64>,
+        #[arg(long, default_value = "reports/stats")]
+        out: PathBuf,
+        #[arg(long)]
+        sweep: Option<u64>,
+    },
+}
+
+fn main() -> ExitCode {
+    let result = match Cli::parse().command {
+        Command::Backends => list_backends(),
+        Command::Conform { backend, filter, xfails, seed, report, diff_cases, no_stat } => {
+            conform(&backend, filter, xfails.as_deref(), seed, &report, diff_cases, !no_stat)
+        }
+        Command::Check { cases, backend, filter, report } => check(&cases, &backend, filter, &report),
+        Command::Bless { check, fixtures } => bless::run(&fixtures, check),
+        Command::Stats { seed, out, sweep } => match seed.map_or_else(suite::seed_from_env, Ok) {
+            Ok(seed) => match sweep {
+                Some(n) => campaign::sweep(n, &out),
+                None => campaign::run(seed, &out),
+            },
+            Err(e) => Err(e),
+        },
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("specdec: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn list_backends() -> Result<bool, String> {
+    for name in NAMES {
+        match with_backend(name, &Describe) {
+            Ok(desc) => println!("{name:<12} available: {desc}"),
+            Err(why) => println!("{name:<12} unavailable: {why}"),
+        }
+    }
+    Ok(true)
+}
+
+/// The conformance run of one backend.
+struct Conform<'a> {
+    cfg: &'a SuiteConfig,
+    items: &'a [Item],
+}
+
+impl Job for Conform<'_> {
+    type Out = Report;
+    fn run<B: Backend>(&self, backend: &B) -> Report {
+        let selected = self.items.len();
+        let bar = ProgressBar::new(selected as u64).with_style(
+            ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {wide_msg}").expect("valid template").progress_chars("=> "),
+        );
+        bar.set_prefix(backend.name());
+        let results = suite::run(backend, self.items, self.cfg, &mut |r| {
+            bar.set_message(r.name.clone());
+            bar.inc(1);
+        });
+        bar.finish_and_clear();
+        Report::new(backend, self.cfg.seed, results)
+    }
+}
+
+fn conform(
+    backend: &str,
+    filter: Option<String>,
+    xfails: Option<&Path>,
+    seed: Option<u64>,
+    reports: &[PathBuf],
+    diff_cases: usize,
+    statistical: bool,
+) -> Result<bool, String> {
+    let selection = match xfails {
+        Some(path) => Selection::parse(&std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?)?,
+        None => Selection::default(),
+    };
+    let seed = seed.map_or_else(suite::seed_from_env, Ok)?;
+    let cfg = SuiteConfig { seed, filter, selection, diff_cases_per_op: diff_cases, statistical };
+    let items = suite::all_items(&cfg);
+    let names: Vec<&str> = if backend == "all" { NAMES.to_vec() } else { vec![backend] };
+    let mut ok = true;
+    let mut ran = Vec::new();
+    for name in names {
+        match with_backend(name, &Conform { cfg: &cfg, items: &items }) {
+            Ok(report) => {
+                print_report(&report);
+                ok &= !report.summary.failed;
+                ran.push(report);
+            }
+            Err(why) if backend == "all" => println!("{name}: unavailable in this build or on this machine: {why}\n"),
+            Err(why) => return Err(why),
+        }
+    }
+    write_all(reports, &ran)?;
+    println!("{}", if ok { "conformance: PASS" } else { "conformance: FAIL" });
+    Ok(ok)
+}
+
+fn print_report(report: &Report) {
+    println!("{}", report.summary_line());
+    print!("{}", report.coverage_by_op());
+    for r in report.results.iter().filter(|r| r.status.is_failure()) {
+        println!("  {:?} {}: {}\n    repro: {}", r.status, r.name, r.message, r.repro);
+    }
+    println!();
+}
+
+fn write_all(paths: &[PathBuf], reports: &[Report]) -> Result<(), String> {
+    for path in paths {
+        let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+        if matches!(ext, "json" | "md" | "xml") {
+            for r in reports {
+                let target = if reports.len() == 1 { path.clone() } else { path.with_file_name(format!("{}-{}", r.backend, file_name(path))) };
+                let text = match ext {
+                    "json" => r.to_json(),
+                    "md" => r.to_markdown(),
+                    _ => r.to_junit(),
+                };
+                std::fs::write(&target, text).map_err(|e| format!("cannot write {}: {e}", target.display()))?;
+                println!("report: {}", target.display());
+            }
+        } else {
+            for r in reports {
+                write_reports(r, path).map_err(|e| format!("cannot write reports to {}: {e}", path.display()))?;
+            }
+            println!("reports: {}/<backend>.{{json,md,junit.xml}}", path.display());
+        }
+    }
+    Ok(())
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// A case file run on one backend.
+struct CheckFile<'a> {
+    items: &'a [Item],
+    cfg: &'a SuiteConfig,
+}
+
+impl Job for CheckFile<'_> {
+    type Out = Report;
+    fn run<B: Backend>(&self, backend: &B) -> Report {
+        Report::new(backend, self.cfg.seed, suite::run(backend, self.items, self.cfg, &mut |_| {}))
+    }
+}
+
+fn check(path: &Path, backend: &str, filter: Option<String>, reports: &[PathBuf]) -> Result<bool, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let loaded = specdec_conformance::case::parse(&text, path).map_err(|e| e.to_string())?;
+    let host_cases: Vec<_> = loaded.cases.iter().filter(|c| specdec_conformance::host::HOST_OPS.contains(&c.op.as_str())).cloned().collect();
+    let mut loaded = loaded;
+    loaded.cases.retain(|c| !specdec_conformance::host::HOST_OPS.contains(&c.op.as_str()));
+    let items = suite::items_from_loaded(&stem, loaded);
+    let cfg = SuiteConfig { filter, statistical: false, diff_cases_per_op: 0, ..SuiteConfig::default() };
+    let report = with_backend(backend, &CheckFile { items: &items, cfg: &cfg })?;
+    let mut ok = !report.summary.failed;
+    for r in &report.results {
+        let status = match r.status {
+            Status::Pass if r.excused > 0 => "PASS (excused near boundary)".to_string(),
+            s => format!("{s:?}").to_uppercase(),
+        };
+        println!("{status:<14} {}{}", r.name, if r.message.is_empty() { String::new() } else { format!(": {}", r.message) });
+    }
+    // Host ops (reference-only algorithms) run on the reference whatever the backend.
+    for case in host_cases {
+        let verdict = specdec_conformance::host::check_host_case(&case);
+        let (status, msg) = match verdict {
+            specdec_conformance::compare::Verdict::Pass { .. } => ("PASS", String::new()),
+            specdec_conformance::compare::Verdict::Fail(m) => ("FAIL", m),
+            specdec_conformance::compare::Verdict::NotSupported(m) => ("NOTSUPPORTED", m),
+        };
+        ok &= status != "FAIL";
+        println!("{status:<14} host/{stem}/{} (reference){}", case.id, if msg.is_empty() { msg } else { format!(": {msg}") });
+    }
+    println!("{}", report.summary_line());
+    write_all(reports, std::slice::from_ref(&report))?;
+    Ok(ok)
+}

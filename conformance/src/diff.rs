@@ -340,7 +340,7 @@ fn kv(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {
     let mut steps = Vec::new();
     for _ in 0..g.int(1, 5) {
         if g.chance(0.55) {
-            let t = g.int(1, 4);
+            let t = g.int(0, 4); // T = 0 is a valid empty append
             let counts: Vec<i64> = lens.iter().map(|&l| g.int(0, t.min(cap - l)) as i64).collect();
             for (l, c) in lens.iter_mut().zip(&counts) {
                 *l += *c as usize;

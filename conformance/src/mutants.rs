@@ -151,6 +151,8 @@ impl Backend for Mutant {
         let DrawNoiseArg::InverseCdf(v) = n.draw else {
             return Err(self.unsupported(specdec_backend::Op::RejectionVerify));
         };
+        // A mutant breaks the algorithm, not the validation: bad input gets the reference's error.
+        ReferenceBackend.rejection_verify(a, n, cmp)?;
         let (p, d, l) = (f(a.target_probs), i(a.draft_tokens), i(a.proposal_lens));
         let wrap = |o: specdec_reference::VerifyOutput| Verified {
             tokens: RefTensor::I64(o.tokens),
@@ -160,10 +162,7 @@ impl Backend for Mutant {
             Defect::LossyThreshold => Ok(wrap(lossy::lossy_threshold_verify(p, d, l, 0.1)?)),
             Defect::LossyTypical => Ok(wrap(lossy::lossy_typical_verify(p, d, l, 0.3, 0.09, f(v))?)),
             Defect::LessEqComparator => ReferenceBackend.rejection_verify(a, n, Comparator::Seed004LessEq),
-            _ => {
-                let _ = cmp;
-                Ok(self.broken_verify(&a, f(n.accept_uniforms), f(v)))
-            }
+            _ => Ok(self.broken_verify(&a, f(n.accept_uniforms), f(v))),
         }
     }
 }

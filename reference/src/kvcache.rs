@@ -86,6 +86,9 @@ impl BatchKvCache {
         }
         for b in 0..self.batch {
             let c = *counts.at(&[b]) as usize;
+            if c == 0 {
+                continue; // also covers T = 0, where no source offset exists
+            }
             for h in 0..self.heads {
                 let src = new_keys.offset(&[b, h, 0, 0]).expect("validated");
                 let dst = self.offset(b, h, self.lens[b]);

@@ -41,6 +41,10 @@ pub(crate) fn weights(arg: &'static str, prefix: &[usize], w: &[f64]) -> Result<
         }
         total += x;
     }
+    if total.is_infinite() {
+        // Finite weights whose total overflows: v * S would be NaN or inf.
+        return Err(SpecError::NonFinite { arg, index: prefix.to_vec(), value: total });
+    }
     if total > 0.0 { Ok(()) } else { Err(SpecError::ZeroMass { arg, row: prefix.to_vec() }) }
 }
 

@@ -116,3 +116,12 @@ fn padding_rows_are_never_read() {
     };
     assert_eq!(run(f64::NAN), run(0.25));
 }
+
+/// KV-2: an append of zero positions (T = 0) is a valid no-op, not a panic.
+#[test]
+fn empty_append_is_a_no_op() {
+    let mut cache = BatchKvCache::new(2, 1, 2, 4).unwrap();
+    let empty = Tensor::new(vec![2, 1, 0, 2], vec![]).unwrap();
+    cache.append(&empty, &empty, &Tensor::from_vec(vec![0, 0])).unwrap();
+    assert_eq!(cache.lens(), [0, 0]);
+}

@@ -124,7 +124,7 @@ pub struct Precision {
 }
 
 /// Draw noise on the device: `[R]`/`[B, k+1]` uniforms or `[.., V]` exponentials.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub enum DrawNoiseArg<'a, T> {
     InverseCdf(&'a T),
     ExponentialRace(&'a T),
@@ -140,7 +140,7 @@ impl<T> DrawNoiseArg<'_, T> {
 }
 
 /// The probabilities and drafts of a rejection-sampling verify (REJECT-1).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub struct RejectionArgs<'a, T> {
     /// `[B, k+1, V]`.
     pub target_probs: &'a T,
@@ -153,12 +153,26 @@ pub struct RejectionArgs<'a, T> {
 }
 
 /// Explicit noise of a rejection-sampling verify.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub struct RejectionNoise<'a, T> {
     /// `[B, k]` uniforms.
     pub accept_uniforms: &'a T,
     pub draw: DrawNoiseArg<'a, T>,
 }
+
+// The argument structs hold only references: copyable whatever `T` is
+// (a derive would demand `T: Copy`, which device tensors are not).
+macro_rules! copy_without_bounds {
+    ($($t:ident),*) => {$(
+        impl<T> Clone for $t<'_, T> {
+            fn clone(&self) -> Self {
+                *self
+            }
+        }
+        impl<T> Copy for $t<'_, T> {}
+    )*};
+}
+copy_without_bounds!(DrawNoiseArg, RejectionArgs, RejectionNoise, LogitsParams);
 
 /// Verify outputs, still on the device.
 #[derive(Debug, Clone)]
@@ -179,7 +193,7 @@ pub struct DflashAccepted<T> {
 }
 
 /// Per-row sampling parameters on the device (LOGITS-1).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub struct LogitsParams<'a, T> {
     /// `[R]` float.
     pub temperature: &'a T,

@@ -1,0 +1,136 @@
+//! Drawing tokens (SAMPLE-1/2) and turning logits into the distribution
+//! sampled from (LOGITS-1 .. LOGITS-6), row-wise over whole arrays.
+
+use ndarray::{Array1, Array2, ArrayD, ArrayView1, ArrayView2, Axis, Zip, s};
+
+use crate::check::{d1, d2, exponentials_ok, score_rows_ok, uniforms_ok, weight_rows_ok};
+use crate::prim::{arange, argmax_last, argsort_rows, cumsum_last, sum_last, take_along_last, take_along_last2};
+
+/// SAMPLE-1: per row, the smallest `i` with `v * S < C_i`; if rounding
+/// leaves none, the last id of positive weight.
+pub(crate) fn inverse_cdf(w: ArrayView2<'_, f64>, v: ArrayView1<'_, f64>) -> Array1<usize> {
+    let n = w.ncols();
+    let cum = cumsum_last(w);
+    let target = Zip::from(v).and(&sum_last(w)).map_collect(|&v, &s| v * s);
+    // Weights are >= 0, so C is non-decreasing (rounding is monotone) and
+    // the ids with `target < C_i` form a suffix, which starts at `n` minus
+    // its size. (A NaN target, `0 * inf`, passes no id, as in the reference.)
+    let suffix = Zip::from(&cum)
+        .and_broadcast(target.view().insert_axis(Axis(1)))
+        .map_collect(|&c, &t| usize::from(t < c))
+        .fold_axis(Axis(1), 0, |a, &x| a + x);
+    let pos = arange(n);
+    let last_positive = Zip::from(&w)
+        .and_broadcast(pos.view().insert_axis(Axis(0)))
+        .map_collect(|&x, &j| if x > 0.0 { j } else { 0 })
+        .fold_axis(Axis(1), 0, |a, &j| (*a).max(j));
+    Zip::from(&suffix).and(&last_positive).map_collect(|&s, &l| if s > 0 { n - s } else { l })
+}
+
+/// SAMPLE-2: per row, `argmax` of `w / e` over positive weights, ties to
+/// the lowest id; zero-weight ids score `-inf` and never win.
+pub(crate) fn exponential_race(w: ArrayView2<'_, f64>, e: ArrayView2<'_, f64>) -> Array1<usize> {
+    let score = Zip::from(&w).and(&e).map_collect(|&w, &e| if w > 0.0 { w / e } else { f64::NEG_INFINITY });
+    argmax_last(score.view())
+}
+
+/// The `draw` op's fast check: `weights [R, V]`, `[R]` uniforms or `[R, V]`
+/// exponentials, every weight row drawable.
+pub(crate) fn draw_ok(weights: &ArrayD<f64>, noise: &ArrayD<f64>, uniforms: bool) -> bool {
+    let Some(w) = d2(weights) else { return false };
+    let (rows, vocab) = w.dim();
+    let noise_ok = if uniforms { noise.shape() == [rows] && uniforms_ok(noise) } else { noise.shape() == [rows, vocab] && exponentials_ok(noise) };
+    rows >= 1 && vocab >= 1 && noise_ok && weight_rows_ok(w)
+}
+
+/// Per-row sampling parameters as given to `process_logits`.
+pub(crate) struct LogitsIn<'a> {
+    pub logits: &'a ArrayD<f64>,
+    pub temperature: &'a ArrayD<f64>,
+    pub top_k: &'a ArrayD<i64>,
+    pub top_p: &'a ArrayD<f64>,
+}
+
+/// LOGITS-1 and CONV-8 fast check.
+pub(crate) fn logits_ok(x: &LogitsIn<'_>) -> bool {
+    let Some(z) = d2(x.logits) else { return false };
+    let (rows, vocab) = z.dim();
+    let (Some(t), Some(k), Some(p)) = (d1(x.temperature), d1(x.top_k), d1(x.top_p)) else { return false };
+    let shapes = rows >= 1 && vocab >= 1 && t.len() == rows && k.len() == rows && p.len() == rows;
+    shapes
+        && Zip::from(&t).and(&k).and(&p).all(|&t, &k, &p| t.is_finite() && t >= 0.0 && k >= 0 && p > 0.0 && p <= 1.0)
+        && score_rows_ok(z, Array1::from_elem(rows, true).view())
+}
+
+/// `softmax((z - max) / T)` over the kept ids, exactly 0 elsewhere (LOGITS-3/6).
+fn masked_softmax(z: ArrayView2<'_, f64>, keep: ArrayView2<'_, bool>, max: ArrayView1<'_, f64>, t: ArrayView1<'_, f64>) -> Array2<f64> {
+    let w = Zip::from(&z)
+        .and(&keep)
+        .and_broadcast(max.insert_axis(Axis(1)))
+        .and_broadcast(t.insert_axis(Axis(1)))
+        .map_collect(|&l, &k, &m, &t| if k { ((l - m) / t).exp() } else { 0.0 });
+    let total = sum_last(w.view());
+    Zip::from(&w).and_broadcast(total.view().insert_axis(Axis(1))).map_collect(|&w, &s| w / s)
+}
+
+/// LOGITS-4: keep ids whose logit reaches the k-th largest (ties kept);
+/// rows with `k = 0` or `k >= V` keep everything.
+fn top_k_keep(z: ArrayView2<'_, f64>, top_k: ArrayView1<'_, i64>) -> Array2<bool> {
+    let vocab = z.ncols();
+    let desc = argsort_rows(z, |a, b| b.total_cmp(&a));
+    let kth_id = take_along_last(desc.view(), top_k.mapv(|k| (k.max(1) as usize) - 1).view());
+    let kth = take_along_last(z, kth_id.view());
+    let active = top_k.mapv(|k| k > 0 && (k as usize) < vocab);
+    Zip::from(&z)
+        .and_broadcast(kth.view().insert_axis(Axis(1)))
+        .and_broadcast(active.view().insert_axis(Axis(1)))
+        .map_collect(|&x, &kth, &a| !a || x >= kth)
+}
+
+/// LOGITS-5: in descending probability order (ties: lower id first), keep
+/// an id iff the mass before it is `< top_p`. Ids dropped earlier have
+/// probability 0, so they add nothing to any kept id's preceding mass.
+fn top_p_keep(probs: ArrayView2<'_, f64>, top_p: ArrayView1<'_, f64>) -> Array2<bool> {
+    let (rows, vocab) = probs.dim();
+    let order = argsort_rows(probs, |a, b| b.total_cmp(&a));
+    let cum = cumsum_last(take_along_last2(probs, order.view()).view());
+    let mut before = Array2::zeros((rows, vocab));
+    before.slice_mut(s![.., 1..]).assign(&cum.slice(s![.., ..-1]));
+    let keep_sorted = Zip::from(&before).and_broadcast(top_p.insert_axis(Axis(1))).map_collect(|&b, &p| b < p);
+    // The inverse permutation maps each id back to its sorted position.
+    let rank = argsort_rows(order.view(), |a, b| a.cmp(&b));
+    take_along_last2(keep_sorted.view(), rank.view())
+}
+
+#[derive(Clone, Copy)]
+enum Mode {
+    Greedy,
+    Nucleus,
+    Full,
+}
+
+/// LOGITS-2 .. LOGITS-6 on validated input.
+pub(crate) fn process_logits(z: ArrayView2<'_, f64>, t: ArrayView1<'_, f64>, top_k: ArrayView1<'_, i64>, top_p: ArrayView1<'_, f64>) -> Array2<f64> {
+    let top = argmax_last(z);
+    let max = take_along_last(z, top.view());
+    // T = 0 rows are one-hot; a stand-in T keeps their unused softmax finite.
+    let t_safe = t.mapv(|t| if t > 0.0 { t } else { 1.0 });
+    let keep = top_k_keep(z, top_k);
+    let probs = masked_softmax(z, keep.view(), max.view(), t_safe.view());
+    let keep_p = top_p_keep(probs.view(), top_p);
+    let both = Zip::from(&keep).and(&keep_p).map_collect(|&a, &b| a && b);
+    let nucleus = masked_softmax(z, both.view(), max.view(), t_safe.view());
+    // Per row: greedy (LOGITS-2), nucleus (top_p < 1) or the top-k softmax.
+    let mode = Zip::from(&t).and(&top_p).map_collect(|&t, &p| if t == 0.0 { Mode::Greedy } else if p < 1.0 { Mode::Nucleus } else { Mode::Full });
+    let pos = arange(z.ncols());
+    Zip::from(&probs)
+        .and(&nucleus)
+        .and_broadcast(pos.view().insert_axis(Axis(0)))
+        .and_broadcast(top.view().insert_axis(Axis(1)))
+        .and_broadcast(mode.view().insert_axis(Axis(1)))
+        .map_collect(|&all, &nucleus, &j, &top, &mode| match mode {
+            Mode::Greedy => f64::from(u8::from(j == top)),
+            Mode::Nucleus => nucleus,
+            Mode::Full => all,
+        })
+}

@@ -1,0 +1,60 @@
+//! The stand-in compiled without the `libtorch` feature: a backend that cannot be
+//! constructed, so the conformance adapter reports every check as not supported with
+//! [`NOT_BUILT`] as the reason, and no tch type appears in the build.
+
+use std::convert::Infallible;
+
+use specdec_backend::{Backend, HostTensor, Precision, Result};
+
+use crate::NOT_BUILT;
+
+/// Uninhabited without libtorch; every constructor returns `Err(NOT_BUILT)`.
+#[derive(Debug, Clone, Copy)]
+pub struct TchBackend {
+    never: Infallible,
+}
+
+impl TchBackend {
+    /// Always `Err`: this build has no libtorch.
+    pub fn try_cpu() -> std::result::Result<Self, String> {
+        Err(NOT_BUILT.to_string())
+    }
+
+    /// Always `Err`: this build has no libtorch.
+    pub fn cuda_if_available() -> std::result::Result<Self, String> {
+        Err(NOT_BUILT.to_string())
+    }
+}
+
+impl Backend for TchBackend {
+    type Tensor = Infallible;
+    type KvCache = Infallible;
+
+    fn name(&self) -> String {
+        match self.never {}
+    }
+
+    fn device(&self) -> String {
+        match self.never {}
+    }
+
+    fn precision(&self) -> Precision {
+        match self.never {}
+    }
+
+    fn upload_f64(&self, _t: &HostTensor<f64>) -> Result<Infallible> {
+        match self.never {}
+    }
+
+    fn upload_i64(&self, _t: &HostTensor<i64>) -> Result<Infallible> {
+        match self.never {}
+    }
+
+    fn download_f64(&self, t: &Infallible) -> Result<HostTensor<f64>> {
+        match *t {}
+    }
+
+    fn download_i64(&self, t: &Infallible) -> Result<HostTensor<i64>> {
+        match *t {}
+    }
+}

@@ -1,0 +1,44 @@
+//! The backends this build knows, and generic dispatch to them.
+
+use specdec_backend::{Backend, ReferenceBackend};
+
+/// Every backend name `--backend` accepts, in report order.
+pub const NAMES: [&str; 6] = ["reference", "ndarray", "candle-cpu", "candle-cuda", "tch-cpu", "tch-cuda"];
+
+/// Work that runs on any backend.
+pub trait Job {
+    type Out;
+    fn run<B: Backend>(&self, backend: &B) -> Self::Out;
+}
+
+/// Runs `job` on the backend called `name`; `Err` says why it is unavailable
+/// in this build or on this machine.
+pub fn with_backend<J: Job>(name: &str, job: &J) -> Result<J::Out, String> {
+    match name {
+        "reference" => Ok(job.run(&ReferenceBackend)),
+        "ndarray" => Ok(job.run(&specdec_ndarray::NdarrayBackend::new())),
+        "candle-cpu" => Ok(job.run(&specdec_candle::CandleBackend::cpu())),
+        "candle-cuda" => specdec_candle::CandleBackend::cuda(0).map(|b| job.run(&b)),
+        "tch-cpu" => specdec_tch::TchBackend::try_cpu().map(|b| job.run(&b)),
+        "tch-cuda" => specdec_tch::TchBackend::cuda_if_available().map(|b| job.run(&b)),
+        other => Err(format!("unknown backend `{other}`; known: {}", NAMES.join(", "))),
+    }
+}
+
+/// One line describing a backend: its device and precision.
+pub struct Describe;
+
+impl Job for Describe {
+    type Out = String;
+    fn run<B: Backend>(&self, b: &B) -> String {
+        let p = b.precision();
+        format!(
+            "device {}, {} values, {} accumulation, margin epsilon {:e}, value tolerance {:e}",
+            b.device(),
+            p.float_dtype,
+            p.accumulate_dtype,
+            p.margin_epsilon,
+            p.value_tolerance
+        )
+    }
+}

@@ -1,0 +1,198 @@
+//! The conformance machinery itself: case files, judging, excuses,
+//! statuses, and the contract's accounting rules.
+
+use std::path::Path;
+
+use specdec_backend::{
+    Backend, ErrorKind, HostTensor, Precision, RefTensor, ReferenceBackend, RejectionArgs, RejectionNoise, Result, Verified,
+};
+use specdec_conformance::case::{decode_f64, parse};
+use specdec_conformance::compare::Verdict;
+use specdec_conformance::mutants::{Defect, Mutant};
+use specdec_conformance::suite::{self, Selection, Status, SuiteConfig, check_case, glob};
+use specdec_reference::kvcache::BatchKvCache;
+
+fn file(cases: &str) -> String {
+    format!(r#"{{"format": "specdec-cases/1", "title": "t", "cases": [{cases}]}}"#)
+}
+
+const GOOD: &str = r#"{"id": "ok", "op": "draw", "expected_by": "hand",
+    "inputs": {"weights": [[0.5, 0.5]], "draw_uniforms": [0.75]}, "expect": {"tokens": [1]}}"#;
+
+/// CASE-1: the format tag is required.
+#[test]
+fn format_tag_is_checked() {
+    let e = parse(r#"{"format": "other/1", "title": "t", "cases": []}"#, Path::new("f.json")).unwrap_err();
+    assert!(e.message.contains("specdec-cases/1"), "{e}");
+    assert!(parse("not json", Path::new("f.json")).is_err());
+}
+
+/// CASE-8: a malformed case is reported with its id and field; the rest load.
+#[test]
+fn malformed_cases_fail_alone() {
+    let text = file(&format!(r#"{GOOD}, {{"id": "no-expect", "op": "draw", "expected_by": "hand", "inputs": {{}}}}"#));
+    let loaded = parse(&text, Path::new("f.json")).unwrap();
+    assert_eq!(loaded.cases.len(), 1);
+    assert_eq!(loaded.errors.len(), 1);
+    assert!(loaded.errors[0].location.contains("no-expect") && loaded.errors[0].message.contains("expect"), "{:?}", loaded.errors[0]);
+
+    // A case whose input is ragged names the case and the field when run.
+    let text = file(r#"{"id": "ragged", "op": "draw", "expected_by": "hand",
+        "inputs": {"weights": [[0.5, 0.5], [1.0]], "draw_uniforms": [0.1, 0.2]}, "expect": {"tokens": [0, 0]}}"#);
+    let case = parse(&text, Path::new("f.json")).unwrap().cases.remove(0);
+    match check_case(&ReferenceBackend, &case) {
+        Verdict::Fail(m) => assert!(m.contains("ragged") && m.contains("inputs.weights"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    // An unknown op is named too, and does not stop the suite from running the other items.
+    let text = file(&format!(r#"{GOOD}, {{"id": "bad-op", "op": "teleport", "expected_by": "hand", "inputs": {{}}, "expect": {{}}}}"#));
+    let items = suite::items_from_text("x.json", &text);
+    let cfg = SuiteConfig { statistical: false, diff_cases_per_op: 0, ..SuiteConfig::default() };
+    let results = suite::run(&ReferenceBackend, &items, &cfg, &mut |_| {});
+    assert_eq!(results.iter().map(|r| r.status).collect::<Vec<_>>(), [Status::Pass, Status::Fail]);
+    assert!(results[1].message.contains("teleport"));
+}
+
+/// CASE-2: tensors as nested arrays or shape/data objects, non-finite floats as strings.
+#[test]
+fn tensor_encodings() {
+    let v: serde_json::Value = serde_json::from_str(r#"[["nan", "-inf"], [1, 2.5]]"#).unwrap();
+    let t = decode_f64(&v).unwrap();
+    assert_eq!(t.shape(), [2, 2]);
+    assert!(t.data()[0].is_nan() && t.data()[1] == f64::NEG_INFINITY && t.data()[3] == 2.5);
+    let v: serde_json::Value = serde_json::from_str(r#"{"shape": [2, 0], "data": []}"#).unwrap();
+    assert_eq!(decode_f64(&v).unwrap().shape(), [2, 0]);
+    let v: serde_json::Value = serde_json::from_str(r#"["NaNx"]"#).unwrap();
+    assert!(decode_f64(&v).unwrap_err().contains("not a number"));
+}
+
+/// CASE-5: exact ids, errors judged by kind and argument.
+#[test]
+fn judging() {
+    let wrong = file(r#"{"id": "w", "op": "draw", "expected_by": "hand", "inputs": {"weights": [[0.5, 0.5]], "draw_uniforms": [0.75]}, "expect": {"tokens": [0]}}"#);
+    let case = parse(&wrong, Path::new("f.json")).unwrap().cases.remove(0);
+    assert!(matches!(check_case(&ReferenceBackend, &case), Verdict::Fail(m) if m.contains("expected 0, got 1")));
+    let wrong_arg = file(r#"{"id": "a", "op": "draw", "expected_by": "hand", "inputs": {"weights": [[0.5, 0.5]], "draw_uniforms": [1.0]}, "expect": {"error": "UniformOutOfRange", "arg": "weights"}}"#);
+    let case = parse(&wrong_arg, Path::new("f.json")).unwrap().cases.remove(0);
+    assert!(matches!(check_case(&ReferenceBackend, &case), Verdict::Fail(m) if m.contains("draw_uniforms")));
+}
+
+/// A port that shifts every accept uniform by 2e-9: it differs from the
+/// reference only on decisions closer than that to their boundary.
+struct Nudged(f64);
+
+impl Backend for Nudged {
+    type Tensor = RefTensor;
+    type KvCache = BatchKvCache;
+    fn name(&self) -> String {
+        "nudged".into()
+    }
+    fn device(&self) -> String {
+        "host".into()
+    }
+    fn precision(&self) -> Precision {
+        Precision { float_dtype: "f64", accumulate_dtype: "f64", margin_epsilon: self.0, value_tolerance: 0.0 }
+    }
+    fn upload_f64(&self, t: &HostTensor<f64>) -> Result<RefTensor> {
+        ReferenceBackend.upload_f64(t)
+    }
+    fn upload_i64(&self, t: &HostTensor<i64>) -> Result<RefTensor> {
+        ReferenceBackend.upload_i64(t)
+    }
+    fn download_f64(&self, t: &RefTensor) -> Result<HostTensor<f64>> {
+        ReferenceBackend.download_f64(t)
+    }
+    fn download_i64(&self, t: &RefTensor) -> Result<HostTensor<i64>> {
+        ReferenceBackend.download_i64(t)
+    }
+    fn rejection_verify(&self, a: RejectionArgs<'_, RefTensor>, n: RejectionNoise<'_, RefTensor>, c: specdec_backend::Comparator) -> Result<Verified<RefTensor>> {
+        let RefTensor::F64(u) = n.accept_uniforms else { unreachable!("uniforms are floats") };
+        let shifted = RefTensor::F64(u.map(|x| (x + 2e-9).min(0.999_999_999)));
+        ReferenceBackend.rejection_verify(a, RejectionNoise { accept_uniforms: &shifted, draw: n.draw }, c)
+    }
+}
+
+/// BACKEND-4: a decision within the backend's epsilon of its boundary may
+/// differ, and is counted; with a smaller epsilon the same difference fails.
+#[test]
+fn near_boundary_differences_are_excused_and_counted() {
+    // u q(x) = 0.5 * 0.8 = 0.4 lies 1e-9 below p(x) = 0.400000001: the
+    // reference accepts, the nudged port rejects.
+    let text = file(r#"{"id": "edge", "op": "rejection_verify", "expected_by": "hand",
+        "inputs": {"target_probs": [[[0.400000001, 0.599999999], [1.0, 0.0]]], "draft_probs": [[[0.8, 0.2]]],
+                   "draft_tokens": [[0]], "proposal_lens": [1], "accept_uniforms": [[0.5]], "draw_uniforms": [[0.5, 0.5]]},
+        "expect": {"tokens": [[0, 0]], "num_accepted": [1]}}"#);
+    let case = parse(&text, Path::new("f.json")).unwrap().cases.remove(0);
+    assert_eq!(check_case(&ReferenceBackend, &case), Verdict::Pass { excused: 0, max_abs_err: 0.0 });
+    assert_eq!(check_case(&Nudged(1e-6), &case), Verdict::Pass { excused: 1, max_abs_err: 0.0 });
+    assert!(matches!(check_case(&Nudged(1e-12), &case), Verdict::Fail(_)));
+}
+
+/// A backend with only the transfers.
+struct Empty;
+
+impl Backend for Empty {
+    type Tensor = RefTensor;
+    type KvCache = BatchKvCache;
+    fn name(&self) -> String {
+        "empty".into()
+    }
+    fn device(&self) -> String {
+        "host".into()
+    }
+    fn precision(&self) -> Precision {
+        ReferenceBackend.precision()
+    }
+    fn upload_f64(&self, t: &HostTensor<f64>) -> Result<RefTensor> {
+        ReferenceBackend.upload_f64(t)
+    }
+    fn upload_i64(&self, t: &HostTensor<i64>) -> Result<RefTensor> {
+        ReferenceBackend.upload_i64(t)
+    }
+    fn download_f64(&self, t: &RefTensor) -> Result<HostTensor<f64>> {
+        ReferenceBackend.download_f64(t)
+    }
+    fn download_i64(&self, t: &RefTensor) -> Result<HostTensor<i64>> {
+        ReferenceBackend.download_i64(t)
+    }
+}
+
+/// BACKEND-3 / SUITE-3: not-supported operations are reported, never pass,
+/// and do not fail the run.
+#[test]
+fn not_supported_is_never_a_pass() {
+    let cfg = SuiteConfig { diff_cases_per_op: 2, ..SuiteConfig::default() };
+    let results = suite::run(&Empty, &suite::all_items(&cfg), &cfg, &mut |_| {});
+    assert!(results.iter().all(|r| r.status == Status::NotSupported), "{:?}", results.iter().find(|r| r.status != Status::NotSupported));
+    let report = specdec_conformance::report::Report::new(&Empty, cfg.seed, results);
+    assert!(!report.summary.failed);
+    assert_eq!(report.count(Status::Pass), 0);
+}
+
+/// SUITE-1/2/3: selection globs, xfail and xpass.
+#[test]
+fn selection_and_expected_failures() {
+    assert!(glob("golden/*/err-*", "golden/greedy/err-nan-score"));
+    assert!(!glob("golden/*/err-*", "golden/greedy/all-accepted"));
+    assert!(glob("*", "anything") && glob("a*b*c", "a-b-c") && !glob("a*b", "a-c"));
+
+    let selection = Selection::parse("include = [\"golden/rejection/*\"]\nxfail = [\"golden/rejection/seed004-example-residual\", \"golden/rejection/one-hot-target-is-greedy\"]").unwrap();
+    let cfg = SuiteConfig { selection, statistical: false, diff_cases_per_op: 0, ..SuiteConfig::default() };
+    // The residual-is-target mutant fails the first listed case: an expected failure.
+    let results = suite::run(&Mutant(Defect::ResidualIsTarget), &suite::all_items(&cfg), &cfg, &mut |_| {});
+    let status = |name: &str| results.iter().find(|r| r.name == name).map(|r| r.status);
+    assert_eq!(status("golden/rejection/seed004-example-residual"), Some(Status::XFail));
+    // It does not break the second listed case, whose xfail is stale: a failure.
+    assert_eq!(status("golden/rejection/one-hot-target-is-greedy"), Some(Status::XPass));
+    assert!(Status::XPass.is_failure() && !Status::XFail.is_failure());
+    assert!(results.iter().filter(|r| !r.name.starts_with("golden/rejection/")).all(|r| r.status == Status::Skipped));
+    assert!(Selection::parse("includ = []").is_err(), "unknown keys are rejected");
+}
+
+/// BACKEND-2: for the same bad input the reference and its mutants name the
+/// same error, and the kinds are stable names.
+#[test]
+fn error_kinds_are_stable_names() {
+    let names: Vec<String> = ErrorKind::ALL.iter().map(|k| serde_json::to_string(k).unwrap()).collect();
+    assert!(names.contains(&"\"NotNormalized\"".to_string()) && names.len() == ErrorKind::ALL.len());
+}
