@@ -78,7 +78,7 @@ pub struct Loaded {
     pub errors: Vec<CaseError>,
 }
 
-/// Reads a case file. A file-level defect (not JSON, wrong format tag, no
+/// Reads a case file (CASE-8). A file-level defect (not JSON, wrong format tag, no
 /// `cases` array) is an `Err`; a malformed case is kept in `errors` and the
 /// other cases still load.
 pub fn load(path: &Path) -> Result<Loaded, CaseError> {

@@ -381,27 +381,44 @@ fn paged(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {
     ]))
 }
 
-/// Replaces one value of one tensor input with a defect: NaN, a negative
-/// probability, an out-of-range id, or a wrong length.
+/// Replaces one value of one input (walking into arrays and objects, so
+/// `kv_cache` scripts are reached too) with a defect: NaN, infinity, a
+/// negative or too-large probability, or an out-of-range id or length.
 fn inject_defect(g: &mut Gen, inputs: &mut Map<String, Value>) {
     let names: Vec<String> = inputs.keys().filter(|k| inputs[*k].is_array()).cloned().collect();
     if names.is_empty() {
         return;
     }
     let name = names[g.int(0, names.len() - 1)].clone();
-    let value = inputs.get_mut(&name).expect("listed");
-    // Walk to a random leaf.
-    let mut cur = value;
-    while let Value::Array(items) = cur {
-        if items.is_empty() {
-            return;
+    // Choose a random leaf by reading, then replace it by its path.
+    let mut path = Vec::new();
+    let mut cur = &inputs[&name];
+    loop {
+        match cur {
+            Value::Array(items) if !items.is_empty() => {
+                let j = g.int(0, items.len() - 1);
+                path.push(Value::from(j));
+                cur = &items[j];
+            }
+            Value::Object(map) if !map.is_empty() => {
+                let (key, next) = map.iter().nth(g.int(0, map.len() - 1)).expect("index below len");
+                path.push(Value::from(key.as_str()));
+                cur = next;
+            }
+            _ => break,
         }
-        let j = g.int(0, items.len() - 1);
-        cur = &mut items[j];
     }
-    *cur = match cur {
+    let defect = match cur {
         Value::Number(n) if n.is_i64() => json!([-7, 99, 1_000_000][g.int(0, 2)]),
         Value::Number(_) => [json!("nan"), json!(-0.25), json!(1.5), json!("inf")][g.int(0, 3)].clone(),
-        _ => return, // objects (kv_cache steps) are left alone
+        _ => return, // strings (modes, policies) are left alone
     };
+    let mut slot = inputs.get_mut(&name).expect("listed");
+    for step in &path {
+        slot = match step {
+            Value::String(key) => slot.get_mut(key.as_str()).expect("walked"),
+            index => slot.get_mut(index.as_u64().expect("index") as usize).expect("walked"),
+        };
+    }
+    *slot = defect;
 }

@@ -1,5 +1,5 @@
-//! The worked examples of the reference-only algorithms (`fixtures/host/`),
-//! one trial per case, through the same judge as the golden cases.
+//! The worked examples of the reference-only algorithms (`fixtures/host/`,
+//! CASE-7), one trial per case, through the same judge as the golden cases.
 
 use libtest_mimic::{Arguments, Failed, Trial};
 use specdec_conformance::case::parse;

@@ -66,7 +66,8 @@ fn tensor_encodings() {
     assert!(decode_f64(&v).unwrap_err().contains("not a number"));
 }
 
-/// CASE-5: exact ids, errors judged by kind and argument.
+/// CASE-4, CASE-5: one executor runs any case; ids exact, errors judged by
+/// kind and argument.
 #[test]
 fn judging() {
     let wrong = file(r#"{"id": "w", "op": "draw", "expected_by": "hand", "inputs": {"weights": [[0.5, 0.5]], "draw_uniforms": [0.75]}, "expect": {"tokens": [0]}}"#);
@@ -169,7 +170,7 @@ fn not_supported_is_never_a_pass() {
     assert_eq!(report.count(Status::Pass), 0);
 }
 
-/// SUITE-1/2/3: selection globs, xfail and xpass.
+/// SUITE-1, SUITE-2, SUITE-3: selection globs, xfail and xpass.
 #[test]
 fn selection_and_expected_failures() {
     assert!(glob("golden/*/err-*", "golden/greedy/err-nan-score"));
@@ -195,4 +196,66 @@ fn selection_and_expected_failures() {
 fn error_kinds_are_stable_names() {
     let names: Vec<String> = ErrorKind::ALL.iter().map(|k| serde_json::to_string(k).unwrap()).collect();
     assert!(names.contains(&"\"NotNormalized\"".to_string()) && names.len() == ErrorKind::ALL.len());
+}
+
+/// CASE-6: differential cases are a pure function of (op, index, seed), and
+/// some carry an injected defect whose error the backend must reproduce.
+#[test]
+fn differential_cases_are_reproducible_and_include_defects() {
+    use specdec_conformance::diff;
+    for op in diff::OPS {
+        let a = diff::case(op, 3, 11).unwrap();
+        assert_eq!(a, diff::case(op, 3, 11).unwrap(), "{op} is not reproducible");
+        assert_ne!(a.inputs, diff::case(op, 3, 12).unwrap().inputs, "{op} ignores the seed");
+        let errors = (0..diff::DEFAULT_CASES_PER_OP).filter(|&i| diff::case(op, i, 11).unwrap().expect.contains_key("error")).count();
+        assert!(errors > 0, "no `{op}` case exercises an error");
+    }
+}
+
+/// A backend that counts downloads.
+struct Counting(std::cell::Cell<usize>);
+
+impl Backend for Counting {
+    type Tensor = RefTensor;
+    type KvCache = BatchKvCache;
+    fn name(&self) -> String {
+        "counting".into()
+    }
+    fn device(&self) -> String {
+        "host".into()
+    }
+    fn precision(&self) -> Precision {
+        ReferenceBackend.precision()
+    }
+    fn upload_f64(&self, t: &HostTensor<f64>) -> Result<RefTensor> {
+        ReferenceBackend.upload_f64(t)
+    }
+    fn upload_i64(&self, t: &HostTensor<i64>) -> Result<RefTensor> {
+        ReferenceBackend.upload_i64(t)
+    }
+    fn download_f64(&self, t: &RefTensor) -> Result<HostTensor<f64>> {
+        self.0.set(self.0.get() + 1);
+        ReferenceBackend.download_f64(t)
+    }
+    fn download_i64(&self, t: &RefTensor) -> Result<HostTensor<i64>> {
+        self.0.set(self.0.get() + 1);
+        ReferenceBackend.download_i64(t)
+    }
+    fn rejection_verify(&self, a: RejectionArgs<'_, RefTensor>, n: RejectionNoise<'_, RefTensor>, c: specdec_backend::Comparator) -> Result<Verified<RefTensor>> {
+        ReferenceBackend.rejection_verify(a, n, c)
+    }
+}
+
+/// BACKEND-1: a verify step returns device tensors; the caller moves only
+/// the accepted tokens and counts to the host (two downloads).
+#[test]
+fn a_verify_step_downloads_only_tokens_and_counts() {
+    let text = file(r#"{"id": "v", "op": "rejection_verify", "expected_by": "hand",
+        "inputs": {"target_probs": [[[0.5, 0.5], [1.0, 0.0]]], "draft_probs": [[[0.5, 0.5]]], "draft_tokens": [[0]],
+                   "proposal_lens": [1], "accept_uniforms": [[0.1]], "draw_uniforms": [[0.5, 0.5]]},
+        "expect": {"tokens": [[0, 0]], "num_accepted": [1]}}"#);
+    let case = parse(&text, Path::new("f.json")).unwrap().cases.remove(0);
+    let backend = Counting(std::cell::Cell::new(0));
+    assert!(matches!(check_case(&backend, &case), Verdict::Pass { .. }));
+    assert_eq!(backend.0.get(), 2);
 }

@@ -5,8 +5,9 @@ use specdec_conformance::lossless::{controls, lossless_checks, passed, run_contr
 use specdec_conformance::stat::{DETECTABLE_DELTA, FAMILY_ALPHA};
 use specdec_conformance::suite::seed_from_env;
 
-/// STAT-1/2/3/4: one family, fixed seed, Holm at 1e-4, no retries; every
-/// check states a detectable TV distance of at most 0.02 before sampling.
+/// STAT-1, STAT-2, STAT-3, STAT-4: one family, fixed seed, Holm at 1e-4, no
+/// retries; every check states a detectable TV distance of at most 0.02
+/// before sampling.
 #[test]
 fn reference_is_lossless_by_sampling() {
     let seed = seed_from_env().expect("SPECDEC_SEED, if set, is a u64");
@@ -25,7 +26,8 @@ fn reference_is_lossless_by_sampling() {
     assert!(failures.is_empty(), "seed {seed}: lossless checks failed (family-wise false-failure rate {FAMILY_ALPHA:e}):\n{}", failures.join("\n"));
 }
 
-/// STAT-5: every known bug class is rejected by the same machinery.
+/// STAT-5: every known bug class is rejected by the same machinery,
+/// including the per-step `q` of iterative unmasking (DRAFT-5).
 #[test]
 fn negative_controls_are_rejected() {
     let seed = seed_from_env().expect("SPECDEC_SEED, if set, is a u64");

@@ -1,3 +1,5 @@
+//! STAT-6: p-values from survival functions, deterministic pooling, and the
+//! reported fields, checked against values computed independently (scipy, mpmath).
 //! Known values computed independently with scipy 1.17.1 (and mpmath 1.4.1 where
 //! scipy underflows); the exact call is in a comment next to each value.
 

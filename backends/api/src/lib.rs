@@ -109,7 +109,7 @@ impl std::fmt::Display for Op {
     }
 }
 
-/// The numeric contract a backend states (CONV-9, SAMPLE-3).
+/// The numeric contract a backend states (CONV-9, SAMPLE-3, BACKEND-4).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Precision {
     /// The dtype probabilities and scores are computed in, e.g. `"f32"`.
@@ -213,8 +213,11 @@ pub enum TrimMode {
     Clamped,
 }
 
-/// A speculative-decoding backend. Every method but the transfers has a
-/// default that answers `NotSupported`.
+/// A speculative-decoding backend (BACKEND-1): operations on the backend's
+/// own device tensors, outputs left on the device until downloaded. Every
+/// method but the transfers has a default that answers `NotSupported`
+/// (BACKEND-3). Bad input gets the reference's error kind and argument
+/// (BACKEND-2).
 pub trait Backend {
     /// A device-resident tensor: floats in the backend's dtype, or i64 ids.
     type Tensor: Clone + std::fmt::Debug;
@@ -249,7 +252,7 @@ pub trait Backend {
     }
 
     /// REJECT-1 .. REJECT-5 with the backend's own generator seeded by `seed`
-    /// (the exception of CONV-10; checked statistically). Each sequence's
+    /// (BACKEND-5, the exception of CONV-10; checked statistically). Each sequence's
     /// noise must be independent of every other sequence's.
     fn rejection_verify_seeded(&self, _args: RejectionArgs<'_, Self::Tensor>, _method: DrawMethod, _comparator: Comparator, _seed: u64) -> Result<Verified<Self::Tensor>> {
         Err(self.unsupported(Op::RejectionVerifySeeded))

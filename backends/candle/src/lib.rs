@@ -19,13 +19,15 @@
 //! inverse-CDF draws from a residual of tiny mass R (error ~2^-23 / R) and
 //! top-p on logits with |l| / T beyond ~8 (error ~2^-23 |l| / T). Float
 //! outputs (f32 softmax, residuals, gathered K/V) are within
-//! `value_tolerance = 1e-5` under the same conditions. Uploads round to f32
-//! but saturate at the ends of its range, so no value changes class (finite
-//! stays finite, nonzero stays nonzero) and validation sees what the
-//! reference sees. Ties go to the lowest id (CONV-8) by construction, not by
+//! `value_tolerance = 1e-5` under the same conditions. Uploads round to f32;
+//! a nonzero value below its range stays nonzero (the smallest subnormal),
+//! so signs and zero weights are judged as the reference judges them; a
+//! value beyond its range becomes infinite and is rejected (as in the tch
+//! port), where the reference accepts it unless a row total overflows. Ties go to the lowest id (CONV-8) by construction, not by
 //! candle's `argmax`, whose CUDA kernel does not promise it. Randomness: see
-//! `noise`; candle cannot seed its CPU generator, so `rejection_verify_seeded`
-//! is reproducible on CUDA only. Limits: the top-p tie-break needs V < 2^24,
+//! `noise`; `rejection_verify_seeded` is reproducible from its seed on every
+//! device (cuRAND on CUDA; PCG64 on the CPU, whose candle generator cannot
+//! be seeded). Limits: the top-p tie-break needs V < 2^24,
 //! and candle's CUDA argsort (one row in shared memory) limits top-k/top-p
 //! to V <= 8192; the sorts are skipped when no row uses them.
 
