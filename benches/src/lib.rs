@@ -28,7 +28,7 @@ fn softmax(logits: &[f64]) -> Vec<f64> {
 /// `batch` sequences, `k` drafts each, vocabulary `vocab`; drafts are drawn from `q`.
 pub fn batch(batch: usize, k: usize, vocab: usize, seed: u64) -> Batch {
     let mut rng = Pcg64::seed_from_u64(seed);
-    let mut row = |rng: &mut Pcg64| -> (Vec<f64>, Vec<f64>) {
+    let row = |rng: &mut Pcg64| -> (Vec<f64>, Vec<f64>) {
         let logits: Vec<f64> = (0..vocab).map(|_| 4.0 * rng.random::<f64>()).collect();
         let p = softmax(&logits);
         (logits, p)

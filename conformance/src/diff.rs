@@ -133,15 +133,7 @@ impl Gen {
         if self.chance(0.15) {
             return self.int(0, row.len() - 1) as i64;
         }
-        let u = self.unit();
-        let mut c = 0.0;
-        for (i, &x) in row.iter().enumerate() {
-            c += x;
-            if u < c {
-                return i as i64;
-            }
-        }
-        row.iter().rposition(|&x| x > 0.0).unwrap_or(0) as i64
+        crate::lossless::pick(row, self.unit())
     }
     fn garbage_row(&mut self, v: usize) -> Vec<f64> {
         let fill = if self.chance(0.5) { f64::NAN } else { -1.0 };

@@ -45,8 +45,11 @@ struct Probe {
     v: Vec<f64>,
 }
 
-/// Runs the probes as one batch and returns each row's `(tokens, num_accepted)`.
-fn run<B: Backend>(backend: &B, inst: &[Instance], probes: &[Probe], cmp: Comparator) -> Result<Vec<(Vec<i64>, usize)>, BackendError> {
+/// One probe's result: its tokens and accepted count.
+type ProbeOut = (Vec<i64>, usize);
+
+/// Runs the probes as one batch and returns each row's result.
+fn run<B: Backend>(backend: &B, inst: &[Instance], probes: &[Probe], cmp: Comparator) -> Result<Vec<ProbeOut>, BackendError> {
     let k = inst[0].drafts.len();
     let v = inst[0].p[0].len();
     let n = probes.len();
@@ -88,7 +91,7 @@ fn bisect<B: Backend>(
     cmp: Comparator,
     make: &dyn Fn(usize, f64) -> Probe,
     count: usize,
-    pred: &dyn Fn(usize, &(Vec<i64>, usize)) -> bool,
+    pred: &dyn Fn(usize, &ProbeOut) -> bool,
 ) -> Result<Vec<f64>, BackendError> {
     let zeros: Vec<Probe> = (0..count).map(|i| make(i, 0.0)).collect();
     let at_zero = run(backend, inst, &zeros, cmp)?;
@@ -224,13 +227,12 @@ pub fn model_instances(model: &TableModel, prefix: &[i64], k: usize) -> Vec<Inst
             let mut ctx = prefix.to_vec();
             let mut p = Vec::with_capacity(k + 1);
             let mut q = Vec::with_capacity(k);
-            for j in 0..=k {
+            for &d in &drafts {
                 p.push(model.target(&ctx).to_vec());
-                if j < k {
-                    q.push(model.draft(&ctx).to_vec());
-                    ctx.push(drafts[j]);
-                }
+                q.push(model.draft(&ctx).to_vec());
+                ctx.push(d);
             }
+            p.push(model.target(&ctx).to_vec());
             Instance { p, q: Some(q), drafts, weight }
         })
         .collect()

@@ -79,11 +79,11 @@ pub fn main<B: Backend>(make: impl FnOnce() -> Result<B, String>, selection_toml
     let report = Report::new(&backend, seed, results);
     println!("{}", report.summary_line());
     print!("{}", report.coverage_by_op());
-    if let Ok(dir) = std::env::var("SPECDEC_REPORT_DIR") {
-        if let Err(e) = write_reports(&report, std::path::Path::new(&dir)) {
-            eprintln!("cannot write reports to {dir}: {e}");
-            return ExitCode::FAILURE;
-        }
+    if let Ok(dir) = std::env::var("SPECDEC_REPORT_DIR")
+        && let Err(e) = write_reports(&report, std::path::Path::new(&dir))
+    {
+        eprintln!("cannot write reports to {dir}: {e}");
+        return ExitCode::FAILURE;
     }
 
     let trials = report

@@ -33,6 +33,10 @@ pub const HOST_OPS: &[&str] = &[
     "theory",
 ];
 
+/// Named outputs of a host op, or the reference's error for its input; the
+/// outer `Err` is a malformed case.
+type HostResult = Result<Result<Vec<(&'static str, OutValue)>, SpecError>, CaseError>;
+
 fn ints(v: Vec<i64>) -> OutValue {
     OutValue::Ints(HostTensor::from_vec(v))
 }
@@ -152,7 +156,7 @@ fn ngram_index(chunks: &[Vec<i64>], vocab: usize, cfg: NgramConfig) -> Result<Ve
 
 /// Drives a controller through `events`: `{"update": {...}}`,
 /// `{"fallback": true}` or `{"query": batch_size}`.
-fn controller(case: &Case) -> Result<Result<Vec<(&'static str, OutValue)>, SpecError>, CaseError> {
+fn controller(case: &Case) -> HostResult {
     let cfg: SpecConfig = case.param("config", None)?;
     let events = case.inputs.get("events").and_then(Value::as_array).ok_or_else(|| case.error("inputs", "events", "must be an array"))?;
     let mut c = match DynamicController::new(cfg) {
@@ -190,7 +194,7 @@ fn controller(case: &Case) -> Result<Result<Vec<(&'static str, OutValue)>, SpecE
 }
 
 /// `theory` cases name a function in `params.fn` and its arguments.
-fn theory_case(case: &Case) -> Result<Result<Vec<(&'static str, OutValue)>, SpecError>, CaseError> {
+fn theory_case(case: &Case) -> HostResult {
     let f: String = case.param("fn", None)?;
     let beta = || case.param::<f64>("beta", None);
     let gamma = || case.param::<usize>("gamma", None);

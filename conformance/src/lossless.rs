@@ -202,15 +202,10 @@ pub fn sample<B: Backend>(backend: &B, check: &Check, n: usize, seed: u64) -> Re
     }
 }
 
-fn pick(row: &[f64], u: f64) -> i64 {
-    let mut c = 0.0;
-    for (i, &x) in row.iter().enumerate() {
-        c += x;
-        if u < c {
-            return i as i64;
-        }
-    }
-    row.iter().rposition(|&x| x > 0.0).unwrap_or(0) as i64
+/// Draws an id from a (valid, generated) row with the reference's inverse
+/// CDF: how the samplers and generators draft tokens.
+pub(crate) fn pick(row: &[f64], u: f64) -> i64 {
+    specdec_reference::sampling::sample_inverse_cdf(row, u).expect("generated rows are valid").token as i64
 }
 
 fn uniform(rng: &mut Pcg64, coarse: bool) -> f64 {
@@ -432,6 +427,7 @@ pub fn run_controls(seed: u64, progress: &mut dyn FnMut(&str)) -> Result<Vec<(Co
             None => run_check(&ReferenceBackend, &c.check, family, seed)?,
         };
         outcome.name = format!("control/{}", c.name);
+        outcome.report.label = format!("{} on {}", outcome.name, c.check.name);
         outcome.report.judge(alpha).map_err(|e| e.to_string())?;
         out.push((c, outcome));
     }

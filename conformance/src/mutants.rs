@@ -134,18 +134,7 @@ impl Backend for Mutant {
     fn precision(&self) -> Precision {
         ReferenceBackend.precision()
     }
-    fn upload_f64(&self, t: &HostTensor<f64>) -> Result<RefTensor> {
-        ReferenceBackend.upload_f64(t)
-    }
-    fn upload_i64(&self, t: &HostTensor<i64>) -> Result<RefTensor> {
-        ReferenceBackend.upload_i64(t)
-    }
-    fn download_f64(&self, t: &RefTensor) -> Result<HostTensor<f64>> {
-        ReferenceBackend.download_f64(t)
-    }
-    fn download_i64(&self, t: &RefTensor) -> Result<HostTensor<i64>> {
-        ReferenceBackend.download_i64(t)
-    }
+    specdec_backend::reference_transfers!();
 
     fn rejection_verify(&self, a: RejectionArgs<'_, RefTensor>, n: RejectionNoise<'_, RefTensor>, cmp: Comparator) -> Result<Verified<RefTensor>> {
         let DrawNoiseArg::InverseCdf(v) = n.draw else {

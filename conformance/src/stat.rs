@@ -189,7 +189,7 @@ fn sample<B: Backend>(backend: &B, s: &Scenario, spec: &StatSpec, n: usize, seed
     for _ in 0..n {
         for j in 0..k {
             drafts.push(match &s.q {
-                Some(q) => sample_row(&q[j], rng.random()),
+                Some(q) => crate::lossless::pick(&q[j], rng.random()),
                 None => s.fixed_drafts[j],
             });
         }
@@ -223,17 +223,6 @@ fn sample<B: Backend>(backend: &B, s: &Scenario, spec: &StatSpec, n: usize, seed
         counts[x as usize] += 1;
     }
     Ok(counts)
-}
-
-fn sample_row(row: &[f64], u: f64) -> i64 {
-    let mut c = 0.0;
-    for (i, &x) in row.iter().enumerate() {
-        c += x;
-        if u < c {
-            return i as i64;
-        }
-    }
-    row.iter().rposition(|&x| x > 0.0).unwrap_or(0) as i64
 }
 
 /// Judges all sampled checks of a run together with Holm at [`FAMILY_ALPHA`]

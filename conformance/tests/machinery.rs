@@ -94,18 +94,7 @@ impl Backend for Nudged {
     fn precision(&self) -> Precision {
         Precision { float_dtype: "f64", accumulate_dtype: "f64", margin_epsilon: self.0, value_tolerance: 0.0 }
     }
-    fn upload_f64(&self, t: &HostTensor<f64>) -> Result<RefTensor> {
-        ReferenceBackend.upload_f64(t)
-    }
-    fn upload_i64(&self, t: &HostTensor<i64>) -> Result<RefTensor> {
-        ReferenceBackend.upload_i64(t)
-    }
-    fn download_f64(&self, t: &RefTensor) -> Result<HostTensor<f64>> {
-        ReferenceBackend.download_f64(t)
-    }
-    fn download_i64(&self, t: &RefTensor) -> Result<HostTensor<i64>> {
-        ReferenceBackend.download_i64(t)
-    }
+    specdec_backend::reference_transfers!();
     fn rejection_verify(&self, a: RejectionArgs<'_, RefTensor>, n: RejectionNoise<'_, RefTensor>, c: specdec_backend::Comparator) -> Result<Verified<RefTensor>> {
         let RefTensor::F64(u) = n.accept_uniforms else { unreachable!("uniforms are floats") };
         let shifted = RefTensor::F64(u.map(|x| (x + 2e-9).min(0.999_999_999)));
@@ -144,18 +133,7 @@ impl Backend for Empty {
     fn precision(&self) -> Precision {
         ReferenceBackend.precision()
     }
-    fn upload_f64(&self, t: &HostTensor<f64>) -> Result<RefTensor> {
-        ReferenceBackend.upload_f64(t)
-    }
-    fn upload_i64(&self, t: &HostTensor<i64>) -> Result<RefTensor> {
-        ReferenceBackend.upload_i64(t)
-    }
-    fn download_f64(&self, t: &RefTensor) -> Result<HostTensor<f64>> {
-        ReferenceBackend.download_f64(t)
-    }
-    fn download_i64(&self, t: &RefTensor) -> Result<HostTensor<i64>> {
-        ReferenceBackend.download_i64(t)
-    }
+    specdec_backend::reference_transfers!();
 }
 
 /// BACKEND-3 / SUITE-3: not-supported operations are reported, never pass,

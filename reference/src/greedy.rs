@@ -81,18 +81,8 @@ pub fn greedy_verify(
     draft_tokens: &Tensor<i64>,
     proposal_lens: &Tensor<i64>,
 ) -> Result<VerifyOutput> {
-    let vocab = *validate::rank("target_scores", target_scores.shape(), 3, "[B, k+1, V]")?.last().unwrap_or(&0);
-    if vocab == 0 {
-        return Err(SpecError::EmptyVocab { arg: "target_scores" });
-    }
-    let layout = validate::draft_layout(draft_tokens, proposal_lens, vocab)?;
+    let (layout, _) = validate::verify_batch("target_scores", target_scores, draft_tokens, proposal_lens, validate::score_row)?;
     let (batch, k) = (layout.batch, layout.k);
-    validate::shape("target_scores", target_scores.shape(), &[batch, k + 1, vocab], "[B, k+1, V]")?;
-    for (b, &len) in layout.lens.iter().enumerate() {
-        for j in 0..=len {
-            validate::score_row("target_scores", &[b, j], target_scores.lane_at(&[b, j]))?;
-        }
-    }
 
     let mut out = VerifyOutput::new(batch, k);
     for (b, &len) in layout.lens.iter().enumerate() {

@@ -10,18 +10,7 @@ use crate::validate;
 
 /// Shared shape and value validation; returns the proposal lengths.
 fn validate_common(target_probs: &Tensor<f64>, draft_tokens: &Tensor<i64>, proposal_lens: &Tensor<i64>) -> Result<Vec<usize>> {
-    let vocab = *validate::rank("target_probs", target_probs.shape(), 3, "[B, k+1, V]")?.last().unwrap_or(&0);
-    if vocab == 0 {
-        return Err(SpecError::EmptyVocab { arg: "target_probs" });
-    }
-    let layout = validate::draft_layout(draft_tokens, proposal_lens, vocab)?;
-    validate::shape("target_probs", target_probs.shape(), &[layout.batch, layout.k + 1, vocab], "[B, k+1, V]")?;
-    for (b, &len) in layout.lens.iter().enumerate() {
-        for j in 0..=len {
-            validate::prob_row("target_probs", &[b, j], target_probs.lane_at(&[b, j]))?;
-        }
-    }
-    Ok(layout.lens)
+    Ok(validate::verify_batch("target_probs", target_probs, draft_tokens, proposal_lens, validate::prob_row)?.0.lens)
 }
 
 /// Runs the accept-prefix loop shared by both lossy rules.

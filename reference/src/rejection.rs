@@ -135,25 +135,17 @@ pub fn residual_distribution(
 /// one-hot at the argmax, so the output is GREEDY's for any noise.
 pub fn rejection_verify(inputs: &RejectionInputs<'_>, comparator: Comparator) -> Result<VerifyOutput> {
     let RejectionInputs { target_probs, draft_probs, draft_tokens, proposal_lens, accept_uniforms, draw } = *inputs;
-    let vocab = *validate::rank("target_probs", target_probs.shape(), 3, "[B, k+1, V]")?.last().unwrap_or(&0);
-    if vocab == 0 {
-        return Err(SpecError::EmptyVocab { arg: "target_probs" });
-    }
-    let layout = validate::draft_layout(draft_tokens, proposal_lens, vocab)?;
+    let (layout, vocab) = validate::verify_batch("target_probs", target_probs, draft_tokens, proposal_lens, validate::prob_row)?;
     let (batch, k) = (layout.batch, layout.k);
-    validate::shape("target_probs", target_probs.shape(), &[batch, k + 1, vocab], "[B, k+1, V]")?;
     if let Some(q) = draft_probs {
         validate::shape("draft_probs", q.shape(), &[batch, k, vocab], "[B, k, V]")?;
     }
     validate::shape("accept_uniforms", accept_uniforms.shape(), &[batch, k], "[B, k]")?;
     draw.validate(batch, k, vocab)?;
     validate::uniforms("accept_uniforms", accept_uniforms)?;
-    // CONV-7: only the rows a sequence can read are validated.
-    for (b, &len) in layout.lens.iter().enumerate() {
-        for j in 0..=len {
-            validate::prob_row("target_probs", &[b, j], target_probs.lane_at(&[b, j]))?;
-        }
-        if let Some(q) = draft_probs {
+    // CONV-7: only the draft rows a sequence reads are validated.
+    if let Some(q) = draft_probs {
+        for (b, &len) in layout.lens.iter().enumerate() {
             for j in 0..len {
                 validate::prob_row("draft_probs", &[b, j], q.lane_at(&[b, j]))?;
             }

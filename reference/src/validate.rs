@@ -155,6 +155,30 @@ pub(crate) fn draft_layout(draft: &Tensor<i64>, lens: &Tensor<i64>, vocab: usize
     Ok(DraftLayout { batch, k, lens: out })
 }
 
+/// A verify batch (CONV-4, CONV-5, CONV-7): `target` `[B, k+1, V]` against
+/// the padded drafts, and every target row a sequence reads (rows
+/// `0..=len_b`) checked with `row`. Returns the layout and `V`.
+pub(crate) fn verify_batch(
+    arg: &'static str,
+    target: &Tensor<f64>,
+    draft: &Tensor<i64>,
+    lens: &Tensor<i64>,
+    row: fn(&'static str, &[usize], &[f64]) -> Result<()>,
+) -> Result<(DraftLayout, usize)> {
+    let vocab = *rank(arg, target.shape(), 3, "[B, k+1, V]")?.last().unwrap_or(&0);
+    if vocab == 0 {
+        return Err(SpecError::EmptyVocab { arg });
+    }
+    let layout = draft_layout(draft, lens, vocab)?;
+    shape(arg, target.shape(), &[layout.batch, layout.k + 1, vocab], "[B, k+1, V]")?;
+    for (b, &len) in layout.lens.iter().enumerate() {
+        for j in 0..=len {
+            row(arg, &[b, j], target.lane_at(&[b, j]))?;
+        }
+    }
+    Ok((layout, vocab))
+}
+
 fn with(prefix: &[usize], i: usize) -> Vec<usize> {
     let mut v = prefix.to_vec();
     v.push(i);

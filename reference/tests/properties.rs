@@ -132,11 +132,13 @@ proptest! {
             // Target rows on the prefix extended by the drafts.
             let mut ext = seq.clone();
             let mut rows = Vec::new();
-            for j in 0..=k {
+            for &d in &proposal {
                 let n = ext.len();
                 rows.extend(scores(ext[n - 2], ext[n - 1]));
-                if j < k { ext.push(proposal[j]); }
+                ext.push(d);
             }
+            let n = ext.len();
+            rows.extend(scores(ext[n - 2], ext[n - 1]));
             let out = greedy_verify(
                 &Tensor::new(vec![1, k + 1, 5], rows).unwrap(),
                 &Tensor::new(vec![1, k], proposal).unwrap(),

@@ -213,6 +213,27 @@ pub enum TrimMode {
     Clamped,
 }
 
+/// Implements the four transfers of a backend whose tensors are
+/// [`RefTensor`]s by delegating to the reference: for test doubles and
+/// mutants that change one operation and nothing else.
+#[macro_export]
+macro_rules! reference_transfers {
+    () => {
+        fn upload_f64(&self, t: &$crate::HostTensor<f64>) -> $crate::Result<$crate::RefTensor> {
+            $crate::ReferenceBackend.upload_f64(t)
+        }
+        fn upload_i64(&self, t: &$crate::HostTensor<i64>) -> $crate::Result<$crate::RefTensor> {
+            $crate::ReferenceBackend.upload_i64(t)
+        }
+        fn download_f64(&self, t: &$crate::RefTensor) -> $crate::Result<$crate::HostTensor<f64>> {
+            $crate::ReferenceBackend.download_f64(t)
+        }
+        fn download_i64(&self, t: &$crate::RefTensor) -> $crate::Result<$crate::HostTensor<i64>> {
+            $crate::ReferenceBackend.download_i64(t)
+        }
+    };
+}
+
 /// A speculative-decoding backend (BACKEND-1): operations on the backend's
 /// own device tensors, outputs left on the device until downloaded. Every
 /// method but the transfers has a default that answers `NotSupported`

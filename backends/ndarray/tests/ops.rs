@@ -60,7 +60,7 @@ fn nan_padding_is_neither_validated_nor_read() {
     assert_eq!(nd.download_i64(&greedy.tokens).unwrap().data(), &[1, 2, 0, 2, 0, PAD]);
     let args = RejectionArgs { target_probs: &p, draft_probs: Some(&q), draft_tokens: &d, proposal_lens: &l };
     for method in [DrawMethod::InverseCdf, DrawMethod::ExponentialRace] {
-        let out = nd.rejection_verify_seeded(args.clone(), method, Comparator::Strict, 7).expect("padding is not validated");
+        let out = nd.rejection_verify_seeded(args, method, Comparator::Strict, 7).expect("padding is not validated");
         let tokens = nd.download_i64(&out.tokens).unwrap();
         assert!(tokens.data().iter().all(|&t| (PAD..3).contains(&t)), "{tokens:?}");
     }
