@@ -61,11 +61,13 @@ pub struct CaseFile {
 pub struct CaseError {
     pub location: String,
     pub message: String,
+    /// The id of the case at fault, when the defect is inside one case.
+    pub case: Option<String>,
 }
 
 impl CaseError {
     pub fn new(location: impl Into<String>, message: impl Into<String>) -> Self {
-        CaseError { location: location.into(), message: message.into() }
+        CaseError { location: location.into(), message: message.into(), case: None }
     }
 }
 
@@ -105,7 +107,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, CaseError> {
         let id = item.get("id").and_then(Value::as_str).map_or_else(|| format!("#{i}"), str::to_string);
         match serde_json::from_value::<Case>(item.clone()) {
             Ok(case) => cases.push(case),
-            Err(e) => errors.push(CaseError::new(format!("{at} case {id}"), e.to_string())),
+            Err(e) => errors.push(CaseError { case: Some(id.clone()), ..CaseError::new(format!("{at} case {id}"), e.to_string()) }),
         }
     }
     Ok(Loaded { path: path.to_path_buf(), title, cases, errors })

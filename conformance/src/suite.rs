@@ -203,7 +203,10 @@ pub fn items_from_loaded(stem: &str, loaded: Loaded) -> Vec<Item> {
             }
         })
         .collect();
-    items.extend(loaded.errors.into_iter().map(|e| broken(format!("golden/{stem}/{}", e.location), e)));
+    items.extend(loaded.errors.into_iter().map(|e| {
+        let id = e.case.clone().unwrap_or_else(|| "file".into());
+        broken(format!("golden/{stem}/{id}"), e)
+    }));
     items
 }
 
@@ -291,12 +294,13 @@ pub fn run<B: Backend>(backend: &B, items: &[Item], cfg: &SuiteConfig, progress:
 
 /// Runs one case (golden, differential or external) on `backend`.
 pub fn check_case<B: Backend>(backend: &B, case: &Case) -> Verdict {
-    let margins = match reference_margins(case) {
-        Ok(m) => m,
+    // The executor reports a malformed case best; the margins read the same inputs.
+    let observed = match execute(backend, case) {
+        Ok(o) => o,
         Err(e) => return Verdict::Fail(format!("case file defect: {e}")),
     };
-    match execute(backend, case) {
-        Ok(observed) => judge(case, &observed, &backend.precision(), margins.as_deref()),
+    match reference_margins(case) {
+        Ok(margins) => judge(case, &observed, &backend.precision(), margins.as_deref()),
         Err(e) => Verdict::Fail(format!("case file defect: {e}")),
     }
 }
