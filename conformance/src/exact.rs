@@ -306,3 +306,38 @@ pub fn max_abs_diff(a: &Law, b: &Law) -> f64 {
         .map(|s| (a.get(s).copied().unwrap_or(0.0) - b.get(s).copied().unwrap_or(0.0)).abs())
         .fold(0.0, f64::max)
 }
+
+/// STAT-7 for any backend: the exact one-step law of `backend` on a fixed-row
+/// scenario equals the target (first token = `p[0]`, accepted count =
+/// THEORY-5). The tolerance is 1e-12, or ten times the backend's margin
+/// epsilon: a port whose decisions move by at most that epsilon moves each
+/// boundary, so each interval's measure, by at most as much.
+pub fn check_scenario<B: Backend>(backend: &B, scenario: &crate::stat::Scenario) -> crate::compare::Verdict {
+    use crate::compare::Verdict;
+    let tol = (10.0 * backend.precision().margin_epsilon).max(1e-12);
+    let instances = fixed_row_instances(&scenario.p, scenario.q.as_deref(), &scenario.fixed_drafts);
+    let law = match step_law(backend, &instances, Comparator::Strict) {
+        Ok(law) => law,
+        Err(BackendError::NotSupported { op, .. }) => return Verdict::NotSupported(format!("`{op}` is not supported")),
+        Err(e) => return Verdict::Fail(e.to_string()),
+    };
+    let k = scenario.p.len() - 1;
+    let betas: Vec<f64> = match &scenario.q {
+        Some(q) => q.iter().zip(&scenario.p).map(|(q, p)| specdec_reference::theory::acceptance(p, q).expect("valid rows")).collect(),
+        None => scenario.fixed_drafts.iter().zip(&scenario.p).map(|(&x, p)| p[x as usize]).collect(),
+    };
+    let accepted = specdec_reference::theory::accepted_length_law(&betas).expect("betas in [0, 1]");
+    let worst = |got: &[f64], want: &[f64]| got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+    let first = worst(&first_token_law(&law, scenario.p[0].len()), &scenario.p[0]);
+    let count = worst(&accepted_count_law(&law, k), &accepted);
+    let mass = (law.values().sum::<f64>() - 1.0).abs();
+    let err = first.max(count).max(mass);
+    if err <= tol {
+        Verdict::Pass { excused: 0, max_abs_err: err }
+    } else {
+        Verdict::Fail(format!("exact law off by {err:.3e} (first token {first:.3e}, accepted count {count:.3e}, mass {mass:.3e}) > {tol:e}"))
+    }
+}
+
+/// The scenarios checked exactly on every backend.
+pub const EXACT_SCENARIOS: [&str; 4] = ["overlap", "disjoint", "partial-support", "no-draft-probs"];

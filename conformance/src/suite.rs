@@ -30,6 +30,8 @@ pub fn seed_from_env() -> Result<u64, String> {
 pub enum Kind {
     Golden,
     Differential,
+    /// The exact output law, integrated over the backend's noise (STAT-7).
+    Exact,
     Statistical,
 }
 
@@ -143,6 +145,8 @@ pub enum Source {
     Golden(Box<Case>),
     Differential(Op, usize),
     Statistical(stat::StatSpec),
+    /// A fixed-row scenario whose exact law is integrated (STAT-7).
+    Exact(&'static str),
     /// A case that could not be loaded: it fails with this message.
     Broken(String),
 }
@@ -222,6 +226,15 @@ pub fn all_items(cfg: &SuiteConfig) -> Vec<Item> {
             items.push(Item { name: diff::name(op, i), kind: Kind::Differential, op: op.name().into(), rules: Vec::new(), source: Source::Differential(op, i) });
         }
     }
+    for name in crate::exact::EXACT_SCENARIOS {
+        items.push(Item {
+            name: format!("exact/{name}"),
+            kind: Kind::Exact,
+            op: Op::RejectionVerify.name().into(),
+            rules: vec!["STAT-7".into(), "REJECT-7".into()],
+            source: Source::Exact(name),
+        });
+    }
     if cfg.statistical {
         for spec in stat::specs() {
             items.push(Item {
@@ -270,6 +283,10 @@ pub fn run<B: Backend>(backend: &B, items: &[Item], cfg: &SuiteConfig, progress:
                 Err(e) => Verdict::Fail(format!("generator defect: {e}")),
             },
             Source::Broken(msg) => Verdict::Fail(format!("case file defect: {msg}")),
+            Source::Exact(name) => {
+                let scenario = stat::scenarios().into_iter().find(|s| s.name == *name).expect("known scenario");
+                crate::exact::check_scenario(backend, &scenario)
+            }
             Source::Statistical(spec) => {
                 let outcome = stat::run(backend, spec, cfg.seed);
                 result.millis = start.elapsed().as_secs_f64() * 1e3;

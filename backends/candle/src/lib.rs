@@ -149,16 +149,24 @@ impl CandleBackend {
     }
 }
 
-/// f64 -> f32 rounding to nearest, except that a nonzero value below the f32
-/// range becomes the smallest subnormal instead of 0, so that it keeps its
-/// sign class: `1e-300` stays a valid exponential, `-1e-300` a negative
-/// probability. A finite value beyond the f32 range becomes infinite (as in
-/// the tch port): this backend cannot represent it, the device check flags
-/// it, and the reference then names the defect (or, for a value the
-/// reference accepts, the op reports a device error: a stated limit of f32).
+/// f64 -> f32 rounding to nearest, except that it never crosses 0 or 1: a
+/// nonzero value below the f32 range becomes the smallest subnormal (so
+/// `1e-300` stays a valid exponential and `-1e-300` a negative probability),
+/// and a value below 1 that would round up to 1 becomes the largest f32
+/// below 1 (so a valid uniform such as `1 - 2^-53` stays valid). A finite
+/// value beyond the f32 range becomes infinite (as in the tch port): this
+/// backend cannot represent it, the device check flags it, and the
+/// reference then names the defect (or, for a value the reference accepts,
+/// the op reports a device error: a stated limit of f32).
 fn to_f32(x: f64) -> f32 {
     let y = x as f32;
-    if y == 0.0 && x != 0.0 { f32::from_bits(1).copysign(y) } else { y }
+    if y == 0.0 && x != 0.0 {
+        f32::from_bits(1).copysign(y)
+    } else if x < 1.0 && y >= 1.0 {
+        f32::from_bits(1f32.to_bits() - 1)
+    } else {
+        y
+    }
 }
 
 fn verified((tokens, num_accepted): (Tensor, Tensor)) -> Verified<Tensor> {
@@ -422,6 +430,8 @@ mod tests {
         assert_eq!(to_f32(f64::NEG_INFINITY), f32::NEG_INFINITY);
         assert!(to_f32(f64::NAN).is_nan());
         assert_eq!(to_f32(0.25), 0.25);
+        assert!(to_f32(1.0 - f64::EPSILON / 2.0) < 1.0, "a valid uniform must stay below 1");
+        assert_eq!(to_f32(1.0), 1.0);
     }
 
     #[test]
