@@ -221,7 +221,7 @@ fn broken(name: String, e: CaseError) -> Item {
 /// Every item of a run, before selection.
 pub fn all_items(cfg: &SuiteConfig) -> Vec<Item> {
     let mut items = golden_items();
-    for op in diff::OPS {
+    for op in diff::ops() {
         for i in 0..cfg.diff_cases_per_op {
             items.push(Item { name: diff::name(op, i), kind: Kind::Differential, op: op.name().into(), rules: Vec::new(), source: Source::Differential(op, i) });
         }
