@@ -2,7 +2,8 @@
 
 use specdec_backend::{Backend, ReferenceBackend};
 
-/// Every backend name `--backend` accepts, in report order.
+/// Every backend name `--backend` accepts, in report order (`candle` and
+/// `tch` are accepted as aliases of their CPU devices).
 pub const NAMES: [&str; 6] = ["reference", "ndarray", "candle-cpu", "candle-cuda", "tch-cpu", "tch-cuda"];
 
 /// Work that runs on any backend.
@@ -17,9 +18,9 @@ pub fn with_backend<J: Job>(name: &str, job: &J) -> Result<J::Out, String> {
     match name {
         "reference" => Ok(job.run(&ReferenceBackend)),
         "ndarray" => Ok(job.run(&specdec_ndarray::NdarrayBackend::new())),
-        "candle-cpu" => Ok(job.run(&specdec_candle::CandleBackend::cpu())),
+        "candle-cpu" | "candle" => Ok(job.run(&specdec_candle::CandleBackend::cpu())),
         "candle-cuda" => specdec_candle::CandleBackend::cuda(0).map(|b| job.run(&b)),
-        "tch-cpu" => specdec_tch::TchBackend::try_cpu().map(|b| job.run(&b)),
+        "tch-cpu" | "tch" => specdec_tch::TchBackend::try_cpu().map(|b| job.run(&b)),
         "tch-cuda" => specdec_tch::TchBackend::cuda_if_available().map(|b| job.run(&b)),
         other => Err(format!("unknown backend `{other}`; known: {}", NAMES.join(", "))),
     }
