@@ -28,7 +28,10 @@ pub struct Instance {
     pub p: Vec<Vec<f64>>,
     /// `k` draft rows, or `None` (drafts without probabilities).
     pub q: Option<Vec<Vec<f64>>>,
+    /// `k` draft slots, PAD from `len` on.
     pub drafts: Vec<i64>,
+    /// The proposal length.
+    pub len: usize,
     pub weight: f64,
 }
 
@@ -74,13 +77,19 @@ fn run<B: Backend>(backend: &B, inst: &[Instance], probes: &[Probe], cmp: Compar
         None => None,
     };
     let d = backend.upload_i64(&HostTensor::new(vec![n, k], d).expect("probe shapes"))?;
-    let lens = backend.upload_i64(&HostTensor::from_vec(vec![k as i64; n]))?;
+    let lens = backend.upload_i64(&HostTensor::from_vec(probes.iter().map(|pr| inst[pr.instance].len as i64).collect()))?;
     let (u, w) = (backend.upload_f64(&t(vec![n, k], u))?, backend.upload_f64(&t(vec![n, k + 1], w))?);
     let args = RejectionArgs { target_probs: &p, draft_probs: q.as_ref(), draft_tokens: &d, proposal_lens: &lens };
     let out = backend.rejection_verify(args, RejectionNoise { accept_uniforms: &u, draw: DrawNoiseArg::InverseCdf(&w) }, cmp)?;
     let tokens = backend.download_i64(&out.tokens)?;
     let accepted = backend.download_i64(&out.num_accepted)?;
-    Ok((0..n).map(|r| (tokens.data()[r * (k + 1)..(r + 1) * (k + 1)].to_vec(), accepted.data()[r] as usize)).collect())
+    if tokens.shape() != [n, k + 1] || accepted.shape() != [n] {
+        let msg = format!("verify returned tokens {:?} and counts {:?} for {n} rows of {k} drafts", tokens.shape(), accepted.shape());
+        return Err(BackendError::device(&backend.name(), msg));
+    }
+    // Out-of-range counts map to k + 1, which no predicate accepts.
+    let count = |a: i64| usize::try_from(a).ok().filter(|&a| a <= k).unwrap_or(k + 1);
+    Ok((0..n).map(|r| (tokens.data()[r * (k + 1)..(r + 1) * (k + 1)].to_vec(), count(accepted.data()[r]))).collect())
 }
 
 /// Bisects `sup { x in [0, 1) : pred(x) }` for many monotone predicates at
@@ -152,14 +161,14 @@ pub fn step_law<B: Backend>(backend: &B, instances: &[Instance], cmp: Comparator
     let cdf = bisect(backend, instances, cmp, &draw_probe, n_inst * per_inst, &|idx, o| {
         let j = (idx % per_inst) / v;
         let c = (idx % v) as i64;
-        o.1 == j && o.0[j] <= c
+        o.1 == j && j <= k && o.0[j] <= c
     })?;
 
     let mut law = Law::new();
     for (i, inst) in instances.iter().enumerate() {
         let mut reach = inst.weight; // probability that drafts 0..j were all accepted
-        for j in 0..=k {
-            let stop = if j < k { 1.0 - t[i * k + j] } else { 1.0 };
+        for j in 0..=inst.len {
+            let stop = if j < inst.len { 1.0 - t[i * k + j] } else { 1.0 };
             if reach * stop > 0.0 {
                 let mut below = 0.0;
                 for c in 0..v {
@@ -173,7 +182,7 @@ pub fn step_law<B: Backend>(backend: &B, instances: &[Instance], cmp: Comparator
                     }
                 }
             }
-            if j < k {
+            if j < inst.len {
                 reach *= t[i * k + j];
             }
         }
@@ -181,14 +190,20 @@ pub fn step_law<B: Backend>(backend: &B, instances: &[Instance], cmp: Comparator
     Ok(law)
 }
 
-/// The instances of one step with fixed rows: every draft sequence with
-/// positive probability under `q` (or the fixed drafts when `q` is `None`).
-pub fn fixed_row_instances(p: &[Vec<f64>], q: Option<&[Vec<f64>]>, fixed_drafts: &[i64]) -> Vec<Instance> {
+/// The instances of one step with fixed rows and proposal length `len`:
+/// every draft sequence with positive probability under `q` (or the fixed
+/// drafts when `q` is `None`), PAD-padded to `k`.
+pub fn fixed_row_instances(p: &[Vec<f64>], q: Option<&[Vec<f64>]>, fixed_drafts: &[i64], len: usize) -> Vec<Instance> {
+    let k = p.len() - 1;
+    let pad = |mut d: Vec<i64>| {
+        d.resize(k, PAD);
+        d
+    };
     let Some(q) = q else {
-        return vec![Instance { p: p.to_vec(), q: None, drafts: fixed_drafts.to_vec(), weight: 1.0 }];
+        return vec![Instance { p: p.to_vec(), q: None, drafts: pad(fixed_drafts[..len].to_vec()), len, weight: 1.0 }];
     };
     let mut out = vec![(Vec::new(), 1.0)];
-    for row in q {
+    for row in &q[..len] {
         out = out
             .into_iter()
             .flat_map(|(d, w): (Vec<i64>, f64)| {
@@ -200,7 +215,7 @@ pub fn fixed_row_instances(p: &[Vec<f64>], q: Option<&[Vec<f64>]>, fixed_drafts:
             })
             .collect();
     }
-    out.into_iter().map(|(drafts, weight)| Instance { p: p.to_vec(), q: Some(q.to_vec()), drafts, weight }).collect()
+    out.into_iter().map(|(drafts, weight)| Instance { p: p.to_vec(), q: Some(q.to_vec()), drafts: pad(drafts), len, weight }).collect()
 }
 
 /// The instances of one step of `model` after `prefix` with `k` drafts drawn
@@ -233,7 +248,7 @@ pub fn model_instances(model: &TableModel, prefix: &[i64], k: usize) -> Vec<Inst
                 ctx.push(d);
             }
             p.push(model.target(&ctx).to_vec());
-            Instance { p, q: Some(q), drafts, weight }
+            Instance { p, q: Some(q), drafts, len: k, weight }
         })
         .collect()
 }
@@ -299,6 +314,18 @@ pub fn first_token_law(law: &Law, vocab: usize) -> Vec<f64> {
     out
 }
 
+/// The joint law of (accepted count, next token) from a step law, as cells
+/// `n * V + x` for `n` in `0..=k`.
+pub fn accepted_and_next(law: &Law, k: usize, vocab: usize) -> Vec<f64> {
+    let mut out = vec![0.0; (k + 1) * vocab];
+    for (seq, p) in law {
+        if let Some(&x) = seq.last() {
+            out[(seq.len() - 1) * vocab + x as usize] += p;
+        }
+    }
+    out
+}
+
 /// `max |a - b|` over the union of outcomes.
 pub fn max_abs_diff(a: &Law, b: &Law) -> f64 {
     a.keys()
@@ -307,36 +334,33 @@ pub fn max_abs_diff(a: &Law, b: &Law) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// STAT-7 for any backend: the exact one-step law of `backend` on a fixed-row
-/// scenario equals the target (first token = `p[0]`, accepted count =
-/// THEORY-5). The tolerance is 1e-12, or ten times the backend's margin
-/// epsilon: a port whose decisions move by at most that epsilon moves each
-/// boundary, so each interval's measure, by at most as much.
+/// STAT-7 for any backend: for every proposal length `0..=k`, the exact
+/// joint law of (accepted count, next token) of `backend` on a fixed-row
+/// scenario equals the target's (see `stat::accepted_and_next_law`). The
+/// tolerance is 1e-12, or ten times the backend's margin epsilon: a port
+/// whose decisions move by at most that epsilon moves each boundary, so
+/// each interval's measure, by at most as much.
 pub fn check_scenario<B: Backend>(backend: &B, scenario: &crate::stat::Scenario) -> crate::compare::Verdict {
     use crate::compare::Verdict;
     let tol = (10.0 * backend.precision().margin_epsilon).max(1e-12);
-    let instances = fixed_row_instances(&scenario.p, scenario.q.as_deref(), &scenario.fixed_drafts);
-    let law = match step_law(backend, &instances, Comparator::Strict) {
-        Ok(law) => law,
-        Err(BackendError::NotSupported { op, .. }) => return Verdict::NotSupported(format!("`{op}` is not supported")),
-        Err(e) => return Verdict::Fail(e.to_string()),
-    };
-    let k = scenario.p.len() - 1;
-    let betas: Vec<f64> = match &scenario.q {
-        Some(q) => q.iter().zip(&scenario.p).map(|(q, p)| specdec_reference::theory::acceptance(p, q).expect("valid rows")).collect(),
-        None => scenario.fixed_drafts.iter().zip(&scenario.p).map(|(&x, p)| p[x as usize]).collect(),
-    };
-    let accepted = specdec_reference::theory::accepted_length_law(&betas).expect("betas in [0, 1]");
-    let worst = |got: &[f64], want: &[f64]| got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-    let first = worst(&first_token_law(&law, scenario.p[0].len()), &scenario.p[0]);
-    let count = worst(&accepted_count_law(&law, k), &accepted);
-    let mass = (law.values().sum::<f64>() - 1.0).abs();
-    let err = first.max(count).max(mass);
-    if err <= tol {
-        Verdict::Pass { excused: 0, max_abs_err: err }
-    } else {
-        Verdict::Fail(format!("exact law off by {err:.3e} (first token {first:.3e}, accepted count {count:.3e}, mass {mass:.3e}) > {tol:e}"))
+    let (k, v) = (scenario.p.len() - 1, scenario.p[0].len());
+    let mut worst: f64 = 0.0;
+    for len in 0..=k {
+        let instances = fixed_row_instances(&scenario.p, scenario.q.as_deref(), &scenario.fixed_drafts, len);
+        let law = match step_law(backend, &instances, Comparator::Strict) {
+            Ok(law) => law,
+            Err(BackendError::NotSupported { op, .. }) => return Verdict::NotSupported(format!("`{op}` is not supported")),
+            Err(e) => return Verdict::Fail(e.to_string()),
+        };
+        let want = crate::stat::accepted_and_next_law(scenario, len);
+        let got = accepted_and_next(&law, k, v);
+        let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold((law.values().sum::<f64>() - 1.0).abs(), f64::max);
+        if err > tol {
+            return Verdict::Fail(format!("proposal length {len}: the exact (accepted count, next token) law is off by {err:.3e} > {tol:e}"));
+        }
+        worst = worst.max(err);
     }
+    Verdict::Pass { excused: 0, max_abs_err: worst }
 }
 
 /// The scenarios checked exactly on every backend.

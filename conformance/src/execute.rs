@@ -246,8 +246,16 @@ fn kv_cache<B: Backend>(backend: &B, case: &Case) -> Result<Observed, CaseError>
     })();
     match state {
         Ok((lens, k, v)) => {
+            // A backend returning the wrong number of amounts gets a mis-shaped
+            // output, which the judge reports; it must not stop the run.
             let trims = trimmed.len() / dims[0].max(1);
-            let trimmed = HostTensor::new(vec![trims, dims[0]], trimmed).expect("one amount per sequence per trim");
+            let trimmed = HostTensor::new(vec![trims, dims[0]], trimmed).unwrap_or_else(|e| {
+                let len = match e {
+                    specdec_backend::SpecError::DataLength { len, .. } => len,
+                    _ => 0,
+                };
+                HostTensor::new(vec![len], vec![-1; len]).expect("1-D")
+            });
             obs.outputs.push(("lens".into(), OutValue::Ints(lens)));
             obs.outputs.push(("keys".into(), OutValue::Floats(k)));
             obs.outputs.push(("values".into(), OutValue::Floats(v)));

@@ -9,14 +9,13 @@
 use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg64;
 use specdec_backend::{
-    Backend, BackendError, Comparator, DrawNoiseArg, HostTensor, ReferenceBackend, RejectionArgs, RejectionNoise, SamplingParams,
+    Backend, BackendError, Comparator, DrawNoiseArg, HostTensor, PAD, ReferenceBackend, RejectionArgs, RejectionNoise, SamplingParams,
 };
-use specdec_reference::theory;
-use specdec_stats::{Alternative, Decision, PowerClaim, TestReport, binomial_test, chi_squared_gof, judge_holm, total_variation};
+use specdec_stats::{Decision, TestReport, judge_holm, total_variation};
 
 use crate::model::{TableModel, shipped_models};
 use crate::mutants::{Defect, Mutant};
-use crate::stat::{BETA, CERTAIN_OUTCOME_SAMPLES, FAMILY_ALPHA, Scenario, planned_n, scenarios};
+use crate::stat::{self, FAMILY_ALPHA, Measure, Scenario, scenarios, stream_seed};
 
 /// How drafts are produced for a one-step check.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -50,8 +49,9 @@ impl Default for Options {
 pub enum Target {
     /// The first emitted token of one step of a scenario.
     FirstToken(&'static str),
-    /// The accepted count of one step of a scenario.
-    AcceptedCount(&'static str),
+    /// The joint law of (accepted count, next token) of one step of a
+    /// scenario, over random proposal lengths.
+    AcceptedAndNext(&'static str),
     /// The first `m` generated tokens of a model with `k` drafts per step.
     Sequence { model: String, k: usize, m: usize },
 }
@@ -76,15 +76,8 @@ fn model(name: &str) -> TableModel {
 /// The exact law a check's counts are compared with.
 pub fn expected_law(check: &Check) -> Vec<f64> {
     match &check.target {
-        Target::FirstToken(s) => scenario(s).p[0].clone(),
-        Target::AcceptedCount(s) => {
-            let s = scenario(s);
-            let betas: Vec<f64> = match &s.q {
-                Some(q) => q.iter().zip(&s.p).map(|(q, p)| theory::acceptance(p, q).expect("valid rows")).collect(),
-                None => s.fixed_drafts.iter().zip(&s.p).map(|(&x, p)| p[x as usize]).collect(),
-            };
-            theory::accepted_length_law(&betas).expect("betas in [0, 1]")
-        }
+        Target::FirstToken(s) => stat::expected(&scenario(s), Measure::FirstToken),
+        Target::AcceptedAndNext(s) => stat::expected(&scenario(s), Measure::AcceptedAndNext),
         Target::Sequence { model: name, m, .. } => {
             let model = model(name);
             let law = model.target_law(*m);
@@ -106,7 +99,12 @@ pub fn lossless_checks() -> Vec<Check> {
     let mut out = Vec::new();
     for s in scenarios() {
         out.push(Check { name: format!("step/{}/first-token", s.name), rules: vec!["REJECT-7", "STAT-3"], target: Target::FirstToken(s.name), options: Options::default() });
-        out.push(Check { name: format!("step/{}/accepted-count", s.name), rules: vec!["REJECT-7", "THEORY-5"], target: Target::AcceptedCount(s.name), options: Options::default() });
+        out.push(Check {
+            name: format!("step/{}/accepted-and-next", s.name),
+            rules: vec!["REJECT-7", "REJECT-4", "THEORY-5"],
+            target: Target::AcceptedAndNext(s.name),
+            options: Options::default(),
+        });
     }
     // With 4-bit accept uniforms the strict rule stays exact here (every p/q is
     // a multiple of 1/16 or the draft is impossible): the `<=` control below
@@ -174,19 +172,16 @@ pub fn controls() -> Vec<Control> {
 
 /// Samples a check's counts with `n` draws on `backend`.
 pub fn sample<B: Backend>(backend: &B, check: &Check, n: usize, seed: u64) -> Result<Vec<u64>, BackendError> {
-    let mut rng = Pcg64::seed_from_u64(seed ^ check.name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3)));
+    let mut rng = Pcg64::seed_from_u64(stream_seed(seed, &check.name));
     match &check.target {
-        Target::FirstToken(s) | Target::AcceptedCount(s) => {
+        Target::FirstToken(s) | Target::AcceptedAndNext(s) => {
             let s = scenario(s);
             let (tokens, accepted) = sample_step(backend, &s, n, &mut rng, check.options)?;
-            let k = s.p.len() - 1;
-            let (cells, values) = match check.target {
-                Target::FirstToken(_) => (s.p[0].len(), tokens.iter().map(|t| t[0]).collect::<Vec<_>>()),
-                _ => (k + 1, accepted.iter().map(|&a| a as i64).collect()),
-            };
-            let mut counts = vec![0u64; cells];
-            for x in values {
-                counts[x as usize] += 1;
+            let (k, v) = (s.p.len() - 1, s.p[0].len());
+            let first = matches!(check.target, Target::FirstToken(_));
+            let mut counts = vec![0u64; if first { v } else { (k + 1) * v }];
+            for (t, &a) in tokens.iter().zip(&accepted) {
+                counts[if first { t[0] as usize } else { a * v + t[a] as usize }] += 1;
             }
             Ok(counts)
         }
@@ -218,53 +213,34 @@ fn sharpen(q: &[f64]) -> Vec<f64> {
     specdec_reference::process_logits(&logits, SamplingParams { temperature: 0.5, top_k: 0, top_p: 1.0 }).expect("valid row")
 }
 
-/// One verify step per row; returns each row's tokens and accepted count.
+/// One verify step per row, each row with a random proposal length in
+/// `0..=k`; returns each row's tokens and accepted count.
 fn sample_step<B: Backend>(backend: &B, s: &Scenario, n: usize, rng: &mut Pcg64, opt: Options) -> Result<(Vec<Vec<i64>>, Vec<usize>), BackendError> {
     let (k, v) = (s.p.len() - 1, s.p[0].len());
     let mut drafts = Vec::with_capacity(n * k);
-    let mut q_given = Vec::with_capacity(n * k * v);
+    let mut lens = Vec::with_capacity(n);
     for _ in 0..n {
-        match (&s.q, opt.drafts) {
-            (None, _) => drafts.extend(&s.fixed_drafts),
-            (Some(q), DraftMode::Proper) => {
-                for row in q {
-                    drafts.push(pick(row, rng.random()));
-                }
-                q_given.extend(q.iter().flatten());
-            }
-            (Some(q), DraftMode::WrongTemperature) => {
-                for row in q {
-                    drafts.push(pick(&sharpen(row), rng.random()));
-                }
-                q_given.extend(q.iter().flatten());
-            }
-            (Some(q), DraftMode::IterativeUnmasking) => {
-                // Unmask position 1 first from q[1]; then position 0 from q[0]
-                // boosted at the id chosen for position 1, and report that
-                // conditional as q[0]: not the law of position 0 given the prefix.
-                let x1 = pick(&q[1], rng.random());
-                let mut s0: Vec<f64> = q[0].iter().enumerate().map(|(i, &x)| if i as i64 == x1 { 4.0 * x } else { x }).collect();
-                let total: f64 = s0.iter().sum();
-                s0.iter_mut().for_each(|x| *x /= total);
-                drafts.push(pick(&s0, rng.random()));
-                drafts.push(x1);
-                q_given.extend(&s0);
-                q_given.extend(&q[1]);
-                for row in &q[2..] {
-                    drafts.push(pick(row, rng.random()));
-                    q_given.extend(row);
-                }
-            }
+        let len = rng.random_range(0..=k);
+        lens.push(len as i64);
+        for j in 0..k {
+            drafts.push(match (&s.q, opt.drafts) {
+                _ if j >= len => PAD,
+                (None, _) => s.fixed_drafts[j],
+                (Some(q), DraftMode::Proper) => pick(&q[j], rng.random()),
+                (Some(q), DraftMode::WrongTemperature) => pick(&sharpen(&q[j]), rng.random()),
+                (Some(_), DraftMode::IterativeUnmasking) => unreachable!("iterative unmasking is checked on sequences"),
+            });
         }
     }
     let p: Vec<f64> = (0..n).flat_map(|_| s.p.iter().flatten().copied()).collect();
+    let q: Vec<f64> = s.q.iter().flat_map(|q| (0..n).flat_map(move |_| q.iter().flatten().copied())).collect();
     let u: Vec<f64> = (0..n * k).map(|_| uniform(rng, opt.coarse_uniforms)).collect();
     let w: Vec<f64> = (0..n * (k + 1)).map(|_| rng.random()).collect();
     let t = |shape: Vec<usize>, d: Vec<f64>| HostTensor::new(shape, d).expect("shapes");
     let p = backend.upload_f64(&t(vec![n, k + 1, v], p))?;
-    let q = if s.q.is_some() { Some(backend.upload_f64(&t(vec![n, k, v], q_given))?) } else { None };
+    let q = if s.q.is_some() { Some(backend.upload_f64(&t(vec![n, k, v], q))?) } else { None };
     let d = backend.upload_i64(&HostTensor::new(vec![n, k], drafts).expect("shapes"))?;
-    let lens = backend.upload_i64(&HostTensor::from_vec(vec![k as i64; n]))?;
+    let lens = backend.upload_i64(&HostTensor::from_vec(lens))?;
     let (u, w) = (backend.upload_f64(&t(vec![n, k], u))?, backend.upload_f64(&t(vec![n, k + 1], w))?);
     let args = RejectionArgs { target_probs: &p, draft_probs: q.as_ref(), draft_tokens: &d, proposal_lens: &lens };
     let out = backend.rejection_verify(args, RejectionNoise { accept_uniforms: &u, draw: DrawNoiseArg::InverseCdf(&w) }, Comparator::Strict)?;
@@ -371,29 +347,9 @@ pub struct Outcome {
 /// samples on `backend` and tests. Never retried (STAT-4).
 pub fn run_check<B: Backend>(backend: &B, check: &Check, family: usize, seed: u64) -> Result<Outcome, String> {
     let expected = expected_law(check);
-    let alpha = FAMILY_ALPHA / family as f64;
-    let certain = expected.iter().position(|&x| x == 1.0);
-    let n = match certain {
-        Some(_) => CERTAIN_OUTCOME_SAMPLES,
-        None => planned_n(&expected, family)?,
-    };
+    let n = stat::sample_size(&expected, family)?;
     let observed = sample(backend, check, n as usize, seed).map_err(|e| e.to_string())?;
-    let report = match certain {
-        // A certain outcome has no chi-squared test: any other outcome is
-        // impossible. The exact binomial test against p0 = 1 says so, and
-        // its power is exact: a deviation of TV delta goes unseen with
-        // probability (1 - delta)^n, so delta = 1 - beta^(1/n).
-        Some(cell) => {
-            let result = binomial_test(observed[cell], n, 1.0, Alternative::TwoSided).map_err(|e| e.to_string())?;
-            let mut report = result.to_report(check.name.clone());
-            report.power = Some(PowerClaim { alpha, beta: BETA, detectable_delta: 1.0 - BETA.powf(1.0 / n as f64) });
-            report
-        }
-        None => {
-            let result = chi_squared_gof(&observed, &expected).map_err(|e| e.to_string())?;
-            result.to_report(check.name.clone()).with_power(alpha, BETA).map_err(|e| e.to_string())?
-        }
-    };
+    let report = stat::test_counts(&check.name, &observed, &expected, family)?;
     let tv_distance = total_variation(&observed, &expected).map_err(|e| e.to_string())?;
     Ok(Outcome { name: check.name.clone(), rules: check.rules.clone(), report, observed, expected, tv_distance })
 }

@@ -3,13 +3,15 @@
 //! a fixed default seed, a family-wise false-failure rate of 1e-4 per run
 //! (Holm), a sample size chosen so that every check can detect a total
 //! variation of 0.02 with probability 0.999 (asserted before sampling), and
-//! no retries.
+//! no retries. Each row gets a random proposal length in `0..=k`, and the
+//! joint law of (accepted count, next token) is checked, so a residual or
+//! bonus taken from the wrong row shows as well as a wrong accept test.
 
 use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg64;
 use specdec_backend::{Backend, BackendError, Comparator, DrawMethod, HostTensor, PAD, RejectionArgs};
-use specdec_reference::theory;
-use specdec_stats::{Decision, TestReport, chi_squared_gof, judge_holm, min_samples, plan_gof};
+use specdec_reference::{residual_distribution, theory};
+use specdec_stats::{Alternative, Decision, PowerClaim, TestReport, binomial_test, chi_squared_gof, judge_holm, min_samples, plan_gof};
 
 use crate::compare::Verdict;
 
@@ -25,8 +27,9 @@ pub const BETA: f64 = 1e-3;
 pub enum Measure {
     /// The first emitted token against `p[0]` (REJECT-7).
     FirstToken,
-    /// The accepted count against THEORY-5.
-    AcceptedCount,
+    /// The joint law of the accepted count and the token after the accepted
+    /// drafts (REJECT-2 .. REJECT-4, THEORY-5), over random proposal lengths.
+    AcceptedAndNext,
 }
 
 /// One statistical check: a scenario and what is measured.
@@ -46,7 +49,7 @@ impl StatSpec {
         };
         let measure = match self.measure {
             Measure::FirstToken => "first-token",
-            Measure::AcceptedCount => "accepted-count",
+            Measure::AcceptedAndNext => "accepted-and-next",
         };
         format!("stat/{}/{method}/{measure}", self.scenario)
     }
@@ -113,23 +116,60 @@ pub fn specs() -> Vec<StatSpec> {
     for s in scenarios() {
         for method in [DrawMethod::InverseCdf, DrawMethod::ExponentialRace] {
             out.push(StatSpec { scenario: s.name, method, measure: Measure::FirstToken, rules: &["REJECT-7", "STAT-2", "STAT-3"] });
-            out.push(StatSpec { scenario: s.name, method, measure: Measure::AcceptedCount, rules: &["REJECT-7", "THEORY-5", "STAT-3"] });
+            out.push(StatSpec { scenario: s.name, method, measure: Measure::AcceptedAndNext, rules: &["REJECT-7", "REJECT-4", "THEORY-5", "STAT-3"] });
         }
     }
     out
 }
 
-/// The exact law a check compares against.
-fn expected(s: &Scenario, measure: Measure) -> Vec<f64> {
+/// The per-position acceptance probabilities `beta_j` and the normalised
+/// law `r_j` a correction at row `j` is drawn from (RESID-1 .. RESID-3).
+fn acceptance_and_residuals(s: &Scenario) -> (Vec<f64>, Vec<Vec<f64>>) {
+    let k = s.p.len() - 1;
+    let v = s.p[0].len();
+    let rows = |rows: &[Vec<f64>]| HostTensor::new(vec![k, v], rows[..k].iter().flatten().copied().collect()).expect("scenario rows");
+    let (betas, drafted): (Vec<f64>, Vec<i64>) = match &s.q {
+        Some(q) => (q.iter().zip(&s.p).map(|(q, p)| theory::acceptance(p, q).expect("valid rows")).collect(), vec![0; k]),
+        None => (s.fixed_drafts.iter().zip(&s.p).map(|(&x, p)| p[x as usize]).collect(), s.fixed_drafts.clone()),
+    };
+    let q = s.q.as_ref().map(|q| rows(q));
+    let r = residual_distribution(&rows(&s.p), q.as_ref(), &HostTensor::from_vec(drafted)).expect("valid rows");
+    (betas, r.data().chunks(v).map(<[f64]>::to_vec).collect())
+}
+
+/// The joint law of (accepted count `n`, next token `x`) for proposal length
+/// `len`, as cells `n * V + x`: `prod_{i<n} beta_i (1 - beta_n) r_n(x)` for
+/// `n < len`, and `prod_{i<len} beta_i p_len(x)` for the bonus.
+pub fn accepted_and_next_law(s: &Scenario, len: usize) -> Vec<f64> {
+    let (k, v) = (s.p.len() - 1, s.p[0].len());
+    let (betas, residuals) = acceptance_and_residuals(s);
+    let mut law = vec![0.0; (k + 1) * v];
+    let mut reach = 1.0;
+    for n in 0..=len {
+        let (stop, row) = if n < len { (1.0 - betas[n], &residuals[n]) } else { (1.0, &s.p[len]) };
+        for (x, &px) in row.iter().enumerate() {
+            law[n * v + x] += reach * stop * px;
+        }
+        if n < len {
+            reach *= betas[n];
+        }
+    }
+    law
+}
+
+/// The law a check compares against; proposal lengths are uniform on `0..=k`.
+pub fn expected(s: &Scenario, measure: Measure) -> Vec<f64> {
+    let k = s.p.len() - 1;
     match measure {
         Measure::FirstToken => s.p[0].clone(),
-        Measure::AcceptedCount => {
-            let betas: Vec<f64> = match &s.q {
-                Some(q) => q.iter().zip(&s.p).map(|(q, p)| theory::acceptance(p, q).expect("valid rows")).collect(),
-                // A fixed draft x is accepted with probability p(x) (RESID-2).
-                None => s.fixed_drafts.iter().zip(&s.p).map(|(&x, p)| p[x as usize]).collect(),
-            };
-            theory::accepted_length_law(&betas).expect("betas in [0, 1]")
+        Measure::AcceptedAndNext => {
+            let mut law = vec![0.0; (k + 1) * s.p[0].len()];
+            for len in 0..=k {
+                for (cell, p) in law.iter_mut().zip(accepted_and_next_law(s, len)) {
+                    *cell += p / (k + 1) as f64;
+                }
+            }
+            law
         }
     }
 }
@@ -150,9 +190,31 @@ pub fn planned_n(expected: &[f64], family_size: usize) -> Result<u64, String> {
     Err(format!("no sample size reaches a detectable TV of {DETECTABLE_DELTA} for {expected:?}"))
 }
 
-/// Draws for a check whose law is a single certain outcome: any other
-/// outcome is impossible, so there is no false-failure rate to control.
+/// Draws for a check whose law is a single certain outcome.
 pub const CERTAIN_OUTCOME_SAMPLES: u64 = 20_000;
+
+/// The sample size of a check inside a family of `family` (STAT-3).
+pub fn sample_size(expected: &[f64], family: usize) -> Result<u64, String> {
+    if expected.iter().filter(|&&x| x > 0.0).count() == 1 { Ok(CERTAIN_OUTCOME_SAMPLES) } else { planned_n(expected, family) }
+}
+
+/// Tests observed counts against an exact law and states the power (STAT-3,
+/// STAT-6). A law with one certain outcome has no chi-squared test: any
+/// other outcome is impossible, so the exact binomial test against `p0 = 1`
+/// decides, and its power is exact: a deviation of TV `delta` goes unseen
+/// with probability `(1 - delta)^n`, so `delta = 1 - beta^(1/n)`.
+pub fn test_counts(label: &str, observed: &[u64], expected: &[f64], family: usize) -> Result<TestReport, String> {
+    let alpha = FAMILY_ALPHA / family as f64;
+    let n: u64 = observed.iter().sum();
+    if let Some(cell) = expected.iter().position(|&x| x == 1.0) {
+        let result = binomial_test(observed[cell], n, 1.0, Alternative::TwoSided).map_err(|e| e.to_string())?;
+        let mut report = result.to_report(label);
+        report.power = Some(PowerClaim { alpha, beta: BETA, detectable_delta: 1.0 - BETA.powf(1.0 / n as f64) });
+        return Ok(report);
+    }
+    let result = chi_squared_gof(observed, expected).map_err(|e| e.to_string())?;
+    result.to_report(label).with_power(alpha, BETA).map_err(|e| e.to_string())
+}
 
 /// A statistical check's outcome before the family is judged.
 pub type Outcome = Result<TestReport, Verdict>;
@@ -161,36 +223,38 @@ pub type Outcome = Result<TestReport, Verdict>;
 pub fn run<B: Backend>(backend: &B, spec: &StatSpec, seed: u64) -> Outcome {
     let scenario = scenarios().into_iter().find(|s| s.name == spec.scenario).expect("spec names a scenario");
     let law = expected(&scenario, spec.measure);
-    let certain = law.iter().filter(|&&x| x > 0.0).count() == 1;
-    let n = if certain { CERTAIN_OUTCOME_SAMPLES } else { planned_n(&law, specs().len()).map_err(Verdict::Fail)? };
+    let n = sample_size(&law, specs().len()).map_err(Verdict::Fail)?;
     let counts = sample(backend, &scenario, spec, n as usize, seed).map_err(|e| match e {
         BackendError::NotSupported { op, .. } => Verdict::NotSupported(format!("`{op}` is not supported")),
         other => Verdict::Fail(other.to_string()),
     })?;
-    if certain {
-        let cell = law.iter().position(|&x| x > 0.0).expect("one certain cell");
-        return Err(if counts[cell] == n {
-            Verdict::Pass { excused: 0, max_abs_err: 0.0 }
-        } else {
-            Verdict::Fail(format!("outcome {cell} is certain, but {} of {n} draws landed elsewhere: {counts:?}", n - counts[cell]))
-        });
-    }
-    let result = chi_squared_gof(&counts, &law).map_err(|e| Verdict::Fail(e.to_string()))?;
-    result.to_report(spec.name()).with_power(FAMILY_ALPHA / specs().len() as f64, BETA).map_err(|e| Verdict::Fail(e.to_string()))
+    test_counts(&spec.name(), &counts, &law, specs().len()).map_err(Verdict::Fail)
 }
 
-/// Runs the backend's seeded verify on `n` independent copies of the scenario
-/// and counts the measured outcome.
+/// A stream seed for `name` under run seed `seed`: independent streams for
+/// different checks (FNV-1a of the name, mixed with the seed).
+pub fn stream_seed(seed: u64, name: &str) -> u64 {
+    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ h
+}
+
+/// Runs the backend's seeded verify on `n` independent copies of the
+/// scenario, each with a random proposal length, and counts the outcome.
 fn sample<B: Backend>(backend: &B, s: &Scenario, spec: &StatSpec, n: usize, seed: u64) -> Result<Vec<u64>, BackendError> {
     let (k, v) = (s.p.len() - 1, s.p[0].len());
-    // Drafts are sampled here, from q, with a stream independent of the backend's.
-    let mut rng = Pcg64::seed_from_u64(seed ^ 0xD1A5_7000 ^ (spec.scenario.len() as u64) << 32);
+    // Drafts and lengths come from a stream of this check's own, independent
+    // of the backend's generator and of every other check.
+    let mut rng = Pcg64::seed_from_u64(stream_seed(seed, &format!("{}/drafts", spec.name())));
     let mut drafts = Vec::with_capacity(n * k);
+    let mut lens = Vec::with_capacity(n);
     for _ in 0..n {
+        let len = rng.random_range(0..=k);
+        lens.push(len as i64);
         for j in 0..k {
-            drafts.push(match &s.q {
-                Some(q) => crate::lossless::pick(&q[j], rng.random()),
-                None => s.fixed_drafts[j],
+            drafts.push(match (&s.q, j < len) {
+                (_, false) => PAD,
+                (Some(q), true) => crate::lossless::pick(&q[j], rng.random()),
+                (None, true) => s.fixed_drafts[j],
             });
         }
     }
@@ -201,26 +265,39 @@ fn sample<B: Backend>(backend: &B, s: &Scenario, spec: &StatSpec, n: usize, seed
         None => None,
     };
     let d = backend.upload_i64(&HostTensor::new(vec![n, k], drafts).expect("shape"))?;
-    let lens = backend.upload_i64(&HostTensor::from_vec(vec![k as i64; n]))?;
+    let lens = backend.upload_i64(&HostTensor::from_vec(lens))?;
     let args = RejectionArgs { target_probs: &p, draft_probs: q.as_ref(), draft_tokens: &d, proposal_lens: &lens };
-    let backend_seed = seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ spec.name().bytes().fold(0u64, |h, b| h.wrapping_mul(31) ^ b as u64);
-    let out = backend.rejection_verify_seeded(args, spec.method, Comparator::Strict, backend_seed)?;
+    let out = backend.rejection_verify_seeded(args, spec.method, Comparator::Strict, stream_seed(seed, &spec.name()))?;
     let tokens = backend.download_i64(&out.tokens)?;
     let accepted = backend.download_i64(&out.num_accepted)?;
+    let misshapen = |what: &str, got: &[usize], want: &[usize]| BackendError::device(&backend.name(), format!("{what} has shape {got:?}, expected {want:?}"));
+    if tokens.shape() != [n, k + 1] {
+        return Err(misshapen("tokens", tokens.shape(), &[n, k + 1]));
+    }
+    if accepted.shape() != [n] {
+        return Err(misshapen("num_accepted", accepted.shape(), &[n]));
+    }
     let cells = match spec.measure {
         Measure::FirstToken => v,
-        Measure::AcceptedCount => k + 1,
+        Measure::AcceptedAndNext => (k + 1) * v,
     };
     let mut counts = vec![0u64; cells];
     for b in 0..n {
+        let m = accepted.data()[b];
+        if !(0..=k as i64).contains(&m) {
+            return Err(BackendError::device(&backend.name(), format!("row {b} accepted {m} drafts, outside [0, {k}]")));
+        }
         let x = match spec.measure {
             Measure::FirstToken => tokens.data()[b * (k + 1)],
-            Measure::AcceptedCount => accepted.data()[b],
+            Measure::AcceptedAndNext => tokens.data()[b * (k + 1) + m as usize],
         };
-        if x == PAD || x < 0 || x as usize >= cells {
-            return Err(BackendError::device(&backend.name(), format!("row {b} produced {x}, outside [0, {cells})")));
+        if !(0..v as i64).contains(&x) {
+            return Err(BackendError::device(&backend.name(), format!("row {b} produced token {x}, outside [0, {v})")));
         }
-        counts[x as usize] += 1;
+        counts[match spec.measure {
+            Measure::FirstToken => x as usize,
+            Measure::AcceptedAndNext => m as usize * v + x as usize,
+        }] += 1;
     }
     Ok(counts)
 }

@@ -276,7 +276,16 @@ pub fn run<B: Backend>(backend: &B, items: &[Item], cfg: &SuiteConfig, progress:
             continue;
         }
         let start = Instant::now();
-        let verdict = match &item.source {
+        if let Source::Statistical(spec) = &item.source {
+            // Sampled now, judged with its family below (STAT-2).
+            let outcome = catch(|| stat::run(backend, spec, cfg.seed)).unwrap_or_else(|msg| Err(Verdict::Fail(msg)));
+            result.millis = start.elapsed().as_secs_f64() * 1e3;
+            stats.push((results.len(), outcome));
+            results.push(result);
+            continue;
+        }
+        // A panicking backend fails its own check, never the whole run.
+        let verdict = catch(|| match &item.source {
             Source::Golden(case) => check_case(backend, case),
             Source::Differential(op, i) => match diff::case(*op, *i, cfg.seed) {
                 Ok(case) => check_case(backend, &case),
@@ -287,14 +296,9 @@ pub fn run<B: Backend>(backend: &B, items: &[Item], cfg: &SuiteConfig, progress:
                 let scenario = stat::scenarios().into_iter().find(|s| s.name == *name).expect("known scenario");
                 crate::exact::check_scenario(backend, &scenario)
             }
-            Source::Statistical(spec) => {
-                let outcome = stat::run(backend, spec, cfg.seed);
-                result.millis = start.elapsed().as_secs_f64() * 1e3;
-                stats.push((results.len(), outcome));
-                results.push(result);
-                continue;
-            }
-        };
+            Source::Statistical(_) => unreachable!("sampled above"),
+        })
+        .unwrap_or_else(Verdict::Fail);
         result.millis = start.elapsed().as_secs_f64() * 1e3;
         settle(&mut result, verdict, &cfg.selection);
         progress(&result);
@@ -320,6 +324,14 @@ pub fn check_case<B: Backend>(backend: &B, case: &Case) -> Verdict {
         Ok(margins) => judge(case, &observed, &backend.precision(), margins.as_deref()),
         Err(e) => Verdict::Fail(format!("case file defect: {e}")),
     }
+}
+
+/// Runs `f`, turning a panic into an error message.
+fn catch<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|payload| {
+        let msg = payload.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| payload.downcast_ref::<String>().cloned());
+        format!("panicked: {}", msg.unwrap_or_else(|| "(no message)".into()))
+    })
 }
 
 fn settle(result: &mut CheckResult, verdict: Verdict, selection: &Selection) {

@@ -4,9 +4,12 @@
 
 use proptest::prelude::*;
 use specdec_backend::{Comparator, ReferenceBackend};
+use specdec_conformance::compare::Verdict;
 use specdec_conformance::exact::{
-    accepted_count_law, first_token_law, fixed_row_instances, generation_law, max_abs_diff, step_law,
+    accepted_count_law, check_scenario, first_token_law, fixed_row_instances, generation_law, max_abs_diff, step_law,
 };
+use specdec_conformance::mutants::{Defect, Mutant};
+use specdec_conformance::stat;
 use specdec_conformance::model::shipped_models;
 use specdec_reference::theory;
 
@@ -79,7 +82,7 @@ proptest! {
     #[test]
     fn one_step_is_exactly_lossless((p, q) in step()) {
         let k = q.len();
-        let law = step_law(&ReferenceBackend, &fixed_row_instances(&p, Some(&q), &[]), Comparator::Strict).unwrap();
+        let law = step_law(&ReferenceBackend, &fixed_row_instances(&p, Some(&q), &[], k), Comparator::Strict).unwrap();
         let total: f64 = law.values().sum();
         prop_assert!((total - 1.0).abs() < TOL, "the law sums to {}", total);
         for (got, want) in first_token_law(&law, p[0].len()).iter().zip(&p[0]) {
@@ -99,7 +102,7 @@ proptest! {
         let k = p.len() - 1;
         let v = p[0].len();
         let drafts: Vec<i64> = (0..k).map(|j| ((seed + 3 * j) % v) as i64).collect();
-        let law = step_law(&ReferenceBackend, &fixed_row_instances(&p, None, &drafts), Comparator::Strict).unwrap();
+        let law = step_law(&ReferenceBackend, &fixed_row_instances(&p, None, &drafts, k), Comparator::Strict).unwrap();
         for (got, want) in first_token_law(&law, v).iter().zip(&p[0]) {
             prop_assert!((got - want).abs() < TOL);
         }
@@ -125,21 +128,25 @@ fn generation_is_exactly_lossless_on_shipped_models() {
     }
 }
 
-/// The integrator has teeth: the seed-004 comparator differs from the target
-/// exactly when a drafted token has target probability 0, by the measure of
-/// u = 0 (which is 0), so it is still lossless for continuous uniforms; the
-/// lossy verifier it cannot be compared with here is caught statistically.
-/// What the integrator must catch is a wrong residual row: shifting the
-/// target rows by one position (a bonus/residual from the wrong row) breaks
-/// the equality by far more than the tolerance.
+/// REJECT-3/REJECT-4 for every proposal length: the exact joint law of
+/// (accepted count, next token) equals the target's, so the correction comes
+/// from the rejected row and the bonus from row `len`, never row `k`.
 #[test]
-fn exact_integration_detects_a_wrong_row() {
-    let p = vec![vec![0.7, 0.2, 0.1], vec![0.1, 0.1, 0.8]];
-    let q = vec![vec![0.2, 0.3, 0.5]];
-    let law = step_law(&ReferenceBackend, &fixed_row_instances(&p, Some(&q), &[]), Comparator::Strict).unwrap();
-    let first = first_token_law(&law, 3);
-    assert!(first.iter().zip(&p[0]).all(|(a, b)| (a - b).abs() < TOL));
-    // Against the wrong row the same law is far off.
-    let off: f64 = first.iter().zip(&p[1]).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-    assert!(off > 0.5, "{off}");
+fn every_proposal_length_is_exactly_lossless() {
+    for scenario in stat::scenarios() {
+        let verdict = check_scenario(&ReferenceBackend, &scenario);
+        assert!(matches!(verdict, Verdict::Pass { max_abs_err, .. } if max_abs_err < TOL), "{}: {verdict:?}", scenario.name);
+    }
+}
+
+/// STAT-7 has teeth: the exact law of each mutant differs from the target.
+#[test]
+fn exact_integration_rejects_the_mutants() {
+    let overlap = stat::scenarios().into_iter().find(|s| s.name == "overlap").unwrap();
+    for defect in [Defect::LossyThreshold, Defect::LossyTypical, Defect::ResidualIsTarget, Defect::ResidualNotRenormalised, Defect::BonusFromWrongRow] {
+        match check_scenario(&Mutant(defect), &overlap) {
+            Verdict::Fail(msg) => println!("{}: {msg}", defect.name()),
+            other => panic!("{} was not detected: {other:?}", defect.name()),
+        }
+    }
 }

@@ -66,8 +66,9 @@ fn tensor_encodings() {
     assert!(decode_f64(&v).unwrap_err().contains("not a number"));
 }
 
-/// CASE-4, CASE-5: one executor runs any case; ids exact, errors judged by
-/// kind and argument.
+/// CASE-4, CASE-5, BACKEND-2: one executor runs any case; ids are judged
+/// exactly, errors by kind and by the argument they name, so a backend
+/// naming another argument than the reference fails.
 #[test]
 fn judging() {
     let wrong = file(r#"{"id": "w", "op": "draw", "expected_by": "hand", "inputs": {"weights": [[0.5, 0.5]], "draw_uniforms": [0.75]}, "expect": {"tokens": [0]}}"#);
@@ -168,8 +169,7 @@ fn selection_and_expected_failures() {
     assert!(Selection::parse("includ = []").is_err(), "unknown keys are rejected");
 }
 
-/// BACKEND-2: for the same bad input the reference and its mutants name the
-/// same error, and the kinds are stable names.
+/// Case files name error kinds by stable strings.
 #[test]
 fn error_kinds_are_stable_names() {
     let names: Vec<String> = ErrorKind::ALL.iter().map(|k| serde_json::to_string(k).unwrap()).collect();
@@ -236,4 +236,41 @@ fn a_verify_step_downloads_only_tokens_and_counts() {
     let backend = Counting(std::cell::Cell::new(0));
     assert!(matches!(check_case(&backend, &case), Verdict::Pass { .. }));
     assert_eq!(backend.0.get(), 2);
+}
+
+/// A backend whose verify panics.
+struct Panicky;
+
+impl Backend for Panicky {
+    type Tensor = RefTensor;
+    type KvCache = BatchKvCache;
+    fn name(&self) -> String {
+        "panicky".into()
+    }
+    fn device(&self) -> String {
+        "host".into()
+    }
+    fn precision(&self) -> Precision {
+        ReferenceBackend.precision()
+    }
+    specdec_backend::reference_transfers!();
+    fn rejection_verify(&self, _: RejectionArgs<'_, RefTensor>, _: RejectionNoise<'_, RefTensor>, _: specdec_backend::Comparator) -> Result<Verified<RefTensor>> {
+        panic!("kernel exploded")
+    }
+    fn greedy_verify(&self, s: &RefTensor, d: &RefTensor, l: &RefTensor) -> Result<Verified<RefTensor>> {
+        ReferenceBackend.greedy_verify(s, d, l)
+    }
+}
+
+/// SUITE-3: a backend that panics fails the checks that reach the panic,
+/// with the message, and every other check still runs.
+#[test]
+fn a_panic_fails_only_its_own_check() {
+    let cfg = SuiteConfig { filter: Some("golden/".into()), statistical: false, diff_cases_per_op: 0, ..SuiteConfig::default() };
+    let items: Vec<_> = suite::all_items(&cfg).into_iter().filter(|i| i.name.starts_with("golden/rejection/") || i.name.starts_with("golden/greedy/")).collect();
+    let results = suite::run(&Panicky, &items, &cfg, &mut |_| {});
+    let greedy: Vec<_> = results.iter().filter(|r| r.name.starts_with("golden/greedy/")).collect();
+    assert!(!greedy.is_empty() && greedy.iter().all(|r| r.status == Status::Pass));
+    let panicked = results.iter().filter(|r| r.status == Status::Fail && r.message.contains("kernel exploded")).count();
+    assert!(panicked > 10, "only {panicked} checks reported the panic");
 }

@@ -53,6 +53,9 @@ pub fn speculative_accept(
         return Err(SpecError::EmptyDraft { arg: "draft_tokens" });
     }
     let vocab = *validate::rank("p", p.shape(), 2, "[L, V]")?.last().unwrap_or(&0);
+    if vocab == 0 {
+        return Err(SpecError::EmptyVocab { arg: "p" });
+    }
     validate::shape("p", p.shape(), &[len, vocab], "[L, V]")?;
     validate::shape("q", q.shape(), &[len, vocab], "[L, V]")?;
     validate::shape("r", &[r.len()], &[len], "[L]")?;

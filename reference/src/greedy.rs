@@ -22,14 +22,14 @@ pub struct VerifyOutput {
 }
 
 impl VerifyOutput {
-    /// The tokens sequence `b` emits (accepted drafts then one more).
-    pub fn emitted(&self, b: usize) -> &[i64] {
-        &self.tokens.lane_at(&[b])[..=self.num_accepted[b]]
+    /// The tokens sequence `b` emits (accepted drafts then one more), if `b < B`.
+    pub fn emitted(&self, b: usize) -> Option<&[i64]> {
+        Some(&self.tokens.lane(&[b])?[..=*self.num_accepted.get(b)?])
     }
 
-    /// The correction, bonus or plain decode token of sequence `b`.
-    pub fn next_token(&self, b: usize) -> i64 {
-        self.tokens.lane_at(&[b])[self.num_accepted[b]]
+    /// The correction, bonus or plain decode token of sequence `b`, if `b < B`.
+    pub fn next_token(&self, b: usize) -> Option<i64> {
+        self.emitted(b)?.last().copied()
     }
 
     pub(crate) fn new(batch: usize, k: usize) -> Self {

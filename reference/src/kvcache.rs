@@ -26,8 +26,17 @@ impl BatchKvCache {
                 return Err(SpecError::param(name, v, "must be >= 1"));
             }
         }
-        let n = batch * heads * capacity * head_dim;
-        Ok(BatchKvCache { batch, heads, head_dim, capacity, keys: vec![0.0; n], values: vec![0.0; n], lens: vec![0; batch] })
+        let n = [heads, capacity, head_dim].iter().try_fold(batch, |n, &d| n.checked_mul(d));
+        let Some(n) = n.filter(|&n| n.checked_mul(2 * size_of::<f64>()).is_some()) else {
+            return Err(SpecError::param("capacity", capacity, "the cache size overflows"));
+        };
+        let alloc = || {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).map_err(|_| SpecError::param("capacity", capacity, "the cache does not fit in memory"))?;
+            v.resize(n, 0.0);
+            Ok::<_, SpecError>(v)
+        };
+        Ok(BatchKvCache { batch, heads, head_dim, capacity, keys: alloc()?, values: alloc()?, lens: vec![0; batch] })
     }
 
     pub fn lens(&self) -> &[usize] {
@@ -220,8 +229,9 @@ pub fn gather_paged(pages: &Tensor<f64>, block_table: &Tensor<i64>, context_lens
         if len == 0 {
             return Err(SpecError::EmptyContext { arg: "context_lens", seq: b });
         }
-        if len < 0 || len as u64 > (slots * page) as u64 {
-            return Err(SpecError::LengthOutOfRange { arg: "context_lens", seq: b, len, max: slots * page });
+        let max = slots.saturating_mul(page);
+        if len < 0 || len as u64 > max as u64 {
+            return Err(SpecError::LengthOutOfRange { arg: "context_lens", seq: b, len, max });
         }
         let len = len as usize;
         for slot in 0..len.div_ceil(page) {
@@ -238,8 +248,11 @@ pub fn gather_paged(pages: &Tensor<f64>, block_table: &Tensor<i64>, context_lens
     }
 
     let max_len = lens.iter().copied().max().unwrap_or(0);
-    let row = heads * head_dim;
-    let mut out = vec![0.0; batch * max_len * row];
+    let row = heads * head_dim; // bounded: `pages` holds at least this many values
+    let Some(size) = batch.checked_mul(max_len).and_then(|n| n.checked_mul(row)) else {
+        return Err(SpecError::param("context_lens", max_len, "the gathered tensor size overflows"));
+    };
+    let mut out = vec![0.0; size];
     for (b, &len) in lens.iter().enumerate() {
         for pos in 0..len {
             let block = *block_table.at(&[b, pos / page]) as usize;

@@ -42,9 +42,20 @@ impl Default for NgramConfig {
     }
 }
 
+/// The largest draft count and n-gram size NGRAM-1 accepts: far beyond any
+/// useful value, small enough that no size computation can overflow.
+pub const MAX_NGRAM_PARAMETER: usize = 1 << 16;
+
 impl NgramConfig {
-    /// NGRAM-1: `1 <= ngram_min <= ngram_max`, `k >= 1`, `max_model_len >= 1`.
+    /// NGRAM-1: `1 <= ngram_min <= ngram_max <= 2^16`, `1 <= k <= 2^16`,
+    /// `max_model_len >= 1`.
     pub fn validate(&self) -> Result<()> {
+        if self.ngram_max > MAX_NGRAM_PARAMETER {
+            return Err(SpecError::param("ngram_max", self.ngram_max, "must be <= 65536"));
+        }
+        if self.k > MAX_NGRAM_PARAMETER {
+            return Err(SpecError::param("k", self.k, "must be <= 65536"));
+        }
         if self.ngram_min < 1 {
             return Err(SpecError::param("ngram_min", self.ngram_min, "must be >= 1"));
         }
@@ -61,12 +72,10 @@ impl NgramConfig {
     }
 
     /// NGRAM-5: the number of drafts allowed for a context of `len` tokens.
-    fn capped_k(&self, seq: usize, len: usize) -> Result<usize> {
+    fn capped_k(&self, arg: &'static str, seq: usize, len: usize) -> Result<usize> {
         match self.max_model_len {
             None => Ok(self.k),
-            Some(max) if len > max => {
-                Err(SpecError::ContextTooLong { arg: "context", seq, len, max_model_len: max })
-            }
+            Some(max) if len > max => Err(SpecError::ContextTooLong { arg, seq, len, max_model_len: max }),
             Some(max) => Ok(self.k.min(max.saturating_sub(len + 1))),
         }
     }
@@ -79,12 +88,12 @@ pub fn lookup_context(prompt: &[i64], generated: &[i64], prompt_lookup: bool) ->
 }
 
 /// NGRAM-4: a context must be non-empty and hold valid ids.
-fn validate_context(seq: usize, context: &[i64], vocab: usize) -> Result<()> {
+fn validate_context(arg: &'static str, seq: usize, context: &[i64], vocab: usize) -> Result<()> {
     if context.is_empty() {
-        return Err(SpecError::EmptyContext { arg: "context", seq });
+        return Err(SpecError::EmptyContext { arg, seq });
     }
     for (i, &t) in context.iter().enumerate() {
-        validate::token("context", || vec![seq, i], t, vocab)?;
+        validate::token(arg, || vec![seq, i], t, vocab)?;
     }
     Ok(())
 }
@@ -121,8 +130,8 @@ fn continuation(context: &[i64], start: usize, k: usize) -> Vec<i64> {
 /// Proposes up to `k` drafts for one context by linear search (NGRAM-2 .. NGRAM-5).
 pub fn propose(context: &[i64], vocab: usize, cfg: &NgramConfig) -> Result<Vec<i64>> {
     cfg.validate()?;
-    validate_context(0, context, vocab)?;
-    let k = cfg.capped_k(0, context.len())?;
+    validate_context("context", 0, context, vocab)?;
+    let k = cfg.capped_k("context", 0, context.len())?;
     Ok(search(context, cfg, k))
 }
 
@@ -154,7 +163,7 @@ pub fn propose_batch(
         }
         let row = contexts.lane_at(&[b]);
         let len = len as usize;
-        validate_context(b, &row[..len], vocab)?;
+        validate_context("contexts", b, &row[..len], vocab)?;
         if let Some(j) = row[len..].iter().position(|&t| t != PAD) {
             return Err(SpecError::PaddingMismatch {
                 arg: "contexts",
@@ -163,7 +172,7 @@ pub fn propose_batch(
                 expected: "PAD (-1) beyond the context length",
             });
         }
-        cfg.capped_k(b, len)?;
+        cfg.capped_k("contexts", b, len)?;
         lens.push(len);
     }
 
@@ -171,7 +180,7 @@ pub fn propose_batch(
     let mut proposal_lens = Vec::with_capacity(batch);
     for (b, &len) in lens.iter().enumerate() {
         let context = &contexts.lane_at(&[b])[..len];
-        let proposal = search(context, cfg, cfg.capped_k(b, len)?);
+        let proposal = search(context, cfg, cfg.capped_k("contexts", b, len)?);
         drafts.data_mut()[b * cfg.k..b * cfg.k + proposal.len()].copy_from_slice(&proposal);
         proposal_lens.push(proposal.len());
     }
@@ -246,7 +255,7 @@ impl NgramIndex {
         if len == 0 {
             return Err(SpecError::EmptyContext { arg: "context", seq: 0 });
         }
-        let k = self.cfg.capped_k(0, len)?;
+        let k = self.cfg.capped_k("context", 0, len)?;
         if k == 0 {
             return Ok(Vec::new());
         }

@@ -107,6 +107,9 @@ pub fn residual_distribution(
     if rows == 0 {
         return Err(SpecError::EmptyBatch { arg: "target_probs" });
     }
+    if vocab == 0 {
+        return Err(SpecError::EmptyVocab { arg: "target_probs" });
+    }
     if let Some(q) = draft_probs {
         validate::shape("draft_probs", q.shape(), &[rows, vocab], "[R, V]")?;
     }

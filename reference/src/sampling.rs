@@ -28,8 +28,11 @@ pub struct Drawn {
     pub margin: f64,
 }
 
-/// Validates a weight row: finite, non-negative, positive total.
+/// Validates a weight row: non-empty, finite, non-negative, positive total.
 pub(crate) fn weights(arg: &'static str, prefix: &[usize], w: &[f64]) -> Result<()> {
+    if w.is_empty() {
+        return Err(SpecError::EmptyVocab { arg });
+    }
     let mut total = 0.0;
     for (i, &x) in w.iter().enumerate() {
         let index = || prefix.iter().copied().chain([i]).collect();
@@ -87,13 +90,17 @@ pub(crate) fn inverse_cdf(w: &[f64], v: f64) -> Drawn {
 
 /// SAMPLE-2 on validated input (positive total weight, `e` finite and > 0).
 pub(crate) fn exponential_race(w: &[f64], e: &[f64]) -> Drawn {
+    // w / e overflows for tiny e or huge w; ln w - ln e orders the same
+    // ratios and cannot overflow, so it is used when any ratio would.
+    let overflow = w.iter().zip(e).any(|(&x, &ei)| x > 0.0 && (x / ei).is_infinite());
+    let score = |x: f64, ei: f64| if overflow { x.ln() - ei.ln() } else { x / ei };
     let mut best: Option<(usize, f64)> = None;
     let mut second = f64::NEG_INFINITY;
     for (i, (&x, &ei)) in w.iter().zip(e).enumerate() {
         if x <= 0.0 {
             continue; // zero-weight ids never win, whatever their noise
         }
-        let score = x / ei;
+        let score = score(x, ei);
         match best {
             Some((_, b)) if score <= b => second = second.max(score),
             _ => {
@@ -105,7 +112,12 @@ pub(crate) fn exponential_race(w: &[f64], e: &[f64]) -> Drawn {
         }
     }
     let (token, top) = best.expect("positive total weight");
-    let margin = if second == f64::NEG_INFINITY { f64::INFINITY } else { (top - second) / top };
+    // The relative gap of the two best ratios, (top - second) / top, in either form.
+    let margin = match (second == f64::NEG_INFINITY, overflow) {
+        (true, _) => f64::INFINITY,
+        (false, false) => (top - second) / top,
+        (false, true) => -(second - top).exp_m1(),
+    };
     Drawn { token, margin }
 }
 

@@ -18,8 +18,9 @@ pub struct Tensor<T> {
 impl<T> Tensor<T> {
     /// Builds a tensor, checking that `data` fills `shape` exactly.
     pub fn new(shape: Vec<usize>, data: Vec<T>) -> Result<Self> {
-        let want: usize = shape.iter().product();
-        if want != data.len() {
+        // A shape whose element count overflows usize can hold no data.
+        let want = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+        if want != Some(data.len()) {
             return Err(SpecError::DataLength { arg: "tensor", shape, len: data.len() });
         }
         Ok(Tensor { shape, data })
@@ -146,8 +147,10 @@ impl<T> Tensor<T> {
 
 impl<T: Clone> Tensor<T> {
     /// A tensor of `shape` filled with `value`.
+    /// Panics if the element count overflows; used for output shapes that
+    /// validated inputs bound.
     pub fn full(shape: Vec<usize>, value: T) -> Self {
-        let n = shape.iter().product();
+        let n = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).expect("output shapes are bounded by validated inputs");
         Tensor { shape, data: vec![value; n] }
     }
 }

@@ -21,7 +21,8 @@ fn beta_in_range(name: &'static str, beta: f64) -> Result<()> {
 /// THEORY-1: the probability that one draft drawn from `q` is accepted by
 /// target `p`: `sum min(p, q)` (not divided by the draft length; erratum E8).
 /// Capped at 1, stated here so it is not silent: rows within the CONV-2
-/// tolerance, or equal rows summed with rounding, can exceed 1 by a few ulps.
+/// tolerance can sum to up to 1 + 1e-4, and equal rows summed with rounding
+/// exceed 1 by a few ulps; a probability above 1 is meaningless downstream.
 pub fn acceptance(p: &[f64], q: &[f64]) -> Result<f64> {
     rows(p, q)?;
     Ok(p.iter().zip(q).map(|(a, b)| a.min(*b)).sum::<f64>().min(1.0))
@@ -55,7 +56,7 @@ pub fn expected_tokens_geometric(beta: f64, gamma: usize) -> Result<f64> {
     if beta == 1.0 {
         return Ok((gamma + 1) as f64);
     }
-    Ok((1.0 - beta.powi(gamma as i32 + 1)) / (1.0 - beta))
+    Ok((1.0 - beta.powf(gamma as f64 + 1.0)) / (1.0 - beta))
 }
 
 /// THEORY-3: expected walltime speedup for cost ratio `c` (draft step time

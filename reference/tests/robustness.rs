@@ -125,3 +125,30 @@ fn empty_append_is_a_no_op() {
     cache.append(&empty, &empty, &Tensor::from_vec(vec![0, 0])).unwrap();
     assert_eq!(cache.lens(), [0, 0]);
 }
+
+/// ERR-1: sizes that would overflow are errors, not panics or hangs.
+#[test]
+fn overflowing_sizes_are_errors() {
+    use specdec_reference::ErrorKind;
+    use specdec_reference::theory;
+    assert_eq!(Tensor::<f64>::new(vec![usize::MAX, 2], vec![]).unwrap_err().kind(), ErrorKind::DataLength);
+    let huge = NgramConfig { ngram_max: usize::MAX, ..NgramConfig::default() };
+    assert_eq!(ngram::propose(&[1, 2, 3], 5, &huge).unwrap_err().kind(), ErrorKind::InvalidParameter);
+    let huge_k = NgramConfig { k: usize::MAX, ..NgramConfig::default() };
+    assert_eq!(ngram::propose(&[1, 2, 3], 5, &huge_k).unwrap_err().kind(), ErrorKind::InvalidParameter);
+    assert_eq!(BatchKvCache::new(usize::MAX, 2, 2, 2).unwrap_err().kind(), ErrorKind::InvalidParameter);
+    assert_eq!(BatchKvCache::new(1 << 20, 1 << 20, 1 << 20, 1).unwrap_err().kind(), ErrorKind::InvalidParameter);
+    assert!(theory::expected_tokens_geometric(0.5, usize::MAX).unwrap().is_finite());
+}
+
+/// SAMPLE-2: subnormal exponentials make w / e overflow; the race must still
+/// pick the largest ratio (0.75 / e over 0.25 / e).
+#[test]
+fn exponential_race_survives_overflowing_ratios() {
+    use specdec_reference::sampling::sample_exponential_race;
+    let d = sample_exponential_race(&[0.25, 0.75], &[1e-310, 1e-310]).unwrap();
+    assert_eq!(d.token, 1);
+    assert!((d.margin - 2.0 / 3.0).abs() < 1e-12, "{}", d.margin);
+    let d = sample_exponential_race(&[1e308, 1.0], &[0.5, 1.0]).unwrap();
+    assert_eq!(d.token, 0);
+}

@@ -144,7 +144,9 @@ impl Backend for ReferenceBackend {
     }
 
     fn rejection_verify_seeded(&self, args: RejectionArgs<'_, RefTensor>, method: DrawMethod, cmp: Comparator, seed: u64) -> Result<Verified<RefTensor>> {
-        // Shapes come from the draft tokens; the verify call validates everything.
+        // Noise is allocated only for consistent shapes (it is no larger than
+        // the inputs then); otherwise the verify call names the defect, with
+        // noise too small to matter.
         let drafts = int(args.draft_tokens, "draft_tokens")?;
         let target = float(args.target_probs, "target_probs")?;
         let (batch, k) = match drafts.shape() {
@@ -152,7 +154,8 @@ impl Backend for ReferenceBackend {
             _ => (0, 0),
         };
         let vocab = target.shape().last().copied().unwrap_or(0);
-        let (u, draw) = seeded_noise(seed, batch, k, vocab, method);
+        let (b, k, v) = if target.shape() == [batch, k + 1, vocab] { (batch, k, vocab) } else { (0, 0, 0) };
+        let (u, draw) = seeded_noise(seed, b, k, v, method);
         self.rejection(args, &u, &draw, cmp)
     }
 
