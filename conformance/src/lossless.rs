@@ -9,7 +9,7 @@
 use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg64;
 use specdec_backend::{
-    Backend, BackendError, Comparator, DrawNoiseArg, HostTensor, PAD, ReferenceBackend, RejectionArgs, RejectionNoise, SamplingParams,
+    Backend, BackendError, Comparator, DrawNoiseArg, HostTensor, ReferenceBackend, RejectionArgs, RejectionNoise, SamplingParams,
 };
 use specdec_stats::{Decision, TestReport, judge_holm, total_variation};
 
@@ -216,33 +216,17 @@ fn sharpen(q: &[f64]) -> Vec<f64> {
 /// One verify step per row, each row with a random proposal length in
 /// `0..=k`; returns each row's tokens and accepted count.
 fn sample_step<B: Backend>(backend: &B, s: &Scenario, n: usize, rng: &mut Pcg64, opt: Options) -> Result<(Vec<Vec<i64>>, Vec<usize>), BackendError> {
-    let (k, v) = (s.p.len() - 1, s.p[0].len());
-    let mut drafts = Vec::with_capacity(n * k);
-    let mut lens = Vec::with_capacity(n);
-    for _ in 0..n {
-        let len = rng.random_range(0..=k);
-        lens.push(len as i64);
-        for j in 0..k {
-            drafts.push(match (&s.q, opt.drafts) {
-                _ if j >= len => PAD,
-                (None, _) => s.fixed_drafts[j],
-                (Some(q), DraftMode::Proper) => pick(&q[j], rng.random()),
-                (Some(q), DraftMode::WrongTemperature) => pick(&sharpen(&q[j]), rng.random()),
-                (Some(_), DraftMode::IterativeUnmasking) => unreachable!("iterative unmasking is checked on sequences"),
-            });
-        }
-    }
-    let p: Vec<f64> = (0..n).flat_map(|_| s.p.iter().flatten().copied()).collect();
-    let q: Vec<f64> = s.q.iter().flat_map(|q| (0..n).flat_map(move |_| q.iter().flatten().copied())).collect();
+    let k = s.p.len() - 1;
+    let batch = match opt.drafts {
+        DraftMode::Proper => stat::scenario_batch(backend, s, n, rng, pick)?,
+        DraftMode::WrongTemperature => stat::scenario_batch(backend, s, n, rng, |row, u| pick(&sharpen(row), u))?,
+        DraftMode::IterativeUnmasking => unreachable!("iterative unmasking is checked on sequences"),
+    };
     let u: Vec<f64> = (0..n * k).map(|_| uniform(rng, opt.coarse_uniforms)).collect();
     let w: Vec<f64> = (0..n * (k + 1)).map(|_| rng.random()).collect();
     let t = |shape: Vec<usize>, d: Vec<f64>| HostTensor::new(shape, d).expect("shapes");
-    let p = backend.upload_f64(&t(vec![n, k + 1, v], p))?;
-    let q = if s.q.is_some() { Some(backend.upload_f64(&t(vec![n, k, v], q))?) } else { None };
-    let d = backend.upload_i64(&HostTensor::new(vec![n, k], drafts).expect("shapes"))?;
-    let lens = backend.upload_i64(&HostTensor::from_vec(lens))?;
     let (u, w) = (backend.upload_f64(&t(vec![n, k], u))?, backend.upload_f64(&t(vec![n, k + 1], w))?);
-    let args = RejectionArgs { target_probs: &p, draft_probs: q.as_ref(), draft_tokens: &d, proposal_lens: &lens };
+    let args = RejectionArgs { target_probs: &batch.p, draft_probs: batch.q.as_ref(), draft_tokens: &batch.drafts, proposal_lens: &batch.lens };
     let out = backend.rejection_verify(args, RejectionNoise { accept_uniforms: &u, draw: DrawNoiseArg::InverseCdf(&w) }, Comparator::Strict)?;
     let tokens = backend.download_i64(&out.tokens)?;
     let accepted = backend.download_i64(&out.num_accepted)?;

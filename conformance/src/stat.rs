@@ -238,13 +238,26 @@ pub fn stream_seed(seed: u64, name: &str) -> u64 {
     seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ h
 }
 
-/// Runs the backend's seeded verify on `n` independent copies of the
-/// scenario, each with a random proposal length, and counts the outcome.
-fn sample<B: Backend>(backend: &B, s: &Scenario, spec: &StatSpec, n: usize, seed: u64) -> Result<Vec<u64>, BackendError> {
+/// `n` copies of a scenario on a backend, each row with its own random
+/// proposal length in `0..=k`: target rows, draft rows, drafts (PAD past the
+/// length) and lengths.
+pub(crate) struct ScenarioBatch<T> {
+    pub p: T,
+    pub q: Option<T>,
+    pub drafts: T,
+    pub lens: T,
+}
+
+/// Builds and uploads a [`ScenarioBatch`]; `draft(row, u)` draws a draft
+/// from a `q` row with uniform `u` (drafts without probabilities are fixed).
+pub(crate) fn scenario_batch<B: Backend>(
+    backend: &B,
+    s: &Scenario,
+    n: usize,
+    rng: &mut Pcg64,
+    draft: impl Fn(&[f64], f64) -> i64,
+) -> Result<ScenarioBatch<B::Tensor>, BackendError> {
     let (k, v) = (s.p.len() - 1, s.p[0].len());
-    // Drafts and lengths come from a stream of this check's own, independent
-    // of the backend's generator and of every other check.
-    let mut rng = Pcg64::seed_from_u64(stream_seed(seed, &format!("{}/drafts", spec.name())));
     let mut drafts = Vec::with_capacity(n * k);
     let mut lens = Vec::with_capacity(n);
     for _ in 0..n {
@@ -253,20 +266,29 @@ fn sample<B: Backend>(backend: &B, s: &Scenario, spec: &StatSpec, n: usize, seed
         for j in 0..k {
             drafts.push(match (&s.q, j < len) {
                 (_, false) => PAD,
-                (Some(q), true) => crate::lossless::pick(&q[j], rng.random()),
+                (Some(q), true) => draft(&q[j], rng.random()),
                 (None, true) => s.fixed_drafts[j],
             });
         }
     }
-    let p: Vec<f64> = (0..n).flat_map(|_| s.p.iter().flatten().copied()).collect();
-    let p = backend.upload_f64(&HostTensor::new(vec![n, k + 1, v], p).expect("shape"))?;
-    let q = match &s.q {
-        Some(q) => Some(backend.upload_f64(&HostTensor::new(vec![n, k, v], (0..n).flat_map(|_| q.iter().flatten().copied()).collect()).expect("shape"))?),
-        None => None,
-    };
-    let d = backend.upload_i64(&HostTensor::new(vec![n, k], drafts).expect("shape"))?;
-    let lens = backend.upload_i64(&HostTensor::from_vec(lens))?;
-    let args = RejectionArgs { target_probs: &p, draft_probs: q.as_ref(), draft_tokens: &d, proposal_lens: &lens };
+    let rows = |rows: &[Vec<f64>], r: usize| HostTensor::new(vec![n, r, v], (0..n).flat_map(|_| rows.iter().flatten().copied()).collect()).expect("shape");
+    Ok(ScenarioBatch {
+        p: backend.upload_f64(&rows(&s.p, k + 1))?,
+        q: s.q.as_ref().map(|q| backend.upload_f64(&rows(q, k))).transpose()?,
+        drafts: backend.upload_i64(&HostTensor::new(vec![n, k], drafts).expect("shape"))?,
+        lens: backend.upload_i64(&HostTensor::from_vec(lens))?,
+    })
+}
+
+/// Runs the backend's seeded verify on `n` independent copies of the
+/// scenario, each with a random proposal length, and counts the outcome.
+fn sample<B: Backend>(backend: &B, s: &Scenario, spec: &StatSpec, n: usize, seed: u64) -> Result<Vec<u64>, BackendError> {
+    let (k, v) = (s.p.len() - 1, s.p[0].len());
+    // Drafts and lengths come from a stream of this check's own, independent
+    // of the backend's generator and of every other check.
+    let mut rng = Pcg64::seed_from_u64(stream_seed(seed, &format!("{}/drafts", spec.name())));
+    let batch = scenario_batch(backend, s, n, &mut rng, crate::lossless::pick)?;
+    let args = RejectionArgs { target_probs: &batch.p, draft_probs: batch.q.as_ref(), draft_tokens: &batch.drafts, proposal_lens: &batch.lens };
     let out = backend.rejection_verify_seeded(args, spec.method, Comparator::Strict, stream_seed(seed, &spec.name()))?;
     let tokens = backend.download_i64(&out.tokens)?;
     let accepted = backend.download_i64(&out.num_accepted)?;

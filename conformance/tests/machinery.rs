@@ -12,6 +12,21 @@ use specdec_conformance::mutants::{Defect, Mutant};
 use specdec_conformance::suite::{self, Selection, Status, SuiteConfig, check_case, glob};
 use specdec_reference::kvcache::BatchKvCache;
 
+/// The header every host test double shares: reference tensors, the
+/// reference cache, a name and the host device.
+macro_rules! host_double {
+    ($name:literal) => {
+        type Tensor = RefTensor;
+        type KvCache = BatchKvCache;
+        fn name(&self) -> String {
+            $name.into()
+        }
+        fn device(&self) -> String {
+            "host".into()
+        }
+    };
+}
+
 fn file(cases: &str) -> String {
     format!(r#"{{"format": "specdec-cases/1", "title": "t", "cases": [{cases}]}}"#)
 }
@@ -84,14 +99,7 @@ fn judging() {
 struct Nudged(f64);
 
 impl Backend for Nudged {
-    type Tensor = RefTensor;
-    type KvCache = BatchKvCache;
-    fn name(&self) -> String {
-        "nudged".into()
-    }
-    fn device(&self) -> String {
-        "host".into()
-    }
+    host_double!("nudged");
     fn precision(&self) -> Precision {
         Precision { float_dtype: "f64", accumulate_dtype: "f64", margin_epsilon: self.0, value_tolerance: 0.0 }
     }
@@ -123,14 +131,7 @@ fn near_boundary_differences_are_excused_and_counted() {
 struct Empty;
 
 impl Backend for Empty {
-    type Tensor = RefTensor;
-    type KvCache = BatchKvCache;
-    fn name(&self) -> String {
-        "empty".into()
-    }
-    fn device(&self) -> String {
-        "host".into()
-    }
+    host_double!("empty");
     fn precision(&self) -> Precision {
         ReferenceBackend.precision()
     }
@@ -194,14 +195,7 @@ fn differential_cases_are_reproducible_and_include_defects() {
 struct Counting(std::cell::Cell<usize>);
 
 impl Backend for Counting {
-    type Tensor = RefTensor;
-    type KvCache = BatchKvCache;
-    fn name(&self) -> String {
-        "counting".into()
-    }
-    fn device(&self) -> String {
-        "host".into()
-    }
+    host_double!("counting");
     fn precision(&self) -> Precision {
         ReferenceBackend.precision()
     }
@@ -242,14 +236,7 @@ fn a_verify_step_downloads_only_tokens_and_counts() {
 struct Panicky;
 
 impl Backend for Panicky {
-    type Tensor = RefTensor;
-    type KvCache = BatchKvCache;
-    fn name(&self) -> String {
-        "panicky".into()
-    }
-    fn device(&self) -> String {
-        "host".into()
-    }
+    host_double!("panicky");
     fn precision(&self) -> Precision {
         ReferenceBackend.precision()
     }
