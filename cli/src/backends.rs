@@ -1,15 +1,15 @@
 //! The backends this build knows, and generic dispatch to them.
 
-use specdec_backend::{Backend, ReferenceBackend};
+use specdec_backend::{ModelBackend, ReferenceBackend};
 
 /// Every backend name `--backend` accepts, in report order (`candle` and
 /// `tch` are accepted as aliases of their CPU devices).
 pub const NAMES: [&str; 6] = ["reference", "ndarray", "candle-cpu", "candle-cuda", "tch-cpu", "tch-cuda"];
 
-/// Work that runs on any backend.
+/// Work that runs on any backend (every backend of this build also runs models).
 pub trait Job {
     type Out;
-    fn run<B: Backend>(&self, backend: &B) -> Self::Out;
+    fn run<B: ModelBackend>(&self, backend: &B) -> Self::Out;
 }
 
 /// Runs `job` on the backend called `name`; `Err` says why it is unavailable
@@ -31,15 +31,20 @@ pub struct Describe;
 
 impl Job for Describe {
     type Out = String;
-    fn run<B: Backend>(&self, b: &B) -> String {
+    fn run<B: ModelBackend>(&self, b: &B) -> String {
         let p = b.precision();
+        let m = b.model_precision();
         format!(
-            "device {}, {} values, {} accumulation, margin epsilon {:e}, value tolerance {:e}",
+            "device {}, {} values, {} accumulation, margin epsilon {:e}, value tolerance {:e}; model: {} weights, {} compute, logit tolerance {:e} (relative), argmax epsilon {:e}",
             b.device(),
             p.float_dtype,
             p.accumulate_dtype,
             p.margin_epsilon,
-            p.value_tolerance
+            p.value_tolerance,
+            m.weight_dtype,
+            m.compute_dtype,
+            m.logit_rel_tolerance,
+            m.argmax_margin_epsilon
         )
     }
 }

@@ -7,14 +7,17 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use specdec_backend::Backend;
+use specdec_backend::ModelBackend;
 use specdec_conformance::harness::write_reports;
+use specdec_conformance::model_section::{self, ModelFiles};
 use specdec_conformance::report::Report;
 use specdec_conformance::suite::{self, Item, Selection, Status, SuiteConfig};
 
 mod backends;
 mod bless;
 mod campaign;
+mod generate;
+mod model;
 
 use backends::{Describe, Job, NAMES, with_backend};
 
@@ -53,6 +56,45 @@ enum Command {
         /// Skip the statistical checks.
         #[arg(long)]
         no_stat: bool,
+        /// The SmolLM2 GGUF of the model section (default: SPECDEC_SMOLLM2_GGUF).
+        #[arg(long)]
+        smollm2: Option<PathBuf>,
+        /// Its HF-layout export (default: SPECDEC_SMOLLM2_HF).
+        #[arg(long)]
+        smollm2_hf: Option<PathBuf>,
+    },
+    /// Model files: `info PATH`, `export GGUF DIR`.
+    Model {
+        #[command(subcommand)]
+        command: model::ModelCommand,
+    },
+    /// Plain decoding of one prompt (MODEL-15).
+    Generate {
+        /// An HF-layout directory or a `.gguf` file.
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long, default_value = "reference")]
+        backend: String,
+        #[arg(long)]
+        prompt: String,
+        /// Wrap the prompt in the model's chat template.
+        #[arg(long)]
+        chat: bool,
+        #[arg(long, default_value_t = 64)]
+        max_tokens: usize,
+        /// 0 is greedy (ties to the lowest id).
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f64,
+        /// 0 disables top-k.
+        #[arg(long, default_value_t = 0)]
+        top_k: usize,
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f64,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Print one JSON object (prompt_ids, token_ids, text, finish_reason, timings).
+        #[arg(long)]
+        json: bool,
     },
     /// Runs a case file written by anyone, reporting each case.
     Check {
@@ -87,8 +129,18 @@ enum Command {
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Backends => list_backends(),
-        Command::Conform { backend, filter, xfails, seed, report, diff_cases, no_stat } => {
-            conform(&backend, filter, xfails.as_deref(), seed, &report, diff_cases, !no_stat)
+        Command::Conform { backend, filter, xfails, seed, report, diff_cases, no_stat, smollm2, smollm2_hf } => {
+            let env = ModelFiles::from_env();
+            let files = ModelFiles { smollm2_gguf: smollm2.or(env.smollm2_gguf), smollm2_hf: smollm2_hf.or(env.smollm2_hf) };
+            conform(&backend, filter, xfails.as_deref(), seed, &report, diff_cases, !no_stat, &files)
+        }
+        Command::Model { command } => model::run(command),
+        Command::Generate { model, backend, prompt, chat, max_tokens, temperature, top_k, top_p, seed, json } => {
+            specdec_models::load(&model).map_err(|e| e.to_string()).and_then(|loaded| {
+                let job = generate::Generate { model: loaded, prompt, chat, max_tokens, temperature, top_k, top_p, seed, json };
+                job.validate()?;
+                with_backend(&backend, &job)?.map(|()| true)
+            })
         }
         Command::Check { cases, backend, filter, report } => check(&cases, &backend, filter, &report),
         Command::Bless { check, fixtures } => bless::run(&fixtures, check),
@@ -124,20 +176,25 @@ fn list_backends() -> Result<bool, String> {
 struct Conform<'a> {
     cfg: &'a SuiteConfig,
     items: &'a [Item],
+    files: &'a ModelFiles,
 }
 
 impl Job for Conform<'_> {
     type Out = Report;
-    fn run<B: Backend>(&self, backend: &B) -> Report {
-        let selected = self.items.len();
+    fn run<B: ModelBackend>(&self, backend: &B) -> Report {
+        let selected = self.items.len() + model_section::model_items().len();
         let bar = ProgressBar::new(selected as u64).with_style(
             ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {wide_msg}").expect("valid template").progress_chars("=> "),
         );
         bar.set_prefix(backend.name());
-        let results = suite::run(backend, self.items, self.cfg, &mut |r| {
+        let mut results = suite::run(backend, self.items, self.cfg, &mut |r| {
             bar.set_message(r.name.clone());
             bar.inc(1);
         });
+        results.extend(model_section::run(backend, self.cfg, self.files, &mut |r| {
+            bar.set_message(r.name.clone());
+            bar.inc(1);
+        }));
         bar.finish_and_clear();
         Report::new(backend, self.cfg.seed, results)
     }
@@ -151,6 +208,7 @@ fn conform(
     reports: &[PathBuf],
     diff_cases: usize,
     statistical: bool,
+    files: &ModelFiles,
 ) -> Result<bool, String> {
     let selection = match xfails {
         Some(path) => Selection::parse(&std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?)?,
@@ -163,7 +221,7 @@ fn conform(
     let mut ok = true;
     let mut ran = Vec::new();
     for name in names {
-        match with_backend(name, &Conform { cfg: &cfg, items: &items }) {
+        match with_backend(name, &Conform { cfg: &cfg, items: &items, files }) {
             Ok(report) => {
                 print_report(&report);
                 ok &= !report.summary.failed;
@@ -223,7 +281,7 @@ struct CheckFile<'a> {
 
 impl Job for CheckFile<'_> {
     type Out = Report;
-    fn run<B: Backend>(&self, backend: &B) -> Report {
+    fn run<B: ModelBackend>(&self, backend: &B) -> Report {
         Report::new(backend, self.cfg.seed, suite::run(backend, self.items, self.cfg, &mut |_| {}))
     }
 }

@@ -10,12 +10,16 @@
 //! state), and each check is then reported as one trial: pass and xfail pass,
 //! fail and xpass fail, not-supported and skipped are ignored with the
 //! reason. Set `SPECDEC_REPORT_DIR` to also write the JSON, Markdown and
-//! JUnit reports there.
+//! JUnit reports there. The model section runs after the kernel checks;
+//! its SmolLM2 checks need `SPECDEC_SMOLLM2_GGUF` (and `SPECDEC_SMOLLM2_HF`
+//! for the export check), which `cargo xtask test` sets.
 
 use std::process::ExitCode;
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
-use specdec_backend::Backend;
+use specdec_backend::ModelBackend;
+
+use crate::model_section::{self, ModelFiles};
 
 use crate::report::Report;
 use crate::suite::{self, Selection, Status, SuiteConfig};
@@ -37,7 +41,7 @@ macro_rules! conformance_main {
 }
 
 /// The body of [`conformance_main!`].
-pub fn main<B: Backend>(make: impl FnOnce() -> Result<B, String>, selection_toml: &str) -> ExitCode {
+pub fn main<B: ModelBackend>(make: impl FnOnce() -> Result<B, String>, selection_toml: &str) -> ExitCode {
     let args = Arguments::from_args();
     let selection = match Selection::parse(selection_toml) {
         Ok(s) => s,
@@ -55,8 +59,9 @@ pub fn main<B: Backend>(make: impl FnOnce() -> Result<B, String>, selection_toml
     };
     let cfg = SuiteConfig { seed, filter: args.filter.clone().filter(|_| !args.exact), selection, ..SuiteConfig::default() };
     let items = suite::all_items(&cfg);
+    let names: Vec<String> = items.iter().map(|i| i.name.clone()).chain(model_section::model_items().into_iter().map(|i| i.name)).collect();
     if args.list {
-        let trials = items.iter().map(|i| Trial::test(i.name.clone(), || Ok(()))).collect();
+        let trials = names.iter().map(|n| Trial::test(n.clone(), || Ok(()))).collect();
         return libtest_mimic::run(&args, trials).exit_code();
     }
 
@@ -64,18 +69,20 @@ pub fn main<B: Backend>(make: impl FnOnce() -> Result<B, String>, selection_toml
         Ok(b) => b,
         Err(reason) => {
             println!("backend unavailable: {reason}; every check is reported as not supported");
-            let trials = items
+            let trials = names
                 .iter()
-                .map(|i| {
+                .map(|n| {
                     let reason = format!("not supported: backend unavailable: {reason}");
-                    Trial::ignorable_test(i.name.clone(), move || Ok(Completion::ignored_with(reason)))
+                    Trial::ignorable_test(n.clone(), move || Ok(Completion::ignored_with(reason)))
                 })
                 .collect();
             return libtest_mimic::run(&args, trials).exit_code();
         }
     };
     println!("specdec conformance: backend `{}` on `{}`, seed {seed}", backend.name(), backend.device());
-    let results = suite::run(&backend, &items, &cfg, &mut |_| {});
+    let mut results = suite::run(&backend, &items, &cfg, &mut |_| {});
+    // The model section (MODEL-8 .. MODEL-14); SmolLM2 comes from `cargo xtask`'s environment.
+    results.extend(model_section::run(&backend, &cfg, &ModelFiles::from_env(), &mut |_| {}));
     let report = Report::new(&backend, seed, results);
     println!("{}", report.summary_line());
     print!("{}", report.coverage_by_op());

@@ -21,6 +21,7 @@ pub mod harness;
 pub mod host;
 pub mod lossless;
 pub mod model;
+pub mod model_section;
 pub mod mutants;
 pub mod report;
 pub mod stat;

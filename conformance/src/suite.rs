@@ -33,6 +33,8 @@ pub enum Kind {
     /// The exact output law, integrated over the backend's noise (STAT-7).
     Exact,
     Statistical,
+    /// A model forward-pass check (MODEL-8 .. MODEL-14).
+    Model,
 }
 
 /// The status of one check (SUITE-2).
@@ -129,7 +131,7 @@ impl Default for SuiteConfig {
 }
 
 impl SuiteConfig {
-    fn wants(&self, name: &str) -> bool {
+    pub(crate) fn wants(&self, name: &str) -> bool {
         let filtered = match &self.filter {
             None => true,
             Some(f) if f.contains('*') => glob(f, name),
@@ -327,14 +329,14 @@ pub fn check_case<B: Backend>(backend: &B, case: &Case) -> Verdict {
 }
 
 /// Runs `f`, turning a panic into an error message.
-fn catch<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+pub(crate) fn catch<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|payload| {
         let msg = payload.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| payload.downcast_ref::<String>().cloned());
         format!("panicked: {}", msg.unwrap_or_else(|| "(no message)".into()))
     })
 }
 
-fn settle(result: &mut CheckResult, verdict: Verdict, selection: &Selection) {
+pub(crate) fn settle(result: &mut CheckResult, verdict: Verdict, selection: &Selection) {
     let xfail = selection.expects_failure(&result.name);
     (result.status, result.message) = match verdict {
         Verdict::Pass { excused, max_abs_err } => {
@@ -349,6 +351,6 @@ fn settle(result: &mut CheckResult, verdict: Verdict, selection: &Selection) {
     };
 }
 
-fn repro(backend: &str, seed: u64, name: &str) -> String {
+pub(crate) fn repro(backend: &str, seed: u64, name: &str) -> String {
     format!("specdec conform --backend {backend} --seed {seed} --filter '{name}'")
 }

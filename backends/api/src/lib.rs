@@ -9,12 +9,14 @@
 //! is checked by `specdec-conformance`); an operation a backend lacks answers
 //! [`BackendError::NotSupported`], which reports never count as a pass;
 //! randomness is an explicit input except in [`Backend::rejection_verify_seeded`].
-//! Model-forward operations (embedding, attention over a batched KV cache,
-//! MLP, lm_head, aux hidden states) are added to [`Op`] and to the trait as
-//! further default-`NotSupported` methods, using the same tensor and cache types.
+//! The model forward pass (embedding, attention over a per-layer batched KV
+//! cache, MLP, lm_head, hidden states of chosen layers) is the second trait,
+//! [`ModelBackend`], which shares this trait's device tensor type.
 
+pub mod model;
 mod reference;
 
+pub use model::{ForwardOutput, ModelBackend, ModelPrecision};
 pub use reference::{ReferenceBackend, RefTensor};
 pub use specdec_reference::ngram::NgramConfig;
 pub use specdec_reference::{
@@ -32,6 +34,9 @@ pub enum BackendError {
     /// The backend does not implement this operation.
     #[error("backend `{backend}` does not support `{op}`")]
     NotSupported { op: Op, backend: String },
+    /// A model file or a model input was rejected (MODEL-ERR-1).
+    #[error(transparent)]
+    Model(specdec_models::ModelError),
     /// The device or library failed (allocation, kernel launch, dtype).
     #[error("backend `{backend}` device error: {message}")]
     Device { backend: String, message: String },

@@ -30,16 +30,22 @@
 //! be seeded). Limits: the top-p tie-break needs V < 2^24,
 //! and candle's CUDA argsort (one row in shared memory) limits top-k/top-p
 //! to V <= 8192; the sorts are skipped when no row uses them.
+//!
+//! The Llama forward pass (`ModelBackend`, MODEL-8 .. MODEL-11) is in
+//! `model`: weights resident on the same device, a per-layer KV cache, and
+//! its own measured precision ([`specdec_backend::ModelBackend::model_precision`]).
 
 mod check;
 mod kernels;
 mod kv;
+mod model;
 mod ngram;
 mod noise;
 mod sampling;
 mod verify;
 
 pub use kv::CandleKvCache;
+pub use model::{CandleModel, CandleModelCache};
 
 use candle_core::{DType, Device, Tensor};
 use specdec_backend::{

@@ -27,6 +27,7 @@
 
 mod check;
 mod kv;
+mod model;
 mod ngram;
 mod prim;
 mod sample;
@@ -34,6 +35,7 @@ mod tensor;
 mod verify;
 
 pub use kv::NdKvCache;
+pub use model::{NdModel, NdModelCache};
 pub use tensor::NdTensor;
 
 use ndarray::{ArrayD, ArrayView, Dimension};

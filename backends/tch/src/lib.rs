@@ -41,6 +41,8 @@ mod checks;
 mod kernels;
 #[cfg(feature = "libtorch")]
 mod kv;
+#[cfg(feature = "libtorch")]
+mod model;
 #[cfg(all(test, feature = "libtorch"))]
 mod tests;
 #[cfg(not(feature = "libtorch"))]
@@ -50,6 +52,8 @@ mod unbuilt;
 pub use backend::{TchBackend, TchTensor};
 #[cfg(feature = "libtorch")]
 pub use kv::TchKvCache;
+#[cfg(feature = "libtorch")]
+pub use model::{TchModel, TchModelCache};
 #[cfg(not(feature = "libtorch"))]
 pub use unbuilt::TchBackend;
 

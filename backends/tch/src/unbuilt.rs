@@ -1,10 +1,13 @@
 //! The stand-in compiled without the `libtorch` feature: a backend that cannot be
 //! constructed, so the conformance adapter reports every check as not supported with
-//! [`NOT_BUILT`] as the reason, and no tch type appears in the build.
+//! [`NOT_BUILT`] as the reason, and no tch type appears in the build. It implements
+//! [`ModelBackend`] too (uninhabited model and cache), so code generic over model
+//! backends compiles in both configurations.
 
 use std::convert::Infallible;
 
-use specdec_backend::{Backend, HostTensor, Precision, Result};
+use specdec_backend::{Backend, ForwardOutput, HostTensor, ModelBackend, ModelPrecision, Precision, Result};
+use specdec_models::{ForwardRequest, LlamaWeights};
 
 use crate::NOT_BUILT;
 
@@ -56,5 +59,38 @@ impl Backend for TchBackend {
 
     fn download_i64(&self, t: &Infallible) -> Result<HostTensor<i64>> {
         match *t {}
+    }
+}
+
+impl ModelBackend for TchBackend {
+    type Model = Infallible;
+    type ModelCache = Infallible;
+
+    fn model_precision(&self) -> ModelPrecision {
+        match self.never {}
+    }
+
+    fn load_model(&self, _weights: &LlamaWeights) -> Result<Infallible> {
+        match self.never {}
+    }
+
+    fn new_model_cache(&self, model: &Infallible, _batch: usize, _capacity: usize) -> Result<Infallible> {
+        match *model {}
+    }
+
+    fn forward(&self, model: &Infallible, _cache: &mut Infallible, _req: &ForwardRequest<'_>) -> Result<ForwardOutput<Infallible>> {
+        match *model {}
+    }
+
+    fn cache_lens(&self, cache: &Infallible) -> Vec<usize> {
+        match *cache {}
+    }
+
+    fn cache_trim(&self, cache: &mut Infallible, _amounts: &[usize]) -> Result<()> {
+        match *cache {}
+    }
+
+    fn cache_contents(&self, cache: &Infallible, _layer: usize, _seq: usize) -> Result<(Vec<f64>, Vec<f64>)> {
+        match *cache {}
     }
 }

@@ -1,0 +1,134 @@
+//! The model half of the contract: a Llama-family forward pass over a
+//! per-layer batched KV cache, beside the kernel operations of [`Backend`].
+//!
+//! Why a second trait rather than more `Backend` methods: a model needs
+//! handles the kernels never see (resident weights, a cache of every layer),
+//! and a port of the verify kernels alone (an external adapter, a vendor
+//! kernel) must not have to stub them out. `ModelBackend: Backend` shares the
+//! device tensor type, so logits from [`ModelBackend::forward`] feed
+//! `process_logits`, `greedy_verify` or `rejection_verify` without a host
+//! round trip, and one backend-generic decoder drives any backend.
+//!
+//! Invariants (MODEL-8): a call's inputs are validated on the host before
+//! the device is touched ([`specdec_models::forward::plan`]); each sequence's
+//! new tokens sit at its own positions and attend causally among themselves
+//! and to its cached positions only; a one-token decode, a `(k+1)`-token
+//! verify window and a ragged prefill take the same code path; outputs stay
+//! on the device. Trimming is per sequence and strict (KV-4).
+
+pub use specdec_models::forward::{ForwardPlan, ForwardRequest, LogitRows, SeqRows};
+pub use specdec_models::{LlamaConfig, LlamaWeights, ModelError, RefCache, RefModel};
+
+use crate::{Backend, RefTensor, ReferenceBackend, Result};
+use specdec_reference::Tensor;
+
+/// The numeric contract of a backend's forward pass (MODEL-11).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct ModelPrecision {
+    /// The dtype weights are held in on the device.
+    pub weight_dtype: &'static str,
+    /// The dtype activations and attention are computed in.
+    pub compute_dtype: &'static str,
+    /// Largest allowed `|logit - reference logit|` per unit of the
+    /// reference row's largest `|logit|` (a relative bound: f32 rounding grows
+    /// with the size of the values).
+    pub logit_rel_tolerance: f64,
+    /// An argmax may differ from the reference's only where the reference's
+    /// top-2 logit margin is below this (counted, never hidden).
+    pub argmax_margin_epsilon: f64,
+}
+
+/// Outputs of one forward call, on the device.
+#[derive(Debug, Clone)]
+pub struct ForwardOutput<T> {
+    pub plan: ForwardPlan,
+    /// `[plan.logit_rows, vocab]`, or `None` when no logits were asked.
+    pub logits: Option<T>,
+    /// `[plan.total_tokens, K·hidden]`, or `None` when no layer was asked.
+    pub hidden: Option<T>,
+}
+
+/// A backend that runs a Llama-family model (MODEL-8 .. MODEL-11).
+pub trait ModelBackend: Backend {
+    /// Weights resident on the device.
+    type Model;
+    /// Every layer's keys and values for a batch of sequences, on the device.
+    type ModelCache;
+
+    fn model_precision(&self) -> ModelPrecision;
+
+    /// Uploads host weights once; the model is then shared by any number of caches.
+    fn load_model(&self, weights: &LlamaWeights) -> Result<Self::Model>;
+
+    /// An empty cache for `batch` sequences of at most `capacity` positions.
+    fn new_model_cache(&self, model: &Self::Model, batch: usize, capacity: usize) -> Result<Self::ModelCache>;
+
+    /// One forward call (MODEL-8): appends every sequence's new tokens to
+    /// the cache and returns the requested logits and hidden states.
+    fn forward(&self, model: &Self::Model, cache: &mut Self::ModelCache, req: &ForwardRequest<'_>) -> Result<ForwardOutput<Self::Tensor>>;
+
+    /// Each sequence's cached length.
+    fn cache_lens(&self, cache: &Self::ModelCache) -> Vec<usize>;
+
+    /// Removes the last `amounts[b]` positions of each sequence from every
+    /// layer (KV-3; strict, KV-4).
+    fn cache_trim(&self, cache: &mut Self::ModelCache, amounts: &[usize]) -> Result<()>;
+
+    /// One layer's keys and values of one sequence, `[len, kv_heads, head_dim]`,
+    /// copied to the host (for conformance, not for the hot path).
+    fn cache_contents(&self, cache: &Self::ModelCache, layer: usize, seq: usize) -> Result<(Vec<f64>, Vec<f64>)>;
+}
+
+impl From<ModelError> for crate::BackendError {
+    fn from(e: ModelError) -> Self {
+        crate::BackendError::Model(e)
+    }
+}
+
+/// The reference forward behind the trait: the oracle, exact f64.
+impl ModelBackend for ReferenceBackend {
+    type Model = RefModel;
+    type ModelCache = RefCache;
+
+    fn model_precision(&self) -> ModelPrecision {
+        ModelPrecision { weight_dtype: "f32", compute_dtype: "f64", logit_rel_tolerance: 0.0, argmax_margin_epsilon: 0.0 }
+    }
+
+    fn load_model(&self, weights: &LlamaWeights) -> Result<RefModel> {
+        Ok(RefModel::new(weights.clone()))
+    }
+
+    fn new_model_cache(&self, model: &RefModel, batch: usize, capacity: usize) -> Result<RefCache> {
+        Ok(model.new_cache(batch, capacity)?)
+    }
+
+    fn forward(&self, model: &RefModel, cache: &mut RefCache, req: &ForwardRequest<'_>) -> Result<ForwardOutput<RefTensor>> {
+        let out = model.forward(cache, req)?;
+        let cfg = model.config();
+        let logits = (req.logits != LogitRows::None).then(|| RefTensor::F64(Tensor::new(vec![out.plan.logit_rows, cfg.vocab_size], out.logits).expect("the reference lays out its rows")));
+        let width = req.hidden_layers.len() * cfg.hidden_size;
+        let hidden = (width > 0).then(|| RefTensor::F64(Tensor::new(vec![out.plan.total_tokens, width], out.hidden).expect("the reference lays out its rows")));
+        Ok(ForwardOutput { plan: out.plan, logits, hidden })
+    }
+
+    fn cache_lens(&self, cache: &RefCache) -> Vec<usize> {
+        cache.lens().to_vec()
+    }
+
+    fn cache_trim(&self, cache: &mut RefCache, amounts: &[usize]) -> Result<()> {
+        Ok(cache.trim(amounts)?)
+    }
+
+    fn cache_contents(&self, cache: &RefCache, layer: usize, seq: usize) -> Result<(Vec<f64>, Vec<f64>)> {
+        check_cache_index(cache.lens().len(), cache.layers(), layer, seq)?;
+        Ok((cache.keys(layer, seq).to_vec(), cache.values(layer, seq).to_vec()))
+    }
+}
+
+/// Checks `layer`/`seq` of a [`ModelBackend::cache_contents`] call.
+pub fn check_cache_index(batch: usize, layers: usize, layer: usize, seq: usize) -> Result<()> {
+    if seq >= batch || layer >= layers {
+        return Err(ModelError::InvalidInput { arg: "cache index", reason: format!("layer {layer}, sequence {seq} is outside {layers} layers x batch {batch}") }.into());
+    }
+    Ok(())
+}

@@ -1,0 +1,49 @@
+//! `specdec model info PATH` and `specdec model export GGUF DIR` (MODEL-5).
+
+use std::path::PathBuf;
+
+use clap::Subcommand;
+
+#[derive(Subcommand)]
+pub enum ModelCommand {
+    /// Architecture, sizes, dtypes, tokenizer and special tokens of a `.gguf`
+    /// file or an HF-layout directory.
+    Info {
+        path: PathBuf,
+        /// Print JSON instead of lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Writes the HF layout (`config.json`, `model.safetensors`,
+    /// `tokenizer.json`) of a model file into DIR.
+    Export {
+        model: PathBuf,
+        dir: PathBuf,
+        /// Weight dtype of `model.safetensors`: f32 (exact), f16 or bf16.
+        #[arg(long, default_value = "f32")]
+        dtype: String,
+    },
+}
+
+pub fn run(command: ModelCommand) -> Result<bool, String> {
+    match command {
+        ModelCommand::Info { path, json } => {
+            let info = specdec_models::load::info(&path).map_err(|e| e.to_string())?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&info).map_err(|e| e.to_string())?);
+            } else if let Some(obj) = info.as_object() {
+                for (k, v) in obj {
+                    println!("{k:<22} {}", if let Some(s) = v.as_str() { s.to_string() } else { v.to_string() });
+                }
+            }
+            Ok(true)
+        }
+        ModelCommand::Export { model, dir, dtype } => {
+            let dtype = specdec_models::hf::SaveDtype::parse(&dtype).map_err(|e| e.to_string())?;
+            let loaded = specdec_models::load(&model).map_err(|e| e.to_string())?;
+            specdec_models::export::export_hf(&loaded.weights, loaded.tokenizer.as_ref(), &dir, dtype).map_err(|e| e.to_string())?;
+            println!("wrote {} (config.json, model.safetensors{})", dir.display(), if loaded.tokenizer.is_some() { ", tokenizer files" } else { "" });
+            Ok(true)
+        }
+    }
+}

@@ -1,0 +1,446 @@
+//! The tokenizer of a model, from GGUF metadata or an HF `tokenizer.json`,
+//! and its ChatML chat prompt (MODEL-6).
+//!
+//! Role: one [`Tokenizer`] type over `tokenizers::Tokenizer`, whichever file
+//! it came from, with the special ids and the chat template beside it.
+//!
+//! Invariants: a GGUF tokenizer is rebuilt exactly as llama.cpp tokenizes:
+//! `tokenizer.ggml.model` must be `gpt2` (byte-level BPE) and the
+//! pre-tokenizer must be one we reproduce exactly (`smollm`: single digits
+//! split first, then the GPT-2 regex; `gpt2`: the GPT-2 regex); anything
+//! else is a typed error rather than a tokenizer that silently splits
+//! differently. Control and user-defined tokens become added tokens, so a
+//! special token written in the text (`<|im_start|>`) encodes as its one id,
+//! as llama.cpp and HF both do. Special ids are checked to lie inside the
+//! vocabulary, and [`Tokenizer::decode`] rejects ids outside it instead of
+//! skipping them. We never run Jinja: [`Tokenizer::chat_prompt`] renders
+//! ChatML only, and says so for any other template.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+use tokenizers::decoders::DecoderWrapper;
+use tokenizers::models::bpe::{BPE, Merges, Vocab};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::processors::PostProcessorWrapper;
+use tokenizers::{AddedToken, PreTokenizerWrapper};
+
+use crate::error::{ModelError, Result};
+use crate::gguf::GgufFile;
+
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+
+/// llama.cpp's `LLAMA_TOKEN_TYPE_CONTROL`.
+const TOKEN_TYPE_CONTROL: i128 = 3;
+/// llama.cpp's `LLAMA_TOKEN_TYPE_USER_DEFINED`.
+const TOKEN_TYPE_USER_DEFINED: i128 = 4;
+
+/// A ChatML turn opener; a template containing it is taken to be ChatML.
+const IM_START: &str = "<|im_start|>";
+const IM_END: &str = "<|im_end|>";
+
+/// A model's tokenizer with its special ids and chat template.
+#[derive(Clone)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    source: String,
+    kind: String,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    pad: Option<u32>,
+    unk: Option<u32>,
+    add_bos: bool,
+    add_eos: bool,
+    chat_template: Option<String>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("source", &self.source)
+            .field("kind", &self.kind)
+            .field("vocab_size", &self.vocab_size())
+            .field("bos", &self.bos)
+            .field("eos", &self.eos)
+            .finish()
+    }
+}
+
+fn tok_err(file: &str, message: impl std::fmt::Display) -> ModelError {
+    ModelError::Tokenizer { file: file.to_string(), message: message.to_string() }
+}
+
+impl Tokenizer {
+    /// Builds the byte-level BPE a `gpt2`-model GGUF file describes (MODEL-6).
+    pub fn from_gguf(g: &GgufFile) -> Result<Self> {
+        let file = g.file();
+        let model = g.get_str("tokenizer.ggml.model")?;
+        if model != "gpt2" {
+            return Err(tok_err(file, format!("tokenizer.ggml.model `{model}` is not supported (only `gpt2`, byte-level BPE)")));
+        }
+        let tokens = g.get_str_array("tokenizer.ggml.tokens")?;
+        let merges_text = g.get_str_array("tokenizer.ggml.merges")?;
+        let pre = g.get_str("tokenizer.ggml.pre")?;
+
+        let mut vocab = Vocab::with_capacity(tokens.len());
+        for (id, token) in tokens.iter().enumerate() {
+            let id = u32::try_from(id).map_err(|_| tok_err(file, "more than 2^32 tokens"))?;
+            if vocab.insert(token.clone(), id).is_some() {
+                return Err(ModelError::invalid(file, "tokenizer.ggml.tokens", format!("token {token:?} appears twice")));
+            }
+        }
+        let mut merges: Merges = Vec::with_capacity(merges_text.len());
+        for (i, m) in merges_text.iter().enumerate() {
+            let Some((a, b)) = m.split_once(' ') else {
+                return Err(ModelError::invalid(file, "tokenizer.ggml.merges", format!("merge #{i} {m:?} is not two space-separated tokens")));
+            };
+            merges.push((a.to_string(), b.to_string()));
+        }
+        let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(|e| tok_err(file, format!("BPE: {e}")))?;
+
+        let mut inner = tokenizers::Tokenizer::new(bpe);
+        // HF's byte-level tokenizers prefix no space; llama.cpp's `gpt2`
+        // vocabularies do not either.
+        let byte_level = ByteLevel::new(false, true, true);
+        let pre_tokenizer: PreTokenizerWrapper = match pre {
+            // llama.cpp's `smollm`: `\p{N}` (each digit alone), then the GPT-2 regex.
+            "smollm" => Sequence::new(vec![PreTokenizerWrapper::Digits(Digits::new(true)), PreTokenizerWrapper::ByteLevel(byte_level)]).into(),
+            "gpt2" => byte_level.into(),
+            other => return Err(tok_err(file, format!("pre-tokenizer `tokenizer.ggml.pre` = `{other}` is not supported (smollm, gpt2)"))),
+        };
+        inner.with_pre_tokenizer(Some(pre_tokenizer));
+        inner.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::default())));
+
+        if g.get("tokenizer.ggml.token_type").is_some() {
+            let types = g.get_int_array("tokenizer.ggml.token_type")?;
+            if types.len() != tokens.len() {
+                return Err(ModelError::invalid(
+                    file,
+                    "tokenizer.ggml.token_type",
+                    format!("{} types for {} tokens", types.len(), tokens.len()),
+                ));
+            }
+            let pick = |want: i128| -> Vec<AddedToken> {
+                tokens.iter().zip(&types).filter(|(_, t)| **t == want).map(|(s, _)| AddedToken::from(s.clone(), want == TOKEN_TYPE_CONTROL)).collect()
+            };
+            inner.add_special_tokens(pick(TOKEN_TYPE_CONTROL)).map_err(|e| tok_err(file, e))?;
+            inner.add_tokens(pick(TOKEN_TYPE_USER_DEFINED)).map_err(|e| tok_err(file, e))?;
+        }
+
+        let mut t = Tokenizer {
+            inner,
+            source: file.to_string(),
+            kind: format!("gguf {model} (byte-level BPE, pre {pre})"),
+            bos: g.opt_u32("tokenizer.ggml.bos_token_id")?,
+            eos: g.opt_u32("tokenizer.ggml.eos_token_id")?,
+            pad: g.opt_u32("tokenizer.ggml.padding_token_id")?,
+            unk: g.opt_u32("tokenizer.ggml.unknown_token_id")?,
+            add_bos: g.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false),
+            add_eos: g.opt_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false),
+            chat_template: g.opt_str("tokenizer.chat_template")?.map(str::to_string),
+        };
+        t.check_special_ids()?;
+        t.install_post_processor()?;
+        Ok(t)
+    }
+
+    /// Loads `tokenizer.json` and, when present, HF's `tokenizer_config.json`
+    /// (special tokens, `add_bos_token`, `chat_template`) from `dir` (MODEL-6).
+    /// Special ids missing there fall back to `config.json`'s ids. What
+    /// `encode` adds is decided by `tokenizer.json`'s post-processor (as in
+    /// HF's fast tokenizers); `add_bos_token` is reported as written.
+    pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref();
+        let path = dir.join(TOKENIZER_FILE);
+        let file = path.display().to_string();
+        let bytes = std::fs::read(&path).map_err(|e| ModelError::io(&path, e))?;
+        let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| tok_err(&file, e))?;
+        let kind = match inner.get_model() {
+            tokenizers::ModelWrapper::BPE(_) => "tokenizer.json (BPE)",
+            tokenizers::ModelWrapper::WordPiece(_) => "tokenizer.json (WordPiece)",
+            tokenizers::ModelWrapper::WordLevel(_) => "tokenizer.json (WordLevel)",
+            tokenizers::ModelWrapper::Unigram(_) => "tokenizer.json (Unigram)",
+        };
+        let mut t = Tokenizer {
+            inner,
+            source: file,
+            kind: kind.to_string(),
+            bos: None,
+            eos: None,
+            pad: None,
+            unk: None,
+            add_bos: false,
+            add_eos: false,
+            chat_template: None,
+        };
+
+        let cfg_path = dir.join(TOKENIZER_CONFIG_FILE);
+        if cfg_path.is_file() {
+            let cfg_file = cfg_path.display().to_string();
+            let text = std::fs::read_to_string(&cfg_path).map_err(|e| ModelError::io(&cfg_path, e))?;
+            let cfg: Value = serde_json::from_str(&text).map_err(|e| ModelError::invalid(&cfg_file, "tokenizer_config.json", e.to_string()))?;
+            let special = |field: &str| -> Result<Option<u32>> {
+                let content = match cfg.get(field) {
+                    None | Some(Value::Null) => return Ok(None),
+                    Some(Value::String(s)) => s.as_str(),
+                    Some(v) => v.get("content").and_then(Value::as_str).ok_or_else(|| ModelError::invalid(&cfg_file, field, "neither a string nor {\"content\": ...}"))?,
+                };
+                t.inner.token_to_id(content).map(Some).ok_or_else(|| ModelError::invalid(&cfg_file, field, format!("{content:?} is not in the vocabulary")))
+            };
+            let (bos, eos, pad, unk) = (special("bos_token")?, special("eos_token")?, special("pad_token")?, special("unk_token")?);
+            let flag = |field: &str| -> Result<bool> {
+                match cfg.get(field) {
+                    None | Some(Value::Null) => Ok(false),
+                    Some(Value::Bool(b)) => Ok(*b),
+                    Some(_) => Err(ModelError::invalid(&cfg_file, field, "is not a boolean")),
+                }
+            };
+            let (add_bos, add_eos) = (flag("add_bos_token")?, flag("add_eos_token")?);
+            let chat_template = match cfg.get("chat_template") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(s)) => Some(s.clone()),
+                Some(_) => return Err(ModelError::invalid(&cfg_file, "chat_template", "is not a string (named templates are not supported)")),
+            };
+            (t.bos, t.eos, t.pad, t.unk, t.add_bos, t.add_eos, t.chat_template) = (bos, eos, pad, unk, add_bos, add_eos, chat_template);
+        }
+
+        let config_path = dir.join(crate::hf::CONFIG_FILE);
+        if (t.bos.is_none() || t.eos.is_none()) && config_path.is_file() {
+            let text = std::fs::read_to_string(&config_path).map_err(|e| ModelError::io(&config_path, e))?;
+            if let Ok(v) = serde_json::from_str::<Value>(&text) {
+                let id = |k: &str| v.get(k).and_then(Value::as_u64).and_then(|x| u32::try_from(x).ok());
+                t.bos = t.bos.or_else(|| id("bos_token_id"));
+                t.eos = t.eos.or_else(|| id("eos_token_id"));
+            }
+        }
+        t.check_special_ids()?;
+        Ok(t)
+    }
+
+    fn check_special_ids(&self) -> Result<()> {
+        let n = self.vocab_size();
+        for (field, id) in [("bos", self.bos), ("eos", self.eos), ("pad", self.pad), ("unk", self.unk)] {
+            if let Some(id) = id
+                && id as usize >= n
+            {
+                return Err(ModelError::invalid(&self.source, &format!("{field}_token_id"), format!("{id} is outside the vocabulary of {n}")));
+            }
+        }
+        Ok(())
+    }
+
+    /// `add_bos`/`add_eos` become a template post-processor (as HF's
+    /// converted Llama tokenizers do); otherwise the byte-level
+    /// post-processor, which touches offsets only.
+    fn install_post_processor(&mut self) -> Result<()> {
+        let processor: PostProcessorWrapper = if self.add_bos || self.add_eos {
+            let mut specials = serde_json::Map::new();
+            let mut wrap = |flag: bool, id: Option<u32>, what: &str| -> Result<Vec<Value>> {
+                if !flag {
+                    return Ok(vec![]);
+                }
+                let id = id.ok_or_else(|| tok_err(&self.source, format!("add_{what}_token is set but there is no {what} token id")))?;
+                let content = self.inner.id_to_token(id).ok_or_else(|| tok_err(&self.source, format!("{what} id {id} has no token")))?;
+                specials.insert(content.clone(), json!({"id": content, "ids": [id], "tokens": [content]}));
+                Ok(vec![json!({"SpecialToken": {"id": content, "type_id": 0}})])
+            };
+            let (bos, eos) = (wrap(self.add_bos, self.bos, "bos")?, wrap(self.add_eos, self.eos, "eos")?);
+            let seq = |s: &str, type_id: u32| json!({"Sequence": {"id": s, "type_id": type_id}});
+            let single: Vec<Value> = bos.iter().cloned().chain([seq("A", 0)]).chain(eos.iter().cloned()).collect();
+            let mut pair = single.clone();
+            pair.extend(bos.iter().cloned().chain([seq("B", 1)]).chain(eos.iter().cloned()));
+            // Built through serde so token text is never re-parsed (a
+            // token containing `:` or a space would confuse the string form).
+            let spec = json!({"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": specials});
+            serde_json::from_value(spec).map_err(|e| tok_err(&self.source, format!("post-processor: {e}")))?
+        } else {
+            PostProcessorWrapper::ByteLevel(ByteLevel::new(true, false, true))
+        };
+        self.inner.with_post_processor(Some(processor));
+        Ok(())
+    }
+
+    /// Token ids of `text`. Special tokens written in the text encode as
+    /// their ids; `add_special_tokens` adds BOS/EOS where the tokenizer
+    /// says so (`add_bos_token`).
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let enc = self.inner.encode(text, add_special_tokens).map_err(|e| tok_err(&self.source, e))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// The text of `ids`; every id must lie inside the vocabulary.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        let n = self.vocab_size();
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= n) {
+            return Err(ModelError::InvalidInput { arg: "ids", reason: format!("id {bad} is outside the vocabulary of {n}") });
+        }
+        self.inner.decode(ids, skip_special_tokens).map_err(|e| tok_err(&self.source, e))
+    }
+
+    /// Vocabulary size, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    pub fn bos_id(&self) -> Option<u32> {
+        self.bos
+    }
+
+    pub fn eos_id(&self) -> Option<u32> {
+        self.eos
+    }
+
+    pub fn pad_id(&self) -> Option<u32> {
+        self.pad
+    }
+
+    pub fn unk_id(&self) -> Option<u32> {
+        self.unk
+    }
+
+    pub fn add_bos(&self) -> bool {
+        self.add_bos
+    }
+
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    /// Where the tokenizer came from (a file name).
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// What kind of tokenizer this is, in words.
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+
+    /// The underlying `tokenizers` tokenizer.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
+    /// The system message a ChatML template inserts when the conversation
+    /// has none, read from the template's own string literal (SmolLM2's
+    /// is "You are a helpful AI assistant named SmolLM, trained by Hugging Face").
+    pub fn default_system(&self) -> Option<String> {
+        self.chat_template.as_deref().and_then(chatml_default_system)
+    }
+
+    /// The generation prompt for one user message (MODEL-6):
+    /// `<|im_start|>system\n{default}<|im_end|>\n<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n`,
+    /// the system turn present only when the template has a default system
+    /// message. Only ChatML templates are rendered; we do not run Jinja.
+    pub fn chat_prompt(&self, user_text: &str) -> Result<String> {
+        let Some(template) = &self.chat_template else {
+            return Err(ModelError::MissingField { file: self.source.clone(), field: "chat_template".to_string() });
+        };
+        if !template.contains(IM_START) {
+            return Err(tok_err(&self.source, "the chat template is not ChatML; other templates would need a Jinja engine"));
+        }
+        let mut out = String::new();
+        if let Some(system) = chatml_default_system(template) {
+            out.push_str(&format!("{IM_START}system\n{system}{IM_END}\n"));
+        }
+        out.push_str(&format!("{IM_START}user\n{user_text}{IM_END}\n{IM_START}assistant\n"));
+        Ok(out)
+    }
+
+    /// Writes `tokenizer.json` and an HF `tokenizer_config.json` (special
+    /// tokens by content, `add_bos_token`, `chat_template`) into `dir`.
+    pub fn save(&self, dir: impl AsRef<Path>) -> Result<()> {
+        let dir = dir.as_ref();
+        std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
+        let path = dir.join(TOKENIZER_FILE);
+        self.inner.save(&path, false).map_err(|e| ModelError::io(&path, e))?;
+        let token = |id: Option<u32>| id.and_then(|id| self.inner.id_to_token(id));
+        let cfg = json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "add_bos_token": self.add_bos,
+            "add_eos_token": self.add_eos,
+            "bos_token": token(self.bos),
+            "eos_token": token(self.eos),
+            "pad_token": token(self.pad),
+            "unk_token": token(self.unk),
+            "clean_up_tokenization_spaces": false,
+            "chat_template": self.chat_template,
+        });
+        let path = dir.join(TOKENIZER_CONFIG_FILE);
+        let text = serde_json::to_string_pretty(&cfg).map_err(|e| ModelError::io(&path, e))?;
+        std::fs::write(&path, text).map_err(|e| ModelError::io(&path, e))
+    }
+}
+
+/// The default system message of a ChatML template: the body of the first
+/// string literal `'<|im_start|>system\n…<|im_end|>` whose body is plain
+/// text (not an expression such as `' + messages[0]['content'] + '`).
+/// Jinja escapes (`\n`, `\'`, `\"`, `\\`) are undone.
+pub fn chatml_default_system(template: &str) -> Option<String> {
+    let mut rest = template;
+    while let Some(at) = rest.find(IM_START) {
+        let after = &rest[at + IM_START.len()..];
+        rest = after;
+        let Some(body) = after.strip_prefix("system\n").or_else(|| after.strip_prefix("system\\n")) else { continue };
+        let Some(end) = body.find(IM_END) else { continue };
+        if let Some(text) = jinja_literal_text(&body[..end]) {
+            return Some(text);
+        }
+    }
+    None
+}
+
+/// `s` unescaped, or `None` if it leaves the string literal (an unescaped
+/// quote) or holds template syntax.
+fn jinja_literal_text(s: &str) -> Option<String> {
+    if ["{{", "{%", "}}", "%}"].iter().any(|p| s.contains(p)) {
+        return None;
+    }
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next()? {
+                'n' => out.push('\n'),
+                't' => out.push('\t'),
+                other => out.push(other),
+            },
+            '\'' | '"' => return None,
+            c => out.push(c),
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// MODEL-6: SmolLM2's template (real newlines inside the literals, as the
+    /// converter stores it) yields its default system message.
+    #[test]
+    fn default_system_from_smollm2_template() {
+        let t = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+        assert_eq!(chatml_default_system(t).as_deref(), Some("You are a helpful AI assistant named SmolLM, trained by Hugging Face"));
+    }
+
+    /// MODEL-6: an expression in the system turn is not a default; a later
+    /// literal is (Qwen-style templates), and escapes are undone.
+    #[test]
+    fn default_system_skips_expressions() {
+        let t = r#"{{ '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}{% else %}{{ '<|im_start|>system\nYou\'re \"ok\".<|im_end|>\n' }}"#;
+        assert_eq!(chatml_default_system(t).as_deref(), Some("You're \"ok\"."));
+        assert_eq!(chatml_default_system("{{'<|im_start|>' + m['role'] + '\n'}}"), None);
+    }
+}

@@ -1,0 +1,167 @@
+//! Host-resident Llama weights in one convention, whatever file they came from.
+//!
+//! Invariants (MODEL-2): every matrix is row-major `[out, in]` as HF's
+//! `nn.Linear` stores it; `wq`/`wk` rows are in HF order, so RoPE is the
+//! rotate-half form (a GGUF file's interleaved permutation is undone on load,
+//! MODEL-4); values are f32 whatever the file's dtype (f16/bf16/quantized
+//! are widened or dequantized exactly on load). Shapes agree with the config:
+//! [`LlamaWeights::new`] checks every tensor.
+
+use crate::config::LlamaConfig;
+use crate::error::{ModelError, Result};
+
+/// A dense f32 matrix or vector with its shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Matrix {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+impl Matrix {
+    /// Checks that `data` fills `shape` exactly.
+    pub fn new(shape: Vec<usize>, data: Vec<f32>, name: &str) -> Result<Self> {
+        let want = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+        if want != Some(data.len()) {
+            return Err(ModelError::InvalidInput { arg: "matrix", reason: format!("`{name}`: {} values cannot fill shape {shape:?}", data.len()) });
+        }
+        Ok(Matrix { shape, data })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.shape[0]
+    }
+
+    pub fn cols(&self) -> usize {
+        self.shape.get(1).copied().unwrap_or(1)
+    }
+
+    /// Row `r` of a 2-D matrix.
+    pub fn row(&self, r: usize) -> &[f32] {
+        let c = self.cols();
+        &self.data[r * c..(r + 1) * c]
+    }
+}
+
+/// One decoder layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerWeights {
+    /// `[hidden]`.
+    pub attn_norm: Matrix,
+    /// `[heads·head_dim, hidden]`, HF row order.
+    pub wq: Matrix,
+    /// `[kv_heads·head_dim, hidden]`, HF row order.
+    pub wk: Matrix,
+    /// `[kv_heads·head_dim, hidden]`.
+    pub wv: Matrix,
+    /// `[hidden, heads·head_dim]`.
+    pub wo: Matrix,
+    /// `[hidden]`.
+    pub mlp_norm: Matrix,
+    /// `[intermediate, hidden]`.
+    pub w_gate: Matrix,
+    /// `[intermediate, hidden]`.
+    pub w_up: Matrix,
+    /// `[hidden, intermediate]`.
+    pub w_down: Matrix,
+}
+
+/// A whole `LlamaForCausalLM`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlamaWeights {
+    pub config: LlamaConfig,
+    /// `[vocab, hidden]`.
+    pub embed: Matrix,
+    pub layers: Vec<LayerWeights>,
+    /// `[hidden]`.
+    pub final_norm: Matrix,
+    /// `[vocab, hidden]`, or `None` when tied to `embed`.
+    pub lm_head: Option<Matrix>,
+}
+
+impl LlamaWeights {
+    /// Assembles weights from HF-named tensors, checking every shape against
+    /// the config. `take(name)` returns the tensor or `None` when absent;
+    /// `file` names the source in errors.
+    pub fn from_named(config: LlamaConfig, file: &str, mut take: impl FnMut(&str) -> Result<Option<Matrix>>) -> Result<Self> {
+        config.validate(file)?;
+        let shapes: std::collections::HashMap<String, Vec<usize>> = config.tensor_shapes().into_iter().collect();
+        let mut get = |name: String| -> Result<Matrix> {
+            let m = take(&name)?.ok_or_else(|| ModelError::MissingTensor { file: file.to_string(), tensor: name.clone() })?;
+            let expected = &shapes[&name];
+            if &m.shape != expected {
+                return Err(ModelError::TensorShape { file: file.to_string(), tensor: name, expected: expected.clone(), actual: m.shape });
+            }
+            Ok(m)
+        };
+        let embed = get("model.embed_tokens.weight".into())?;
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for l in 0..config.num_hidden_layers {
+            let p = format!("model.layers.{l}");
+            layers.push(LayerWeights {
+                attn_norm: get(format!("{p}.input_layernorm.weight"))?,
+                wq: get(format!("{p}.self_attn.q_proj.weight"))?,
+                wk: get(format!("{p}.self_attn.k_proj.weight"))?,
+                wv: get(format!("{p}.self_attn.v_proj.weight"))?,
+                wo: get(format!("{p}.self_attn.o_proj.weight"))?,
+                mlp_norm: get(format!("{p}.post_attention_layernorm.weight"))?,
+                w_gate: get(format!("{p}.mlp.gate_proj.weight"))?,
+                w_up: get(format!("{p}.mlp.up_proj.weight"))?,
+                w_down: get(format!("{p}.mlp.down_proj.weight"))?,
+            });
+        }
+        let final_norm = get("model.norm.weight".into())?;
+        let lm_head = if config.tie_word_embeddings { None } else { Some(get("lm_head.weight".into())?) };
+        let weights = LlamaWeights { config, embed, layers, final_norm, lm_head };
+        weights.check_finite(file)?;
+        Ok(weights)
+    }
+
+    /// Every tensor with its HF name, in a fixed order (for export and comparison).
+    pub fn named(&self) -> Vec<(String, &Matrix)> {
+        let mut out = vec![("model.embed_tokens.weight".to_string(), &self.embed)];
+        for (l, w) in self.layers.iter().enumerate() {
+            let p = format!("model.layers.{l}");
+            out.push((format!("{p}.input_layernorm.weight"), &w.attn_norm));
+            out.push((format!("{p}.self_attn.q_proj.weight"), &w.wq));
+            out.push((format!("{p}.self_attn.k_proj.weight"), &w.wk));
+            out.push((format!("{p}.self_attn.v_proj.weight"), &w.wv));
+            out.push((format!("{p}.self_attn.o_proj.weight"), &w.wo));
+            out.push((format!("{p}.post_attention_layernorm.weight"), &w.mlp_norm));
+            out.push((format!("{p}.mlp.gate_proj.weight"), &w.w_gate));
+            out.push((format!("{p}.mlp.up_proj.weight"), &w.w_up));
+            out.push((format!("{p}.mlp.down_proj.weight"), &w.w_down));
+        }
+        out.push(("model.norm.weight".to_string(), &self.final_norm));
+        if let Some(head) = &self.lm_head {
+            out.push(("lm_head.weight".to_string(), head));
+        }
+        out
+    }
+
+    /// The output projection: `lm_head`, or the embedding when tied.
+    pub fn output_matrix(&self) -> &Matrix {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// The first `layers` decoder layers with the same embedding, final norm
+    /// and head: the early-exit self-draft (MODEL-7).
+    pub fn truncated(&self, layers: usize) -> Result<Self> {
+        if layers == 0 || layers > self.layers.len() {
+            return Err(ModelError::InvalidInput { arg: "layers", reason: format!("{layers} is outside [1, {}]", self.layers.len()) });
+        }
+        let mut w = self.clone();
+        w.layers.truncate(layers);
+        w.config.num_hidden_layers = layers;
+        Ok(w)
+    }
+
+    /// A NaN or infinite weight is a file defect, not something to compute with.
+    fn check_finite(&self, file: &str) -> Result<()> {
+        for (name, m) in self.named() {
+            if let Some(i) = m.data.iter().position(|v| !v.is_finite()) {
+                return Err(ModelError::invalid(file, &name, format!("non-finite value {} at flat index {i}", m.data[i])));
+            }
+        }
+        Ok(())
+    }
+}
