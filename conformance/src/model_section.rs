@@ -412,6 +412,14 @@ fn check_tokenizer(s: &Subject) -> Outcome {
             return Err(format!("special token {text} encodes to {ids:?}, expected [{id}]"));
         }
     }
+    // Ids worked out by looking the pieces up in the GGUF vocabulary
+    // ("The", "Ġcapital", "Ġof", "ĠFrance", "Ġis"; "Hello", "Ġworld").
+    for (text, want) in [("The capital of France is", vec![504u32, 3575, 282, 4649, 314]), ("Hello world", vec![19556, 905]), ("2024", vec![34, 32, 34, 36])] {
+        let ids = tok.encode(text, false).map_err(|e| e.to_string())?;
+        if ids != want {
+            return Err(format!("{text:?} encodes to {ids:?}, the vocabulary gives {want:?}"));
+        }
+    }
     // Single digits are split (the smollm pre-tokenizer), so a number is one id per digit.
     let digits = tok.encode("2024", false).map_err(|e| e.to_string())?;
     if digits.len() != 4 {
@@ -492,7 +500,7 @@ pub fn greedy<B: ModelBackend>(b: &B, m: &B::Model, prompts: &[Vec<u32>], max_to
     Ok(runs)
 }
 
-/// The prompts of `fixtures/models/prompts.json`.
+/// The prompts of `fixtures/prompts/smollm2.json`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Prompt {
@@ -511,7 +519,7 @@ struct PromptFile {
 
 /// The shipped SmolLM2 prompts.
 pub fn shipped_prompts() -> Vec<Prompt> {
-    let text = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/models/prompts.json"));
+    let text = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/prompts/smollm2.json"));
     serde_json::from_str::<PromptFile>(text).expect("the shipped prompt file parses (checked by the model tests)").prompts
 }
 

@@ -143,6 +143,17 @@ pub fn check_trim(lens: &[usize], amounts: &[usize]) -> Result<()> {
     Ok(())
 }
 
+/// Trims per-sequence lengths after [`check_trim`]: positions past a length
+/// are never read and the next append overwrites them, so a cache whose
+/// storage is preallocated trims by moving lengths alone (KV-3, KV-4).
+pub fn trim_lens(lens: &mut [usize], amounts: &[usize]) -> Result<()> {
+    check_trim(lens, amounts)?;
+    for (len, a) in lens.iter_mut().zip(amounts) {
+        *len -= a;
+    }
+    Ok(())
+}
+
 /// The rotary angle table of one position: `cos`, `sin` of
 /// `pos · theta^(-2i/head_dim)` for `i < head_dim/2`, in f64 (MODEL-10).
 pub fn rope_angles(pos: usize, head_dim: usize, theta: f64) -> (Vec<f64>, Vec<f64>) {

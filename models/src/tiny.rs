@@ -84,23 +84,33 @@ impl TinySpec {
     /// spread over a few units: next-token laws are neither flat nor one-hot.
     pub fn weights(&self) -> Result<LlamaWeights> {
         self.validate()?;
-        let cfg = self.config();
-        let mut rng = Pcg64::seed_from_u64(self.seed);
-        let mut tensors = std::collections::HashMap::new();
-        for (name, shape) in cfg.tensor_shapes() {
-            let n: usize = shape.iter().product();
-            let data: Vec<f32> = if name.ends_with("norm.weight") || name.ends_with("layernorm.weight") {
-                (0..n).map(|_| 1.0 + 0.25 * (2.0 * rng.random::<f32>() - 1.0)).collect()
-            } else {
-                let scale = match name.as_str() {
-                    "model.embed_tokens.weight" => 1.0,
-                    "lm_head.weight" => 3.0 / (shape[1] as f32).sqrt(),
-                    _ => 1.0 / (shape[1] as f32).sqrt(),
-                };
-                (0..n).map(|_| scale * (2.0 * rng.random::<f32>() - 1.0)).collect()
-            };
-            tensors.insert(name.clone(), Matrix::new(shape, data, &name)?);
-        }
-        LlamaWeights::from_named(cfg, "tiny", |name| Ok(tensors.remove(name)))
+        self.seeded_weights()
     }
+
+    /// [`TinySpec::weights`] without the tiny ranges: the same seeded
+    /// generator for a deeper or wider model (precision measurements).
+    pub fn seeded_weights(&self) -> Result<LlamaWeights> {
+        seeded(self.config(), self.seed)
+    }
+}
+
+/// Seeded weights for any valid config, with the tiny models' scales.
+pub fn seeded(cfg: LlamaConfig, seed: u64) -> Result<LlamaWeights> {
+    let mut rng = Pcg64::seed_from_u64(seed);
+    let mut tensors = std::collections::HashMap::new();
+    for (name, shape) in cfg.tensor_shapes() {
+        let n: usize = shape.iter().product();
+        let data: Vec<f32> = if name.ends_with("norm.weight") || name.ends_with("layernorm.weight") {
+            (0..n).map(|_| 1.0 + 0.25 * (2.0 * rng.random::<f32>() - 1.0)).collect()
+        } else {
+            let scale = match name.as_str() {
+                "model.embed_tokens.weight" => 1.0,
+                "lm_head.weight" => 3.0 / (shape[1] as f32).sqrt(),
+                _ => 1.0 / (shape[1] as f32).sqrt(),
+            };
+            (0..n).map(|_| scale * (2.0 * rng.random::<f32>() - 1.0)).collect()
+        };
+        tensors.insert(name.clone(), Matrix::new(shape, data, &name)?);
+    }
+    LlamaWeights::from_named(cfg, "tiny", |name| Ok(tensors.remove(name)))
 }

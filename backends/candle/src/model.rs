@@ -372,12 +372,7 @@ impl ModelBackend for CandleBackend {
     }
 
     fn cache_trim(&self, cache: &mut CandleModelCache, amounts: &[usize]) -> Result<()> {
-        forward::check_trim(&cache.lens, amounts)?;
-        // Positions past a length are never read, so trimming moves lengths only.
-        for (len, a) in cache.lens.iter_mut().zip(amounts) {
-            *len -= a;
-        }
-        Ok(())
+        Ok(forward::trim_lens(&mut cache.lens, amounts)?)
     }
 
     fn cache_contents(&self, cache: &CandleModelCache, layer: usize, seq: usize) -> Result<(Vec<f64>, Vec<f64>)> {

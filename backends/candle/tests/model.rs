@@ -16,7 +16,6 @@ use specdec_backend::model::{ForwardOutput, ForwardRequest, LlamaWeights, LogitR
 use specdec_backend::{Backend, BackendError};
 use specdec_candle::{CandleBackend, CandleModel, CandleModelCache};
 use specdec_models::tiny::TinySpec;
-use specdec_models::weights::Matrix;
 use specdec_models::{ModelError, RefCache, RefModel, reference::RefOutput};
 
 fn presets() -> Vec<(&'static str, LlamaWeights)> {
@@ -28,24 +27,7 @@ fn presets() -> Vec<(&'static str, LlamaWeights)> {
 /// KV heads, vocabulary 256.
 fn deep_weights() -> LlamaWeights {
     let spec = TinySpec { vocab: 256, layers: 30, hidden: 64, heads: 8, kv_heads: 2, intermediate: 128, tied: false, seed: 30 };
-    let cfg = spec.config();
-    let mut rng = Pcg64::seed_from_u64(spec.seed);
-    let mut tensors = std::collections::HashMap::new();
-    for (name, shape) in cfg.tensor_shapes() {
-        let n: usize = shape.iter().product();
-        let data: Vec<f32> = if name.ends_with("norm.weight") || name.ends_with("layernorm.weight") {
-            (0..n).map(|_| 1.0 + 0.25 * (2.0 * rng.random::<f32>() - 1.0)).collect()
-        } else {
-            let scale = match name.as_str() {
-                "model.embed_tokens.weight" => 1.0,
-                "lm_head.weight" => 3.0 / (shape[1] as f32).sqrt(),
-                _ => 1.0 / (shape[1] as f32).sqrt(),
-            };
-            (0..n).map(|_| scale * (2.0 * rng.random::<f32>() - 1.0)).collect()
-        };
-        tensors.insert(name.clone(), Matrix::new(shape, data, &name).expect("shape matches"));
-    }
-    LlamaWeights::from_named(cfg, "deep", |name| Ok(tensors.remove(name))).expect("valid weights")
+    spec.seeded_weights().expect("valid weights")
 }
 
 /// Deterministic token ids in `[0, vocab)`.

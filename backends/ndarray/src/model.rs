@@ -227,11 +227,7 @@ impl ModelBackend for NdarrayBackend {
     }
 
     fn cache_trim(&self, cache: &mut NdModelCache, amounts: &[usize]) -> Result<()> {
-        forward::check_trim(&cache.lens, amounts)?;
-        for (len, a) in cache.lens.iter_mut().zip(amounts) {
-            *len -= a;
-        }
-        Ok(())
+        Ok(forward::trim_lens(&mut cache.lens, amounts)?)
     }
 
     fn cache_contents(&self, cache: &NdModelCache, layer: usize, seq: usize) -> Result<(Vec<f64>, Vec<f64>)> {

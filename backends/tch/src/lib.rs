@@ -30,6 +30,8 @@
 //! tolerance, and residual masses `sum max(0, p - q)` comparable to the rounding of `p`
 //! and `q`. The seeded verify uses libtorch's global generator, seeded with
 //! `tch::manual_seed` under a process-wide lock (tch 0.26 exposes no per-call generator).
+//! The Llama forward pass ([`specdec_backend::ModelBackend`], MODEL-8 .. MODEL-11) lives in
+//! `model.rs`, with its own f32 precision statement; it uses no RNG.
 //! Without the `libtorch` feature the crate still compiles: [`BUILT`] is false and the
 //! constructors answer [`NOT_BUILT`].
 

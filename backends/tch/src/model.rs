@@ -363,12 +363,7 @@ impl ModelBackend for TchBackend {
     }
 
     fn cache_trim(&self, cache: &mut TchModelCache, amounts: &[usize]) -> Result<()> {
-        // KV-3/KV-4: strict; the dead slots are overwritten by the next append.
-        forward::check_trim(&cache.lens, amounts)?;
-        for (len, a) in cache.lens.iter_mut().zip(amounts) {
-            *len -= a;
-        }
-        Ok(())
+        Ok(forward::trim_lens(&mut cache.lens, amounts)?)
     }
 
     fn cache_contents(&self, cache: &TchModelCache, layer: usize, seq: usize) -> Result<(Vec<f64>, Vec<f64>)> {

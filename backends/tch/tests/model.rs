@@ -20,7 +20,7 @@ fn model_tests_need_the_libtorch_feature() {}
 mod built {
     use specdec_backend::{Backend, BackendError, ModelBackend, ModelPrecision};
     use specdec_models::tiny::TinySpec;
-    use specdec_models::{ForwardRequest, LlamaConfig, LlamaWeights, LogitRows, Matrix, ModelError, RefCache, RefModel};
+    use specdec_models::{ForwardRequest, LlamaConfig, LlamaWeights, LogitRows, ModelError, RefCache, RefModel};
     use specdec_tch::{TchBackend, TchModel, TchModelCache, TchTensor};
 
     fn backends() -> Vec<TchBackend> {
@@ -35,7 +35,7 @@ mod built {
 
     /// A deeper seeded model than the tiny ones (which stop at 2 layers and hidden 32):
     /// vocab 256, hidden 64, 6 layers, 8 heads over 2 kv heads, untied head, built with
-    /// the tiny models' weight scales from a SplitMix64 stream.
+    /// the tiny models' seeded generator.
     fn deep_weights() -> LlamaWeights {
         let mut cfg: LlamaConfig = TinySpec::PRESETS[0].1.config();
         cfg.vocab_size = 256;
@@ -46,32 +46,7 @@ mod built {
         cfg.num_key_value_heads = 2;
         cfg.max_position_embeddings = 128;
         cfg.tie_word_embeddings = false;
-        let mut state = 0x5eed_u64;
-        let mut uniform = move || {
-            // SplitMix64, top 24 bits as a uniform in [-1, 1).
-            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^= z >> 31;
-            2.0 * ((z >> 40) as f32 / (1u64 << 24) as f32) - 1.0
-        };
-        let mut tensors = std::collections::HashMap::new();
-        for (name, shape) in cfg.tensor_shapes() {
-            let n: usize = shape.iter().product();
-            let data: Vec<f32> = if name.ends_with("norm.weight") {
-                (0..n).map(|_| 1.0 + 0.25 * uniform()).collect()
-            } else {
-                let scale = match name.as_str() {
-                    "model.embed_tokens.weight" => 1.0,
-                    "lm_head.weight" => 3.0 / (shape[1] as f32).sqrt(),
-                    _ => 1.0 / (shape[1] as f32).sqrt(),
-                };
-                (0..n).map(|_| scale * uniform()).collect()
-            };
-            tensors.insert(name.clone(), Matrix::new(shape, data, &name).expect("shape"));
-        }
-        LlamaWeights::from_named(cfg, "deep", |name| Ok(tensors.remove(name))).expect("deep weights")
+        specdec_models::tiny::seeded(cfg, 0x5eed).expect("deep weights")
     }
 
     /// `n` deterministic token ids below `vocab`, varied by `salt`.
