@@ -1,4 +1,5 @@
-//! `specdec model info PATH` and `specdec model export GGUF DIR` (MODEL-5).
+//! `specdec model info PATH`, `specdec model export GGUF DIR` (MODEL-5) and
+//! `specdec model tiny --preset NAME DIR` (MODEL-12).
 
 use std::path::PathBuf;
 
@@ -23,6 +24,13 @@ pub enum ModelCommand {
         #[arg(long, default_value = "f32")]
         dtype: String,
     },
+    /// Writes a tiny seeded model (MODEL-12) in HF layout: `--preset NAME DIR`.
+    Tiny {
+        /// One of the presets (`tiny-v16-l1`, `tiny-v12-l2`, `tiny-v32-l2`).
+        #[arg(long)]
+        preset: String,
+        dir: PathBuf,
+    },
 }
 
 pub fn run(command: ModelCommand) -> Result<bool, String> {
@@ -43,6 +51,14 @@ pub fn run(command: ModelCommand) -> Result<bool, String> {
             let loaded = specdec_models::load(&model).map_err(|e| e.to_string())?;
             specdec_models::export::export_hf(&loaded.weights, loaded.tokenizer.as_ref(), &dir, dtype).map_err(|e| e.to_string())?;
             println!("wrote {} (config.json, model.safetensors{})", dir.display(), if loaded.tokenizer.is_some() { ", tokenizer files" } else { "" });
+            Ok(true)
+        }
+        ModelCommand::Tiny { preset, dir } => {
+            let names: Vec<&str> = specdec_models::tiny::TinySpec::PRESETS.iter().map(|(n, _)| *n).collect();
+            let spec = specdec_models::tiny::TinySpec::preset(&preset).ok_or_else(|| format!("unknown preset `{preset}`; known: {}", names.join(", ")))?;
+            let weights = spec.weights().map_err(|e| e.to_string())?;
+            specdec_models::export::export_hf(&weights, None, &dir, specdec_models::hf::SaveDtype::F32).map_err(|e| e.to_string())?;
+            println!("wrote {} ({preset}: config.json, model.safetensors)", dir.display());
             Ok(true)
         }
     }

@@ -95,3 +95,18 @@ fn info_and_export() {
     assert_eq!(info["hidden_size"], 576);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// MODEL-12: a tiny preset written in HF layout loads back to the generator's weights.
+#[test]
+fn tiny_models_are_written_in_hf_layout() {
+    let dir = std::env::temp_dir().join(format!("specdec-tiny-test-{}", std::process::id()));
+    let out = specdec(&["model", "tiny", "--preset", "tiny-v12-l2", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let loaded = specdec_models::load(&dir).expect("the written directory loads");
+    let want = specdec_models::tiny::TinySpec::preset("tiny-v12-l2").unwrap().weights().unwrap();
+    assert_eq!(loaded.weights.named(), want.named(), "bit-identical f32 weights");
+    let out = specdec(&["model", "tiny", "--preset", "tiny-v99", dir.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tiny-v16-l1"), "the error lists the presets");
+    let _ = std::fs::remove_dir_all(&dir);
+}

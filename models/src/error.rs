@@ -1,4 +1,4 @@
-//! Typed errors for model files and model inputs (MODEL-ERR-1).
+//! Typed errors for model files and model inputs (MODEL-16).
 //!
 //! Every defect in a model file names the file and the field (or tensor) at
 //! fault, so a user can find it without a hex editor. Header numbers are

@@ -10,7 +10,7 @@
 //! Invariants: a file is never trusted: every header number is checked
 //! against the file size before anything is allocated from it, and every
 //! defect is a typed [`ModelError`] naming the file and the field
-//! (MODEL-ERR-1); the reference forward ([`reference::RefModel`]) uses plain
+//! (MODEL-16); the reference forward ([`reference::RefModel`]) uses plain
 //! f64 loops in a fixed order and no tensor library, so it can be the oracle
 //! of the model section of the conformance suite.
 

@@ -34,7 +34,7 @@ pub enum BackendError {
     /// The backend does not implement this operation.
     #[error("backend `{backend}` does not support `{op}`")]
     NotSupported { op: Op, backend: String },
-    /// A model file or a model input was rejected (MODEL-ERR-1).
+    /// A model file or a model input was rejected (MODEL-16).
     #[error(transparent)]
     Model(specdec_models::ModelError),
     /// The device or library failed (allocation, kernel launch, dtype).
