@@ -51,12 +51,28 @@ pub fn case_op(case: &Case) -> Result<Op, CaseError> {
 
 /// Executes `case` on `backend`. `Err` means the case itself is malformed.
 pub fn execute<B: Backend>(backend: &B, case: &Case) -> Result<Observed, CaseError> {
+    execute_with(backend, case, Checked::Yes)
+}
+
+/// Whether the verify ops run checked, or through their unchecked variants
+/// (GLUE-6; every other op is the same either way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checked {
+    Yes,
+    No,
+}
+
+/// [`execute`], choosing the verify variant: the unchecked check of the
+/// suite runs each valid verify case both ways and compares the outputs.
+pub fn execute_with<B: Backend>(backend: &B, case: &Case, checked: Checked) -> Result<Observed, CaseError> {
+    let unchecked = checked == Checked::No;
     let mut obs = Observed::default();
     let result = match case_op(case)? {
         Op::GreedyVerify => {
             let (s, d, l) = (case.input_f("target_scores")?, case.input_i("draft_tokens")?, case.input_i("proposal_lens")?);
             run(&mut obs, || {
-                let v = backend.greedy_verify(&backend.upload_f64(&s)?, &backend.upload_i64(&d)?, &backend.upload_i64(&l)?)?;
+                let (s, d, l) = (backend.upload_f64(&s)?, backend.upload_i64(&d)?, backend.upload_i64(&l)?);
+                let v = if unchecked { backend.greedy_verify_unchecked(&s, &d, &l)? } else { backend.greedy_verify(&s, &d, &l)? };
                 Ok(vec![("tokens", ints(backend, &v.tokens)?), ("num_accepted", ints(backend, &v.num_accepted)?)])
             })
         }
@@ -79,7 +95,8 @@ pub fn execute<B: Backend>(backend: &B, case: &Case) -> Result<Observed, CaseErr
                 let q = q.as_ref().map(|q| backend.upload_f64(q)).transpose()?;
                 let n = backend.upload_f64(noise.tensor())?;
                 let args = RejectionArgs { target_probs: &p, draft_probs: q.as_ref(), draft_tokens: &d, proposal_lens: &l };
-                let v = backend.rejection_verify(args, RejectionNoise { accept_uniforms: &u, draw: noise.arg(&n) }, cmp)?;
+                let noise = RejectionNoise { accept_uniforms: &u, draw: noise.arg(&n) };
+                let v = if unchecked { backend.rejection_verify_unchecked(args, noise, cmp)? } else { backend.rejection_verify(args, noise, cmp)? };
                 Ok(vec![("tokens", ints(backend, &v.tokens)?), ("num_accepted", ints(backend, &v.num_accepted)?)])
             })
         }
@@ -125,6 +142,40 @@ pub fn execute<B: Backend>(backend: &B, case: &Case) -> Result<Observed, CaseErr
             })
         }
         Op::KvCache => return kv_cache(backend, case),
+        Op::Reshape => {
+            let t = glue_input(case, "t")?;
+            let shape: Vec<usize> = case.param("shape", None)?;
+            run(&mut obs, || {
+                let out = backend.reshape(&t.upload(backend)?, &shape)?;
+                Ok(vec![("out", t.download(backend, &out)?)])
+            })
+        }
+        Op::GatherRows => {
+            let (t, rows) = (glue_input(case, "t")?, case.input_i("rows")?);
+            run(&mut obs, || {
+                let out = backend.gather_rows(&t.upload(backend)?, &backend.upload_i64(&rows)?)?;
+                Ok(vec![("out", t.download(backend, &out)?)])
+            })
+        }
+        Op::ConcatRows => {
+            let parts = glue_parts(case)?;
+            run(&mut obs, || {
+                let uploaded = parts.iter().map(|p| p.upload(backend)).collect::<Result<Vec<_>, _>>()?;
+                let out = backend.concat_rows(&uploaded.iter().collect::<Vec<_>>())?;
+                // An empty list has no dtype: the params name it (f64 by default).
+                let like = parts.first().cloned().unwrap_or_else(|| GlueIn::empty(case));
+                Ok(vec![("out", like.download(backend, &out)?)])
+            })
+        }
+        Op::AddI64 | Op::SubI64 => {
+            let (a, b) = (case.input_i("a")?, case.input_i("b")?);
+            let add = case.op == Op::AddI64.name();
+            run(&mut obs, || {
+                let (a, b) = (backend.upload_i64(&a)?, backend.upload_i64(&b)?);
+                let out = if add { backend.add_i64(&a, &b)? } else { backend.sub_i64(&a, &b)? };
+                Ok(vec![("out", ints(backend, &out)?)])
+            })
+        }
         Op::RejectionVerifySeeded => unreachable!("rejected by case_op"),
     };
     if let Err(e) = result {
@@ -147,6 +198,79 @@ fn ints<B: Backend>(b: &B, t: &B::Tensor) -> Result<OutValue, BackendError> {
 
 fn floats<B: Backend>(b: &B, t: &B::Tensor) -> Result<OutValue, BackendError> {
     Ok(OutValue::Floats(b.download_f64(t)?))
+}
+
+/// A glue op's tensor input, in the dtype `params.dtype` names: `"f64"`
+/// (the default, uploaded with `upload_f64`), `"f32"` (values that must be
+/// exact in f32, uploaded with `upload_f32`, GLUE-5) or `"i64"`.
+#[derive(Clone)]
+enum GlueIn {
+    F64(HostTensor<f64>),
+    F32(HostTensor<f32>),
+    I64(HostTensor<i64>),
+}
+
+#[derive(Clone, Copy, PartialEq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum GlueDtype {
+    F64,
+    F32,
+    I64,
+}
+
+impl GlueIn {
+    fn decode(case: &Case, dtype: GlueDtype, field: &str, v: &Value) -> Result<GlueIn, CaseError> {
+        let err = |m: String| case.error("inputs", field, m);
+        Ok(match dtype {
+            GlueDtype::I64 => GlueIn::I64(crate::case::decode_i64(v).map_err(err)?),
+            GlueDtype::F64 => GlueIn::F64(crate::case::decode_f64(v).map_err(err)?),
+            GlueDtype::F32 => {
+                let t = crate::case::decode_f64(v).map_err(err)?;
+                // NaN is exact in f32 too; any other value must round-trip.
+                if let Some(x) = t.data().iter().find(|&&x| !x.is_nan() && f64::from(x as f32) != x) {
+                    return Err(case.error("inputs", field, format!("{x} is not exact in f32 (params.dtype is \"f32\")")));
+                }
+                GlueIn::F32(t.map(|&x| x as f32))
+            }
+        })
+    }
+
+    /// The zero-part stand-in of an empty `parts` list, for the output dtype.
+    fn empty(case: &Case) -> GlueIn {
+        match case.param("dtype", Some(GlueDtype::F64)) {
+            Ok(GlueDtype::I64) => GlueIn::I64(HostTensor::from_vec(Vec::new())),
+            _ => GlueIn::F64(HostTensor::from_vec(Vec::new())),
+        }
+    }
+
+    fn upload<B: Backend>(&self, b: &B) -> Result<B::Tensor, BackendError> {
+        match self {
+            GlueIn::F64(t) => b.upload_f64(t),
+            GlueIn::F32(t) => b.upload_f32(t),
+            GlueIn::I64(t) => b.upload_i64(t),
+        }
+    }
+
+    /// Downloads an output of this input's dtype family.
+    fn download<B: Backend>(&self, b: &B, t: &B::Tensor) -> Result<OutValue, BackendError> {
+        match self {
+            GlueIn::I64(_) => ints(b, t),
+            GlueIn::F64(_) | GlueIn::F32(_) => floats(b, t),
+        }
+    }
+}
+
+fn glue_input(case: &Case, name: &str) -> Result<GlueIn, CaseError> {
+    let dtype = case.param("dtype", Some(GlueDtype::F64))?;
+    let v = case.inputs.get(name).ok_or_else(|| case.error("inputs", name, "is missing"))?;
+    GlueIn::decode(case, dtype, name, v)
+}
+
+/// `concat_rows` inputs: `parts`, a list of tensors of `params.dtype`.
+fn glue_parts(case: &Case) -> Result<Vec<GlueIn>, CaseError> {
+    let dtype = case.param("dtype", Some(GlueDtype::F64))?;
+    let list = case.inputs.get("parts").and_then(Value::as_array).ok_or_else(|| case.error("inputs", "parts", "must be an array of tensors"))?;
+    list.iter().enumerate().map(|(i, v)| GlueIn::decode(case, dtype, &format!("parts[{i}]"), v)).collect()
 }
 
 /// Draw noise named in a case: `draw_uniforms` or `draw_exponentials`.

@@ -26,3 +26,4 @@ pub mod mutants;
 pub mod report;
 pub mod stat;
 pub mod suite;
+pub mod unchecked;

@@ -151,6 +151,8 @@ pub enum Source {
     Exact(&'static str),
     /// A case that could not be loaded: it fails with this message.
     Broken(String),
+    /// GLUE-6: the unchecked variant of a verify op against its checked op.
+    Unchecked(Op),
 }
 
 /// One check of the suite.
@@ -228,6 +230,15 @@ pub fn all_items(cfg: &SuiteConfig) -> Vec<Item> {
             items.push(Item { name: diff::name(op, i), kind: Kind::Differential, op: op.name().into(), rules: Vec::new(), source: Source::Differential(op, i) });
         }
     }
+    for op in crate::unchecked::OPS {
+        items.push(Item {
+            name: format!("unchecked/{}", op.name()),
+            kind: Kind::Differential,
+            op: op.name().into(),
+            rules: vec!["GLUE-6".into()],
+            source: Source::Unchecked(op),
+        });
+    }
     for name in crate::exact::EXACT_SCENARIOS {
         items.push(Item {
             name: format!("exact/{name}"),
@@ -294,6 +305,7 @@ pub fn run<B: Backend>(backend: &B, items: &[Item], cfg: &SuiteConfig, progress:
                 Err(e) => Verdict::Fail(format!("generator defect: {e}")),
             },
             Source::Broken(msg) => Verdict::Fail(format!("case file defect: {msg}")),
+            Source::Unchecked(op) => crate::unchecked::check(backend, *op, cfg),
             Source::Exact(name) => {
                 let scenario = stat::scenarios().into_iter().find(|s| s.name == *name).expect("known scenario");
                 crate::exact::check_scenario(backend, &scenario)

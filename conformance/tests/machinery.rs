@@ -261,3 +261,40 @@ fn a_panic_fails_only_its_own_check() {
     let panicked = results.iter().filter(|r| r.status == Status::Fail && r.message.contains("kernel exploded")).count();
     assert!(panicked > 10, "only {panicked} checks reported the panic");
 }
+
+/// A port whose unchecked greedy verify drops every accepted draft.
+struct SloppyUnchecked;
+
+impl Backend for SloppyUnchecked {
+    host_double!("sloppy-unchecked");
+    fn precision(&self) -> Precision {
+        ReferenceBackend.precision()
+    }
+    specdec_backend::reference_transfers!();
+    fn greedy_verify(&self, s: &RefTensor, d: &RefTensor, l: &RefTensor) -> Result<Verified<RefTensor>> {
+        ReferenceBackend.greedy_verify(s, d, l)
+    }
+    fn greedy_verify_unchecked(&self, s: &RefTensor, d: &RefTensor, l: &RefTensor) -> Result<Verified<RefTensor>> {
+        let v = ReferenceBackend.greedy_verify(s, d, l)?;
+        let RefTensor::I64(n) = &v.num_accepted else { unreachable!("counts are ids") };
+        Ok(Verified { num_accepted: RefTensor::I64(n.map(|_| 0)), ..v })
+    }
+}
+
+/// GLUE-6: the unchecked verify must give the checked op's result on every
+/// valid golden and differential case; the checked cases alone do not see a
+/// broken unchecked path, the `unchecked/*` check does. Default unchecked
+/// methods (the checked ops) pass, and a backend without the op is not
+/// supported there either.
+#[test]
+fn unchecked_verify_must_match_the_checked_op() {
+    let cfg = SuiteConfig { filter: Some("unchecked/".into()), statistical: false, diff_cases_per_op: 4, ..SuiteConfig::default() };
+    let items: Vec<_> = suite::all_items(&cfg).into_iter().filter(|i| i.name.starts_with("unchecked/")).collect();
+    assert_eq!(items.len(), 2);
+    let status = |results: &[suite::CheckResult], name: &str| results.iter().find(|r| r.name == name).map(|r| r.status);
+    let sloppy = suite::run(&SloppyUnchecked, &items, &cfg, &mut |_| {});
+    assert_eq!(status(&sloppy, "unchecked/greedy_verify"), Some(Status::Fail));
+    assert_eq!(status(&sloppy, "unchecked/rejection_verify"), Some(Status::NotSupported));
+    let reference = suite::run(&ReferenceBackend, &items, &cfg, &mut |_| {});
+    assert!(reference.iter().all(|r| r.status == Status::Pass), "{reference:?}");
+}

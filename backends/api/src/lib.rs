@@ -12,7 +12,12 @@
 //! The model forward pass (embedding, attention over a per-layer batched KV
 //! cache, MLP, lm_head, hidden states of chosen layers) is the second trait,
 //! [`ModelBackend`], which shares this trait's device tensor type.
+//! The glue operations (GLUE-1 .. GLUE-5: reshape, row gather and concatenation,
+//! checked i64 arithmetic, f32 uploads) connect the two on the device, and the
+//! unchecked verify variants (GLUE-6) let a decoder's hot path skip the
+//! validity read-back on input it has already validated.
 
+pub mod glue;
 pub mod model;
 mod reference;
 
@@ -72,10 +77,20 @@ pub enum Op {
     NgramPropose,
     KvCache,
     PagedGather,
+    /// GLUE-1.
+    Reshape,
+    /// GLUE-2.
+    GatherRows,
+    /// GLUE-3.
+    ConcatRows,
+    /// GLUE-4.
+    AddI64,
+    /// GLUE-4.
+    SubI64,
 }
 
 impl Op {
-    pub const ALL: [Op; 10] = [
+    pub const ALL: [Op; 15] = [
         Op::GreedyVerify,
         Op::DflashAccept,
         Op::RejectionVerify,
@@ -86,7 +101,21 @@ impl Op {
         Op::NgramPropose,
         Op::KvCache,
         Op::PagedGather,
+        Op::Reshape,
+        Op::GatherRows,
+        Op::ConcatRows,
+        Op::AddI64,
+        Op::SubI64,
     ];
+
+    /// The glue operations (GLUE-1 .. GLUE-4): exact data movement and
+    /// integer arithmetic, checked by golden cases only (no decision margin,
+    /// nothing for a differential generator to aim at).
+    pub const GLUE: [Op; 5] = [Op::Reshape, Op::GatherRows, Op::ConcatRows, Op::AddI64, Op::SubI64];
+
+    pub fn is_glue(self) -> bool {
+        Op::GLUE.contains(&self)
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -100,6 +129,11 @@ impl Op {
             Op::NgramPropose => "ngram_propose",
             Op::KvCache => "kv_cache",
             Op::PagedGather => "paged_gather",
+            Op::Reshape => "reshape",
+            Op::GatherRows => "gather_rows",
+            Op::ConcatRows => "concat_rows",
+            Op::AddI64 => "add_i64",
+            Op::SubI64 => "sub_i64",
         }
     }
 
@@ -262,9 +296,27 @@ pub trait Backend {
     fn download_f64(&self, t: &Self::Tensor) -> Result<HostTensor<f64>>;
     fn download_i64(&self, t: &Self::Tensor) -> Result<HostTensor<i64>>;
 
+    /// GLUE-5: copies host f32 values to the device. Every f32 is exact in
+    /// f64, so the default widens and calls [`Backend::upload_f64`]; a
+    /// backend storing f32 overrides it to skip the f64 copy (and its
+    /// rounding back, which must give the same values).
+    fn upload_f32(&self, t: &HostTensor<f32>) -> Result<Self::Tensor> {
+        self.upload_f64(&t.map(|&x| f64::from(x)))
+    }
+
     /// GREEDY-1 .. GREEDY-4.
     fn greedy_verify(&self, _target_scores: &Self::Tensor, _draft_tokens: &Self::Tensor, _proposal_lens: &Self::Tensor) -> Result<Verified<Self::Tensor>> {
         Err(self.unsupported(Op::GreedyVerify))
+    }
+
+    /// GLUE-6: [`Backend::greedy_verify`] for input the caller has already
+    /// validated (e.g. a decoder's own drafts and the model's logits): the
+    /// same result on valid input, without the value check's device
+    /// read-back. Shapes are still checked (they are host metadata). On
+    /// input that is *not* valid the result is unspecified: wrong tokens or
+    /// an error, never a panic. The default is the checked op.
+    fn greedy_verify_unchecked(&self, target_scores: &Self::Tensor, draft_tokens: &Self::Tensor, proposal_lens: &Self::Tensor) -> Result<Verified<Self::Tensor>> {
+        self.greedy_verify(target_scores, draft_tokens, proposal_lens)
     }
 
     /// DFLASH-1 .. DFLASH-3.
@@ -275,6 +327,13 @@ pub trait Backend {
     /// REJECT-1 .. REJECT-5 with explicit noise.
     fn rejection_verify(&self, _args: RejectionArgs<'_, Self::Tensor>, _noise: RejectionNoise<'_, Self::Tensor>, _comparator: Comparator) -> Result<Verified<Self::Tensor>> {
         Err(self.unsupported(Op::RejectionVerify))
+    }
+
+    /// GLUE-6: [`Backend::rejection_verify`] without the validity read-back,
+    /// under the contract of [`Backend::greedy_verify_unchecked`]. The
+    /// default is the checked op.
+    fn rejection_verify_unchecked(&self, args: RejectionArgs<'_, Self::Tensor>, noise: RejectionNoise<'_, Self::Tensor>, comparator: Comparator) -> Result<Verified<Self::Tensor>> {
+        self.rejection_verify(args, noise, comparator)
     }
 
     /// REJECT-1 .. REJECT-5 with the backend's own generator seeded by `seed`
@@ -335,6 +394,39 @@ pub trait Backend {
     /// KV-8/9.
     fn paged_gather(&self, _pages: &Self::Tensor, _block_table: &Self::Tensor, _context_lens: &Self::Tensor) -> Result<Self::Tensor> {
         Err(self.unsupported(Op::PagedGather))
+    }
+
+    /// GLUE-1: the same elements, row-major, under `shape` (same element
+    /// count, else `ShapeMismatch` naming `shape`). Floats or ids.
+    fn reshape(&self, _t: &Self::Tensor, _shape: &[usize]) -> Result<Self::Tensor> {
+        Err(self.unsupported(Op::Reshape))
+    }
+
+    /// GLUE-2: `t [N, ...]`, `rows [M]` i64 -> `[M, ...]` along axis 0; a PAD
+    /// row index gives a zero row (padding, never read: CONV-7), any other
+    /// index outside `[0, N)` is `TokenOutOfRange` naming `rows`. This lays
+    /// out the ragged logits rows of a forward call as the padded
+    /// `[B * (k+1), V]` that a reshape turns into a verify op's `[B, k+1, V]`.
+    fn gather_rows(&self, _t: &Self::Tensor, _rows: &Self::Tensor) -> Result<Self::Tensor> {
+        Err(self.unsupported(Op::GatherRows))
+    }
+
+    /// GLUE-3: `parts` stacked along axis 0 (same dtype and trailing dims,
+    /// else `ShapeMismatch` naming `parts`; an empty list is `EmptyBatch`).
+    fn concat_rows(&self, _parts: &[&Self::Tensor]) -> Result<Self::Tensor> {
+        Err(self.unsupported(Op::ConcatRows))
+    }
+
+    /// GLUE-4: `a + b` on same-shape i64 tensors; an overflow is
+    /// `InvalidParameter` naming `b`, never a wrap.
+    fn add_i64(&self, _a: &Self::Tensor, _b: &Self::Tensor) -> Result<Self::Tensor> {
+        Err(self.unsupported(Op::AddI64))
+    }
+
+    /// GLUE-4: `a - b`, as [`Backend::add_i64`] (e.g. trim amounts
+    /// `proposal_lens - num_accepted`, KV-6, without the host).
+    fn sub_i64(&self, _a: &Self::Tensor, _b: &Self::Tensor) -> Result<Self::Tensor> {
+        Err(self.unsupported(Op::SubI64))
     }
 
     /// The `NotSupported` error for `op`, named after this backend.

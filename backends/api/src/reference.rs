@@ -8,6 +8,7 @@ use specdec_reference as r;
 use specdec_reference::kvcache::BatchKvCache;
 use specdec_reference::{DrawNoise, Tensor};
 
+use crate::glue;
 use crate::{
     Backend, BackendError, Comparator, DflashAccepted, DrawMethod, DrawNoiseArg, LogitsParams, NgramConfig,
     Precision, RejectionArgs, RejectionNoise, Result, SamplingParams, TrimMode, Verified,
@@ -240,5 +241,45 @@ impl Backend for ReferenceBackend {
     fn paged_gather(&self, pages: &RefTensor, table: &RefTensor, lens: &RefTensor) -> Result<RefTensor> {
         let out = r::kvcache::gather_paged(float(pages, "pages")?, int(table, "block_table")?, int(lens, "context_lens")?)?;
         Ok(RefTensor::F64(out))
+    }
+
+    // GLUE-1 .. GLUE-4: the host semantics in `crate::glue`, on either dtype.
+
+    fn reshape(&self, t: &RefTensor, shape: &[usize]) -> Result<RefTensor> {
+        Ok(match t {
+            RefTensor::F64(t) => RefTensor::F64(glue::reshape(t, shape)?),
+            RefTensor::I64(t) => RefTensor::I64(glue::reshape(t, shape)?),
+        })
+    }
+
+    fn gather_rows(&self, t: &RefTensor, rows: &RefTensor) -> Result<RefTensor> {
+        let rows = int(rows, "rows")?;
+        Ok(match t {
+            RefTensor::F64(t) => RefTensor::F64(glue::gather_rows(t, rows)?),
+            RefTensor::I64(t) => RefTensor::I64(glue::gather_rows(t, rows)?),
+        })
+    }
+
+    fn concat_rows(&self, parts: &[&RefTensor]) -> Result<RefTensor> {
+        // The dtype of the first part decides; a part of the other dtype is a
+        // caller bug, reported like any wrong-dtype argument.
+        match parts.first() {
+            Some(RefTensor::I64(_)) => {
+                let ints = parts.iter().map(|p| int(p, "parts")).collect::<Result<Vec<_>>>()?;
+                Ok(RefTensor::I64(glue::concat_rows(&ints)?))
+            }
+            _ => {
+                let floats = parts.iter().map(|p| float(p, "parts")).collect::<Result<Vec<_>>>()?;
+                Ok(RefTensor::F64(glue::concat_rows(&floats)?))
+            }
+        }
+    }
+
+    fn add_i64(&self, a: &RefTensor, b: &RefTensor) -> Result<RefTensor> {
+        Ok(RefTensor::I64(glue::int_op(glue::IntOp::Add, int(a, "a")?, int(b, "b")?)?))
+    }
+
+    fn sub_i64(&self, a: &RefTensor, b: &RefTensor) -> Result<RefTensor> {
+        Ok(RefTensor::I64(glue::int_op(glue::IntOp::Sub, int(a, "a")?, int(b, "b")?)?))
     }
 }

@@ -36,6 +36,7 @@
 //! its own measured precision ([`specdec_backend::ModelBackend::model_precision`]).
 
 mod check;
+mod glue;
 mod kernels;
 mod kv;
 mod model;
@@ -204,6 +205,10 @@ impl Backend for CandleBackend {
         self.dev(Tensor::from_vec(data, t.shape().to_vec(), &self.device))
     }
 
+    fn upload_f32(&self, t: &HostTensor<f32>) -> Result<Tensor> {
+        self.glue_upload_f32(t)
+    }
+
     fn upload_i64(&self, t: &HostTensor<i64>) -> Result<Tensor> {
         self.dev(Tensor::from_vec(t.data().to_vec(), t.shape().to_vec(), &self.device))
     }
@@ -222,6 +227,17 @@ impl Backend for CandleBackend {
         let (s, d, l) = (self.float(scores, "target_scores")?, self.int(drafts, "draft_tokens")?, self.int(lens, "proposal_lens")?);
         if check::verify_dims(s.dims(), d.dims(), l.dims()).is_none() || self.invalid(check::greedy_masks(&s, &d, &l))? {
             return self.defect(ReferenceBackend.greedy_verify(&self.host(&s)?, &self.host(&d)?, &self.host(&l)?));
+        }
+        self.dev(verify::greedy(&s, &d, &l)).map(verified)
+    }
+
+    /// GLUE-6: the shapes are checked on the host; the device masks and
+    /// their read-back are skipped. A shape error still goes through the
+    /// checked op, which names it.
+    fn greedy_verify_unchecked(&self, scores: &Tensor, drafts: &Tensor, lens: &Tensor) -> Result<Verified<Tensor>> {
+        let (s, d, l) = (self.float(scores, "target_scores")?, self.int(drafts, "draft_tokens")?, self.int(lens, "proposal_lens")?);
+        if check::verify_dims(s.dims(), d.dims(), l.dims()).is_none() {
+            return self.greedy_verify(scores, drafts, lens);
         }
         self.dev(verify::greedy(&s, &d, &l)).map(verified)
     }
@@ -260,6 +276,27 @@ impl Backend for CandleBackend {
             let args = RejectionArgs { target_probs: &hp, draft_probs: hq.as_ref(), draft_tokens: &hd, proposal_lens: &hl };
             let draw = if uniform { DrawNoiseArg::InverseCdf(&hn) } else { DrawNoiseArg::ExponentialRace(&hn) };
             return self.defect(ReferenceBackend.rejection_verify(args, RejectionNoise { accept_uniforms: &hu, draw }, cmp));
+        }
+        let draw = if uniform { Draw::InverseCdf(&n) } else { Draw::Race(&n) };
+        let inputs = RejectInputs { p: &p, q: q.as_ref(), drafts: &d, lens: &l };
+        self.dev(verify::rejection(&inputs, &u, draw, cmp)).map(verified)
+    }
+
+    /// GLUE-6: as [`CandleBackend::greedy_verify_unchecked`].
+    fn rejection_verify_unchecked(&self, args: RejectionArgs<'_, Tensor>, noise: RejectionNoise<'_, Tensor>, cmp: Comparator) -> Result<Verified<Tensor>> {
+        let (p, d, l) = (self.float(args.target_probs, "target_probs")?, self.int(args.draft_tokens, "draft_tokens")?, self.int(args.proposal_lens, "proposal_lens")?);
+        let q = self.opt_float(args.draft_probs, "draft_probs")?;
+        let u = self.float(noise.accept_uniforms, "accept_uniforms")?;
+        let (n, uniform) = match noise.draw {
+            DrawNoiseArg::InverseCdf(v) => (self.float(v, "draw_uniforms")?, true),
+            DrawNoiseArg::ExponentialRace(e) => (self.float(e, "draw_exponentials")?, false),
+        };
+        let dims_ok = self.rejection_dims(&p, q.as_ref(), &d, &l).is_some_and(|(b, k, v)| {
+            let noise_dims: &[usize] = if uniform { &[b, k + 1] } else { &[b, k + 1, v] };
+            u.dims() == [b, k] && n.dims() == noise_dims
+        });
+        if !dims_ok {
+            return self.rejection_verify(args, noise, cmp);
         }
         let draw = if uniform { Draw::InverseCdf(&n) } else { Draw::Race(&n) };
         let inputs = RejectInputs { p: &p, q: q.as_ref(), drafts: &d, lens: &l };
@@ -421,6 +458,26 @@ impl Backend for CandleBackend {
             return self.defect(ReferenceBackend.paged_gather(&self.host(&p)?, &self.host(&t)?, &self.host(&l)?));
         }
         self.dev(kv::paged_gather(&p, &t, &l))
+    }
+
+    fn reshape(&self, t: &Tensor, shape: &[usize]) -> Result<Tensor> {
+        self.glue_reshape(t, shape)
+    }
+
+    fn gather_rows(&self, t: &Tensor, rows: &Tensor) -> Result<Tensor> {
+        self.glue_gather_rows(t, rows)
+    }
+
+    fn concat_rows(&self, parts: &[&Tensor]) -> Result<Tensor> {
+        self.glue_concat_rows(parts)
+    }
+
+    fn add_i64(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        self.glue_int_op(glue::IntOp::Add, a, b)
+    }
+
+    fn sub_i64(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        self.glue_int_op(glue::IntOp::Sub, a, b)
     }
 }
 

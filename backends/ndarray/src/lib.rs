@@ -26,6 +26,7 @@
 //! purpose and must never be enabled in production.
 
 mod check;
+mod glue;
 mod kv;
 mod model;
 mod ngram;
@@ -46,7 +47,7 @@ use specdec_backend::{
 
 use crate::check::{d1, d2, d3, name_defect};
 use crate::tensor::{NAME, device, host, upload};
-use crate::verify::{Noise, RejectionIn};
+use crate::verify::{Checks, Noise, RejectionIn};
 
 /// The ndarray backend: stateless, on the CPU, f64 throughout.
 #[derive(Debug, Clone, Copy, Default)]
@@ -87,8 +88,19 @@ fn reference_rejection(args: &RejectionArgs<'_, NdTensor>, u: &ArrayD<f64>, nois
 }
 
 impl NdarrayBackend {
-    /// REJECT-1 .. REJECT-5 with the given noise (explicit or seeded).
-    fn rejection(&self, args: &RejectionArgs<'_, NdTensor>, u: &ArrayD<f64>, noise: Noise<'_>, cmp: Comparator) -> Result<Verified<NdTensor>> {
+    fn greedy(&self, scores: &NdTensor, drafts: &NdTensor, lens: &NdTensor, checks: Checks) -> Result<Verified<NdTensor>> {
+        let (s, d, l) = (scores.floats("target_scores")?, drafts.ints("draft_tokens")?, lens.ints("proposal_lens")?);
+        let Some(layout) = verify::greedy_ok(s, d, l, checks) else {
+            // The reference names the defect (a layout-only failure is one too).
+            return Err(name_defect(ReferenceBackend.greedy_verify(&scores.to_ref(), &drafts.to_ref(), &lens.to_ref())));
+        };
+        Ok(verified(verify::greedy(view(d3(s), "target_scores")?, view(d2(d), "draft_tokens")?, &layout)))
+    }
+
+    /// REJECT-1 .. REJECT-5 with the given noise (explicit or seeded). With
+    /// `Checks::LayoutOnly` (GLUE-6) an input that fails even the layout
+    /// check is still named by the reference, which checks everything.
+    fn rejection(&self, args: &RejectionArgs<'_, NdTensor>, u: &ArrayD<f64>, noise: Noise<'_>, cmp: Comparator, checks: Checks) -> Result<Verified<NdTensor>> {
         let input = RejectionIn {
             p: args.target_probs.floats("target_probs")?,
             q: args.draft_probs.map(|q| q.floats("draft_probs")).transpose()?,
@@ -97,7 +109,7 @@ impl NdarrayBackend {
             u,
             noise,
         };
-        let Some(layout) = verify::rejection_ok(&input) else {
+        let Some(layout) = verify::rejection_ok(&input, checks) else {
             return Err(name_defect(reference_rejection(args, u, noise, cmp)));
         };
         verify::rejection(&input, &layout, cmp).map(verified).ok_or_else(|| device("rejection inputs changed rank after validation"))
@@ -142,11 +154,13 @@ impl Backend for NdarrayBackend {
     }
 
     fn greedy_verify(&self, scores: &NdTensor, drafts: &NdTensor, lens: &NdTensor) -> Result<Verified<NdTensor>> {
-        let (s, d, l) = (scores.floats("target_scores")?, drafts.ints("draft_tokens")?, lens.ints("proposal_lens")?);
-        let Some(layout) = verify::greedy_ok(s, d, l) else {
-            return Err(name_defect(ReferenceBackend.greedy_verify(&scores.to_ref(), &drafts.to_ref(), &lens.to_ref())));
-        };
-        Ok(verified(verify::greedy(view(d3(s), "target_scores")?, view(d2(d), "draft_tokens")?, &layout)))
+        self.greedy(scores, drafts, lens, Checks::All)
+    }
+
+    /// GLUE-6: shapes and the O(B k) draft layout are still checked (they
+    /// keep every index in range); the score rows are not.
+    fn greedy_verify_unchecked(&self, scores: &NdTensor, drafts: &NdTensor, lens: &NdTensor) -> Result<Verified<NdTensor>> {
+        self.greedy(scores, drafts, lens, Checks::LayoutOnly)
     }
 
     fn dflash_accept(&self, candidates: &NdTensor, predict: &NdTensor, vocab: usize) -> Result<DflashAccepted<NdTensor>> {
@@ -164,7 +178,18 @@ impl Backend for NdarrayBackend {
             DrawNoiseArg::InverseCdf(t) => Noise::Uniforms(t.floats("draw_uniforms")?),
             DrawNoiseArg::ExponentialRace(t) => Noise::Exponentials(t.floats("draw_exponentials")?),
         };
-        self.rejection(&args, u, draw, cmp)
+        self.rejection(&args, u, draw, cmp, Checks::All)
+    }
+
+    /// GLUE-6: as [`NdarrayBackend::greedy_verify_unchecked`]; probability
+    /// and noise rows are not checked.
+    fn rejection_verify_unchecked(&self, args: RejectionArgs<'_, NdTensor>, noise: RejectionNoise<'_, NdTensor>, cmp: Comparator) -> Result<Verified<NdTensor>> {
+        let u = noise.accept_uniforms.floats("accept_uniforms")?;
+        let draw = match noise.draw {
+            DrawNoiseArg::InverseCdf(t) => Noise::Uniforms(t.floats("draw_uniforms")?),
+            DrawNoiseArg::ExponentialRace(t) => Noise::Exponentials(t.floats("draw_exponentials")?),
+        };
+        self.rejection(&args, u, draw, cmp, Checks::LayoutOnly)
     }
 
     /// The backend's own generator: `rand_pcg::Pcg64::seed_from_u64(seed)`
@@ -186,7 +211,7 @@ impl Backend for NdarrayBackend {
             DrawMethod::InverseCdf => Noise::Uniforms(&draw),
             DrawMethod::ExponentialRace => Noise::Exponentials(&draw),
         };
-        self.rejection(&args, &u, noise, cmp)
+        self.rejection(&args, &u, noise, cmp, Checks::All)
     }
 
     fn residual(&self, target: &NdTensor, draft: Option<&NdTensor>, drafted: &NdTensor) -> Result<NdTensor> {
@@ -278,5 +303,25 @@ impl Backend for NdarrayBackend {
         };
         let pages4 = view(p.view().into_dimensionality::<ndarray::Ix4>().ok(), "pages")?;
         Ok(floats(kv::paged_gather(pages4, view(d2(t), "block_table")?, lens_ok.view())))
+    }
+
+    fn reshape(&self, t: &NdTensor, shape: &[usize]) -> Result<NdTensor> {
+        self.glue_reshape(t, shape)
+    }
+
+    fn gather_rows(&self, t: &NdTensor, rows: &NdTensor) -> Result<NdTensor> {
+        self.glue_gather_rows(t, rows)
+    }
+
+    fn concat_rows(&self, parts: &[&NdTensor]) -> Result<NdTensor> {
+        self.glue_concat_rows(parts)
+    }
+
+    fn add_i64(&self, a: &NdTensor, b: &NdTensor) -> Result<NdTensor> {
+        self.glue_int_op(glue::IntOp::Add, a, b)
+    }
+
+    fn sub_i64(&self, a: &NdTensor, b: &NdTensor) -> Result<NdTensor> {
+        self.glue_int_op(glue::IntOp::Sub, a, b)
     }
 }

@@ -41,13 +41,26 @@ fn live_flat(bound: ArrayView1<'_, usize>, width: usize) -> Array1<bool> {
     live.into_shape_with_order(n).expect("same element count")
 }
 
+/// Which checks a verify runs: all of them, or (GLUE-6, the unchecked ops)
+/// shapes and the draft layout only. The layout (ids, PAD, lengths) is
+/// O(B k) and keeps every later index in range; the O(B k V) value checks
+/// of probability, score and noise rows are what an unchecked call skips.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Checks {
+    All,
+    LayoutOnly,
+}
+
 /// GREEDY-1 and CONV-5/7/8 fast check.
-pub(crate) fn greedy_ok(scores: &ArrayD<f64>, drafts: &ArrayD<i64>, lens: &ArrayD<i64>) -> Option<Layout> {
+pub(crate) fn greedy_ok(scores: &ArrayD<f64>, drafts: &ArrayD<i64>, lens: &ArrayD<i64>, checks: Checks) -> Option<Layout> {
     let s = d3(scores)?;
     let vocab = s.dim().2;
     let layout = draft_layout(drafts, lens, vocab).filter(|_| vocab > 0)?;
     if s.dim() != (layout.batch, layout.k + 1, vocab) {
         return None;
+    }
+    if checks == Checks::LayoutOnly {
+        return Some(layout);
     }
     let live = live_flat((&layout.lens + 1).view(), layout.k + 1);
     score_rows_ok(rows_of(&s).view(), live.view()).then_some(layout)
@@ -105,7 +118,7 @@ pub(crate) struct RejectionIn<'a> {
 }
 
 /// REJECT-1 fast check, in the reference's order of concerns.
-pub(crate) fn rejection_ok(x: &RejectionIn<'_>) -> Option<Layout> {
+pub(crate) fn rejection_ok(x: &RejectionIn<'_>, checks: Checks) -> Option<Layout> {
     let p = d3(x.p)?;
     let vocab = p.dim().2;
     let layout = draft_layout(x.drafts, x.lens, vocab).filter(|_| vocab > 0)?;
@@ -114,12 +127,16 @@ pub(crate) fn rejection_ok(x: &RejectionIn<'_>) -> Option<Layout> {
         Some(q) => Some(d3(q).filter(|q| q.dim() == (b, k, vocab))?),
         None => None,
     };
+    let all = checks == Checks::All;
     let noise_ok = match x.noise {
-        Noise::Uniforms(v) => v.shape() == [b, k + 1] && uniforms_ok(v),
-        Noise::Exponentials(e) => e.shape() == [b, k + 1, vocab] && exponentials_ok(e),
+        Noise::Uniforms(v) => v.shape() == [b, k + 1] && (!all || uniforms_ok(v)),
+        Noise::Exponentials(e) => e.shape() == [b, k + 1, vocab] && (!all || exponentials_ok(e)),
     };
-    if p.dim() != (b, k + 1, vocab) || x.u.shape() != [b, k] || !noise_ok || !uniforms_ok(x.u) {
+    if p.dim() != (b, k + 1, vocab) || x.u.shape() != [b, k] || !noise_ok || (all && !uniforms_ok(x.u)) {
         return None;
+    }
+    if !all {
+        return Some(layout);
     }
     // CONV-7: target rows j <= len and draft rows j < len only.
     let p_ok = prob_rows_ok(rows_of(&p).view(), live_flat((&layout.lens + 1).view(), k + 1).view());

@@ -143,7 +143,7 @@ impl TchBackend {
     }
 
     /// Builds the host tensor on the CPU, converts it there (`convert`), then moves it.
-    fn upload<T: tch::kind::Element>(&self, t: &HostTensor<T>, convert: fn(Tensor) -> TResult<Tensor>) -> Result<TchTensor> {
+    pub(crate) fn upload<T: tch::kind::Element>(&self, t: &HostTensor<T>, convert: fn(Tensor) -> TResult<Tensor>) -> Result<TchTensor> {
         let shape = t.shape().iter().map(|&d| i64::try_from(d)).collect::<std::result::Result<Vec<_>, _>>();
         let shape = shape.map_err(|e| BackendError::device(&self.name(), e))?;
         let t = self.dev(Tensor::f_from_slice(t.data()).and_then(|x| x.f_reshape(shape.as_slice())))?;
@@ -283,6 +283,10 @@ impl Backend for TchBackend {
         self.upload(t, to_f32_same_side)
     }
 
+    fn upload_f32(&self, t: &HostTensor<f32>) -> Result<TchTensor> {
+        self.glue_upload_f32(t)
+    }
+
     fn upload_i64(&self, t: &HostTensor<i64>) -> Result<TchTensor> {
         self.upload(t, Ok)
     }
@@ -322,6 +326,21 @@ impl Backend for TchBackend {
         if !ok {
             let r = (|| ReferenceBackend.greedy_verify(&self.ref_tensor(scores)?, &self.ref_tensor(drafts)?, &self.ref_tensor(lens)?))();
             return Err(self.refuse(r));
+        }
+        self.dev(kernels::greedy(&s, &d, &l)).map(|v| self.verified(v))
+    }
+
+    /// GLUE-6: the shapes are checked on the host; the fused device check and
+    /// its read-back are skipped. A shape error still goes through the checked
+    /// op, which names it.
+    fn greedy_verify_unchecked(&self, scores: &TchTensor, drafts: &TchTensor, lens: &TchTensor) -> Result<Verified<TchTensor>> {
+        let (s, d, l) = (self.float(scores, "target_scores")?, self.int(drafts, "draft_tokens")?, self.int(lens, "proposal_lens")?);
+        let dims_ok = match (s.size().as_slice(), draft_dims(&d, &l)) {
+            (&[_, _, v], Some((b, k))) => v >= 1 && s.size() == [b, k + 1, v],
+            _ => false,
+        };
+        if !dims_ok {
+            return self.greedy_verify(scores, drafts, lens);
         }
         self.dev(kernels::greedy(&s, &d, &l)).map(|v| self.verified(v))
     }
@@ -368,6 +387,26 @@ impl Backend for TchBackend {
                 ReferenceBackend.rejection_verify(args, RejectionNoise { accept_uniforms: &u, draw }, cmp)
             })();
             return Err(self.refuse(reference));
+        }
+        let noise = if uniform { Noise::Uniform(&draw) } else { Noise::Exponential(&draw) };
+        let job = Rejection { p: &r.p, q: r.q.as_ref(), drafts: &r.d, lens: &r.l, u: &u, noise };
+        self.dev(kernels::rejection(&job, cmp)).map(|v| self.verified(v))
+    }
+
+    /// GLUE-6: as [`TchBackend::greedy_verify_unchecked`].
+    fn rejection_verify_unchecked(&self, args: RejectionArgs<'_, TchTensor>, noise: RejectionNoise<'_, TchTensor>, cmp: Comparator) -> Result<Verified<TchTensor>> {
+        let r = self.rejection_dims(&args)?;
+        let u = self.float(noise.accept_uniforms, "accept_uniforms")?;
+        let (draw, uniform) = match noise.draw {
+            DrawNoiseArg::InverseCdf(t) => (self.float(t, "draw_uniforms")?, true),
+            DrawNoiseArg::ExponentialRace(t) => (self.float(t, "draw_exponentials")?, false),
+        };
+        let dims_ok = r.dims.is_some_and(|(b, k, v)| {
+            let want: &[i64] = if uniform { &[b, k + 1] } else { &[b, k + 1, v] };
+            u.size() == [b, k] && draw.size() == want
+        });
+        if !dims_ok {
+            return self.rejection_verify(args, noise, cmp);
         }
         let noise = if uniform { Noise::Uniform(&draw) } else { Noise::Exponential(&draw) };
         let job = Rejection { p: &r.p, q: r.q.as_ref(), drafts: &r.d, lens: &r.l, u: &u, noise };
@@ -541,6 +580,26 @@ impl Backend for TchBackend {
         }
         let max_len = self.dev(l.f_max().and_then(|m| i64::try_from(&m)))?;
         self.dev(kernels::paged_gather(&p, &t, &l, max_len)).map(TchTensor)
+    }
+
+    fn reshape(&self, t: &TchTensor, shape: &[usize]) -> Result<TchTensor> {
+        self.glue_reshape(t, shape)
+    }
+
+    fn gather_rows(&self, t: &TchTensor, rows: &TchTensor) -> Result<TchTensor> {
+        self.glue_gather_rows(t, rows)
+    }
+
+    fn concat_rows(&self, parts: &[&TchTensor]) -> Result<TchTensor> {
+        self.glue_concat_rows(parts)
+    }
+
+    fn add_i64(&self, a: &TchTensor, b: &TchTensor) -> Result<TchTensor> {
+        self.glue_int_op(crate::glue::IntOp::Add, a, b)
+    }
+
+    fn sub_i64(&self, a: &TchTensor, b: &TchTensor) -> Result<TchTensor> {
+        self.glue_int_op(crate::glue::IntOp::Sub, a, b)
     }
 }
 

@@ -40,6 +40,8 @@ mod backend;
 #[cfg(feature = "libtorch")]
 mod checks;
 #[cfg(feature = "libtorch")]
+mod glue;
+#[cfg(feature = "libtorch")]
 mod kernels;
 #[cfg(feature = "libtorch")]
 mod kv;
