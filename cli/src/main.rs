@@ -11,7 +11,8 @@ use specdec_backend::ModelBackend;
 use specdec_conformance::harness::write_reports;
 use specdec_conformance::model_section::{self, ModelFiles};
 use specdec_conformance::report::Report;
-use specdec_conformance::suite::{self, Item, Selection, Status, SuiteConfig};
+use specdec_conformance::compare::Verdict;
+use specdec_conformance::suite::{self, CheckResult, Item, Kind, Selection, Status, SuiteConfig};
 
 mod backends;
 mod bless;
@@ -103,6 +104,9 @@ enum Command {
         backend: String,
         #[arg(long)]
         filter: Option<String>,
+        /// Only the case with this id (what a failure's repro command names).
+        #[arg(long = "case")]
+        case_id: Option<String>,
         #[arg(long)]
         report: Vec<PathBuf>,
     },
@@ -142,7 +146,7 @@ fn main() -> ExitCode {
                 with_backend(&backend, &job)?.map(|()| true)
             })
         }
-        Command::Check { cases, backend, filter, report } => check(&cases, &backend, filter, &report),
+        Command::Check { cases, backend, filter, case_id, report } => check(&cases, &backend, filter, case_id.as_deref(), &report),
         Command::Bless { check, fixtures } => bless::run(&fixtures, check),
         Command::Stats { seed, out, sweep } => match seed.map_or_else(suite::seed_from_env, Ok) {
             Ok(seed) => match sweep {
@@ -273,49 +277,91 @@ fn file_name(p: &Path) -> String {
     p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
-/// A case file run on one backend.
+/// A case file run on one backend; host-op cases run on the reference and
+/// join the same report, so they count in its summary and its exit status.
 struct CheckFile<'a> {
     items: &'a [Item],
+    host: &'a [specdec_conformance::case::Case],
+    prefix: &'a str,
     cfg: &'a SuiteConfig,
 }
 
 impl Job for CheckFile<'_> {
     type Out = Report;
     fn run<B: ModelBackend>(&self, backend: &B) -> Report {
-        Report::new(backend, self.cfg.seed, suite::run(backend, self.items, self.cfg, &mut |_| {}))
+        let mut results = suite::run(backend, self.items, self.cfg, &mut |_| {});
+        for case in self.host {
+            let name = format!("{}/{}", self.prefix, case.id);
+            let start = std::time::Instant::now();
+            let (verdict, max_abs_err) = specdec_conformance::host::check_host_case_measured(case);
+            let (status, message, excused) = match verdict {
+                Verdict::Pass { excused, .. } => (Status::Pass, "host op, run on the reference".to_string(), excused),
+                Verdict::Fail(m) => (Status::Fail, format!("host op, run on the reference: {m}"), 0),
+                Verdict::NotSupported(m) => (Status::NotSupported, m, 0),
+            };
+            results.push(CheckResult {
+                name,
+                kind: Kind::Golden,
+                op: case.op.clone(),
+                rules: case.rules.clone(),
+                status,
+                message,
+                excused,
+                max_abs_err,
+                millis: start.elapsed().as_secs_f64() * 1e3,
+                repro: String::new(),
+                statistics: None,
+            });
+        }
+        Report::new(backend, self.cfg.seed, results)
     }
 }
 
-fn check(path: &Path, backend: &str, filter: Option<String>, reports: &[PathBuf]) -> Result<bool, String> {
+/// `specdec check FILE` (CASE-8, CASE-9, CASE-11): every case of the file on one
+/// backend; the exit status is non-zero when any case fails or is malformed.
+fn check(path: &Path, backend: &str, filter: Option<String>, case_id: Option<&str>, reports: &[PathBuf]) -> Result<bool, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    let loaded = specdec_conformance::case::parse(&text, path).map_err(|e| e.to_string())?;
-    let host_cases: Vec<_> = loaded.cases.iter().filter(|c| specdec_conformance::host::HOST_OPS.contains(&c.op.as_str())).cloned().collect();
-    let mut loaded = loaded;
-    loaded.cases.retain(|c| !specdec_conformance::host::HOST_OPS.contains(&c.op.as_str()));
-    let items = suite::items_from_loaded(&stem, loaded);
+    let mut loaded = specdec_conformance::case::parse(&text, path).map_err(|e| e.to_string())?;
+    if let Some(id) = case_id {
+        let known = loaded.cases.iter().any(|c| c.id == id) || loaded.errors.iter().any(|e| e.case.as_deref() == Some(id));
+        if !known {
+            return Err(format!("{} has no case with id `{id}`", path.display()));
+        }
+        loaded.cases.retain(|c| c.id == id);
+        loaded.errors.retain(|e| e.case.as_deref() == Some(id));
+    }
+    let is_host = |c: &specdec_conformance::case::Case| specdec_conformance::host::HOST_OPS.contains(&c.op.as_str());
     let cfg = SuiteConfig { filter, statistical: false, diff_cases_per_op: 0, ..SuiteConfig::default() };
-    let report = with_backend(backend, &CheckFile { items: &items, cfg: &cfg })?;
-    let mut ok = !report.summary.failed;
+    let prefix = format!("file/{stem}");
+    let host: Vec<_> = loaded.cases.iter().filter(|c| is_host(c) && cfg.wants(&format!("{prefix}/{}", c.id))).cloned().collect();
+    loaded.cases.retain(|c| !is_host(c));
+    let items = suite::items_named(&prefix, loaded);
+    let mut report = with_backend(backend, &CheckFile { items: &items, host: &host, prefix: &prefix, cfg: &cfg })?;
+    for r in &mut report.results {
+        let id = r.name.strip_prefix(&format!("{prefix}/")).unwrap_or(&r.name);
+        r.repro = format!("specdec check {} --backend {backend} --case {}", shell_quote(&path.display().to_string()), shell_quote(id));
+    }
     for r in &report.results {
         let status = match r.status {
             Status::Pass if r.excused > 0 => "PASS (excused near boundary)".to_string(),
             s => format!("{s:?}").to_uppercase(),
         };
         println!("{status:<14} {}{}", r.name, if r.message.is_empty() { String::new() } else { format!(": {}", r.message) });
-    }
-    // Host ops (reference-only algorithms) run on the reference whatever the backend.
-    for case in host_cases {
-        let verdict = specdec_conformance::host::check_host_case(&case);
-        let (status, msg) = match verdict {
-            specdec_conformance::compare::Verdict::Pass { .. } => ("PASS", String::new()),
-            specdec_conformance::compare::Verdict::Fail(m) => ("FAIL", m),
-            specdec_conformance::compare::Verdict::NotSupported(m) => ("NOTSUPPORTED", m),
-        };
-        ok &= status != "FAIL";
-        println!("{status:<14} host/{stem}/{} (reference){}", case.id, if msg.is_empty() { msg } else { format!(": {msg}") });
+        if r.status.is_failure() {
+            println!("{:<14}   repro: {}", "", r.repro);
+        }
     }
     println!("{}", report.summary_line());
     write_all(reports, std::slice::from_ref(&report))?;
-    Ok(ok)
+    Ok(!report.summary.failed)
+}
+
+/// `s` as one shell word.
+fn shell_quote(s: &str) -> String {
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:+@%".contains(c)) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
 }

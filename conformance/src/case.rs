@@ -27,11 +27,16 @@ pub enum ExpectedBy {
     Reference,
 }
 
-/// One case (CASE-2).
+/// One case (CASE-2). Unknown fields are an error (CASE-9): a misspelt
+/// `"comparater"` must never silently fall back to a default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Case {
     pub id: String,
     pub op: String,
+    /// What the case shows, for readers (optional).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
     /// Spec rule IDs the case checks.
     #[serde(default)]
     pub rules: Vec<String>,
@@ -89,13 +94,21 @@ pub fn load(path: &Path) -> Result<Loaded, CaseError> {
     parse(&text, path)
 }
 
-/// [`load`] on text already in memory.
+/// The fields of a case file's top level (CASE-1).
+const FILE_FIELDS: [&str; 4] = ["format", "title", "description", "cases"];
+
+/// [`load`] on text already in memory. Each case is also checked against
+/// its op's fields and outputs (CASE-9), so a typo fails when the file is
+/// read, whichever backend would have run it.
 pub fn parse(text: &str, path: &Path) -> Result<Loaded, CaseError> {
     let at = path.display().to_string();
     let root: Value = serde_json::from_str(text).map_err(|e| CaseError::new(&at, format!("not JSON: {e}")))?;
     let format = root.get("format").and_then(Value::as_str);
     if format != Some(FORMAT) {
         return Err(CaseError::new(&at, format!("field `format` must be \"{FORMAT}\", found {format:?}")));
+    }
+    if let Some(unknown) = root.as_object().and_then(|o| o.keys().find(|k| !FILE_FIELDS.contains(&k.as_str()))) {
+        return Err(CaseError::new(&at, format!("unknown field `{unknown}`; a case file has {}", FILE_FIELDS.join(", "))));
     }
     let title = root.get("title").and_then(Value::as_str).unwrap_or_default().to_string();
     let Some(items) = root.get("cases").and_then(Value::as_array) else {
@@ -106,11 +119,103 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, CaseError> {
     for (i, item) in items.iter().enumerate() {
         let id = item.get("id").and_then(Value::as_str).map_or_else(|| format!("#{i}"), str::to_string);
         match serde_json::from_value::<Case>(item.clone()) {
-            Ok(case) => cases.push(case),
+            Ok(case) => match validate(&case) {
+                Ok(()) => cases.push(case),
+                Err(e) => errors.push(CaseError { case: Some(id.clone()), ..CaseError::new(format!("{at} {}", e.location), e.message) }),
+            },
             Err(e) => errors.push(CaseError { case: Some(id.clone()), ..CaseError::new(format!("{at} case {id}"), e.to_string()) }),
         }
     }
     Ok(Loaded { path: path.to_path_buf(), title, cases, errors })
+}
+
+/// The fields a case of one op may hold (CASE-4, CASE-9): the params and
+/// inputs its executor reads, and the outputs it returns.
+#[derive(Debug, Clone, Copy)]
+pub struct OpFields {
+    pub params: &'static [&'static str],
+    pub inputs: &'static [&'static str],
+    /// What a successful run returns; an `expect` without `error` gives all of them.
+    pub outputs: &'static [&'static str],
+    /// Outputs returned only beside an error (`kv_cache`'s `failed_step`).
+    pub error_outputs: &'static [&'static str],
+}
+
+/// Params every op accepts.
+const COMMON_PARAMS: [&str; 1] = ["tolerance"];
+
+/// Checks a parsed case against its op (CASE-9): the op is known, every
+/// param and input is one the op reads, `expect` gives every output or an
+/// error whose kind is a known `ErrorKind` name.
+pub fn validate(case: &Case) -> Result<(), CaseError> {
+    let fields = match specdec_backend::Op::from_name(&case.op) {
+        Some(specdec_backend::Op::RejectionVerifySeeded) | None if !crate::host::HOST_OPS.contains(&case.op.as_str()) => {
+            return crate::execute::case_op(case).map(|_| ());
+        }
+        Some(op) => crate::execute::op_fields(op),
+        None => crate::host::host_fields(case)?,
+    };
+    let unknown = |section: &str, map: &Map<String, Value>, allowed: &[&str]| {
+        match map.keys().find(|k| !allowed.contains(&k.as_str())) {
+            Some(k) => Err(case.error(section, k, format!("unknown field; `{}` reads {section} {}", case.op, list(allowed)))),
+            None => Ok(()),
+        }
+    };
+    let params: Vec<&str> = fields.params.iter().chain(&COMMON_PARAMS).copied().collect();
+    unknown("params", &case.params, &params)?;
+    unknown("inputs", &case.inputs, fields.inputs)?;
+    match case.expect.get("error") {
+        Some(kind) => {
+            serde_json::from_value::<specdec_backend::ErrorKind>(kind.clone()).map_err(|_| {
+                case.error("expect", "error", format!("{kind} is not an error kind; known: {}", crate::case::ERROR_KINDS.join(", ")))
+            })?;
+            if let Some(arg) = case.expect.get("arg").filter(|a| !a.is_string()) {
+                return Err(case.error("expect", "arg", format!("{arg} is not an argument name (a string)")));
+            }
+            let allowed: Vec<&str> = ["error", "arg"].iter().chain(fields.outputs).chain(fields.error_outputs).copied().collect();
+            unknown("expect", &case.expect, &allowed)
+        }
+        None => {
+            unknown("expect", &case.expect, fields.outputs)?;
+            match fields.outputs.iter().find(|o| !case.expect.contains_key(**o)) {
+                Some(missing) => Err(case.error(
+                    "expect",
+                    missing,
+                    format!("is missing; `expect` gives every output of `{}` ({}) or an `error`", case.op, list(fields.outputs)),
+                )),
+                None => Ok(()),
+            }
+        }
+    }
+}
+
+/// The `ErrorKind` names, for messages.
+pub const ERROR_KINDS: [&str; 21] = [
+    "ShapeMismatch",
+    "DataLength",
+    "NonFinite",
+    "NegativeProbability",
+    "NotNormalized",
+    "ZeroMass",
+    "TokenOutOfRange",
+    "PaddingMismatch",
+    "LengthOutOfRange",
+    "EmptyDraft",
+    "EmptyBatch",
+    "EmptyVocab",
+    "EmptyContext",
+    "ContextTooLong",
+    "UniformOutOfRange",
+    "InvalidNoise",
+    "AllMasked",
+    "InvalidParameter",
+    "TrimBeyondLength",
+    "CapacityExceeded",
+    "InvalidBlock",
+];
+
+fn list(names: &[&str]) -> String {
+    if names.is_empty() { "nothing".into() } else { names.join(", ") }
 }
 
 /// All `*.json` case files below `dir`, sorted, recursively.
@@ -185,6 +290,9 @@ fn int_of(v: &Value) -> Result<i64, String> {
 
 fn decode<T>(v: &Value, scalar: fn(&Value) -> Result<T, String>) -> Result<HostTensor<T>, String> {
     if let Value::Object(obj) = v {
+        if let Some(k) = obj.keys().find(|k| !matches!(k.as_str(), "shape" | "data")) {
+            return Err(format!("unknown field `{k}` in an object tensor (it has `shape` and `data`)"));
+        }
         let shape: Vec<usize> = obj
             .get("shape")
             .and_then(Value::as_array)

@@ -100,15 +100,43 @@ fn logits_margins(z: &HostTensor<f64>, t: &HostTensor<f64>, k: &HostTensor<i64>,
     Some(out)
 }
 
-/// Judges `observed` against the case's `expect` block.
-pub fn judge(case: &Case, observed: &Observed, precision: &Precision, margins: Option<&[f64]>) -> Verdict {
-    match judge_inner(case, observed, precision, margins) {
-        Ok(v) => v,
-        Err(e) => Verdict::Fail(format!("malformed expectation: {e}")),
+/// Relative tolerance of a backend's float outputs by value dtype (CASE-10):
+/// rounding error scales with magnitude, so an absolute tolerance alone
+/// fails correct f32 values above ~100 (one binary32 ulp there is 7.6e-6).
+/// A backend stating value tolerance 0 claims bit-exactness and gets none.
+pub fn relative_tolerance(precision: &Precision) -> f64 {
+    if precision.value_tolerance == 0.0 {
+        return 0.0;
+    }
+    match precision.float_dtype {
+        // ~8 ulps of binary32 (2^-23 = 1.2e-7): a few roundings of the port's arithmetic.
+        "f32" => 1e-6,
+        "f16" => 4e-3,
+        "bf16" => 3e-2,
+        // ~45 ulps of binary64 (2^-52 = 2.2e-16).
+        _ => 1e-14,
     }
 }
 
-fn judge_inner(case: &Case, obs: &Observed, precision: &Precision, margins: Option<&[f64]>) -> Result<Verdict, CaseError> {
+/// The relative floor of hand-written expectations (decimals, CASE-5).
+pub const HAND_RTOL: f64 = 1e-12;
+
+/// Judges `observed` against the case's `expect` block.
+pub fn judge(case: &Case, observed: &Observed, precision: &Precision, margins: Option<&[f64]>) -> Verdict {
+    judge_measured(case, observed, precision, margins).0
+}
+
+/// [`judge`], also returning the largest absolute float difference seen,
+/// whether the case passed or failed (the report's "max abs err").
+pub fn judge_measured(case: &Case, observed: &Observed, precision: &Precision, margins: Option<&[f64]>) -> (Verdict, f64) {
+    let mut max_abs_err = 0.0;
+    match judge_inner(case, observed, precision, margins, &mut max_abs_err) {
+        Ok(v) => (v, max_abs_err),
+        Err(e) => (Verdict::Fail(format!("malformed expectation: {e}")), max_abs_err),
+    }
+}
+
+fn judge_inner(case: &Case, obs: &Observed, precision: &Precision, margins: Option<&[f64]>, max_abs_err: &mut f64) -> Result<Verdict, CaseError> {
     let expect = &case.expect;
     if let Some(BackendError::NotSupported { op, .. }) = &obs.error {
         return Ok(Verdict::NotSupported(format!("`{op}` is not supported")));
@@ -135,10 +163,11 @@ fn judge_inner(case: &Case, obs: &Observed, precision: &Precision, margins: Opti
     // Hand-written expectations are decimals (0.375 for a computed
     // 0.37499999999999994): they get a 1e-12 floor. Reference-written ones
     // are exact, so a backend claiming tolerance 0 must match bit for bit.
-    let floor = if case.expected_by == ExpectedBy::Hand { 1e-12 } else { 0.0 };
+    // Both scale with the magnitude of the expected value: |got - want| <= atol + rtol |want| (CASE-10).
+    let (floor, rel_floor) = if case.expected_by == ExpectedBy::Hand { (1e-12, HAND_RTOL) } else { (0.0, 0.0) };
     let tolerance = case.param::<f64>("tolerance", Some(0.0))?.max(precision.value_tolerance).max(floor);
+    let rtol = relative_tolerance(precision).max(rel_floor);
     let mut excused_rows = std::collections::BTreeSet::new();
-    let mut max_abs_err: f64 = 0.0;
     for (name, want) in expected_outputs(expect) {
         let Some(got) = obs.get(name) else {
             failures.push(format!("missing output `{name}`"));
@@ -154,11 +183,12 @@ fn judge_inner(case: &Case, obs: &Observed, precision: &Precision, margins: Opti
             }
             OutValue::Floats(got) => {
                 let want = decode_f64(want).map_err(|m| case.error("expect", name, m))?;
-                let close = |a: &f64, b: &f64| (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= tolerance;
+                // `a` is the expected value, `b` the backend's.
+                let close = |a: &f64, b: &f64| (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= tolerance + rtol * a.abs();
                 if want.shape() == got.shape() {
                     for (a, b) in want.data().iter().zip(got.data()) {
                         if a.is_finite() && b.is_finite() {
-                            max_abs_err = max_abs_err.max((a - b).abs());
+                            *max_abs_err = max_abs_err.max((a - b).abs());
                         }
                     }
                 }
@@ -167,7 +197,7 @@ fn judge_inner(case: &Case, obs: &Observed, precision: &Precision, margins: Opti
         }
     }
     Ok(if failures.is_empty() {
-        Verdict::Pass { excused: excused_rows.len(), max_abs_err }
+        Verdict::Pass { excused: excused_rows.len(), max_abs_err: *max_abs_err }
     } else {
         Verdict::Fail(failures.join("; "))
     })

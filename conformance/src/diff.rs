@@ -56,6 +56,7 @@ pub fn case(op: Op, index: usize, seed: u64) -> Result<Case, CaseError> {
     let case = Case {
         id: name(op, index),
         op: op.name().to_string(),
+        description: String::new(),
         rules: Vec::new(),
         source: format!("differential generator, seed {seed}"),
         expected_by: ExpectedBy::Reference,

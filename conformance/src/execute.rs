@@ -11,7 +11,7 @@ use specdec_backend::{
     RejectionNoise, TrimMode,
 };
 
-use crate::case::{Case, CaseError};
+use crate::case::{Case, CaseError, OpFields};
 
 /// One output value, downloaded to the host.
 #[derive(Debug, Clone, PartialEq)]
@@ -44,8 +44,46 @@ pub fn case_op(case: &Case) -> Result<Op, CaseError> {
         Some(op) => Ok(op),
         None => Err(CaseError::new(
             format!("case {} field op", case.id),
-            format!("unknown op \"{}\"; known: {}", case.op, Op::ALL.map(Op::name).join(", ")),
+            format!(
+                "unknown op \"{}\"; backend ops: {}; host ops (run on the reference): {}",
+                case.op,
+                Op::ALL.into_iter().filter(|op| *op != Op::RejectionVerifySeeded).map(Op::name).collect::<Vec<_>>().join(", "),
+                crate::host::HOST_OPS.join(", ")
+            ),
         )),
+    }
+}
+
+/// What a case of `op` may hold (CASE-9); kept beside [`execute`], which reads exactly these.
+pub fn op_fields(op: Op) -> OpFields {
+    const VERIFY_OUT: &[&str] = &["tokens", "num_accepted"];
+    let f = |params, inputs, outputs| OpFields { params, inputs, outputs, error_outputs: &[] };
+    match op {
+        Op::GreedyVerify => f(&[], &["target_scores", "draft_tokens", "proposal_lens"], VERIFY_OUT),
+        Op::DflashAccept => f(&["vocab"], &["candidates", "target_predict"], &["accept_len", "bonus"]),
+        Op::RejectionVerify => f(
+            &["comparator"],
+            &["target_probs", "draft_probs", "draft_tokens", "proposal_lens", "accept_uniforms", "draw_uniforms", "draw_exponentials"],
+            VERIFY_OUT,
+        ),
+        Op::Residual => f(&[], &["target_probs", "draft_probs", "drafted"], &["residual"]),
+        Op::ProcessLogits => f(&[], &["logits", "temperature", "top_k", "top_p"], &["probs"]),
+        Op::Draw => f(&[], &["weights", "draw_uniforms", "draw_exponentials"], &["tokens"]),
+        Op::NgramPropose => f(&["vocab", "config"], &["contexts", "context_lens"], &["drafts", "proposal_lens"]),
+        Op::PagedGather => f(&[], &["pages", "block_table", "context_lens"], &["gathered"]),
+        Op::KvCache => OpFields {
+            params: &["batch", "heads", "head_dim", "capacity"],
+            inputs: &["steps"],
+            outputs: &["lens", "keys", "values", "trimmed"],
+            error_outputs: &["failed_step"],
+        },
+        // GLUE-1 .. GLUE-5: `params.dtype` picks the upload of float-or-id inputs.
+        Op::Reshape => f(&["dtype", "shape"], &["t"], &["out"]),
+        Op::GatherRows => f(&["dtype"], &["t", "rows"], &["out"]),
+        Op::ConcatRows => f(&["dtype"], &["parts"], &["out"]),
+        Op::AddI64 | Op::SubI64 => f(&[], &["a", "b"], &["out"]),
+        // Not a case op (`case_op` rejects it before its fields are asked for).
+        Op::RejectionVerifySeeded => f(&[], &[], &[]),
     }
 }
 
@@ -316,23 +354,33 @@ fn kv_cache<B: Backend>(backend: &B, case: &Case) -> Result<Observed, CaseError>
     let mut script = Vec::new();
     for (i, step) in steps.iter().enumerate() {
         let field = format!("steps[{i}]");
-        let sub = |name: &str| step.get(name).ok_or_else(|| case.error("inputs", &field, format!("needs `{name}`")));
-        let parsed = if let Some(a) = step.get("append") {
-            let get = |n: &str| a.get(n).ok_or_else(|| case.error("inputs", &field, format!("append needs `{n}`")));
-            let f = |n: &str| get(n).and_then(|v| crate::case::decode_f64(v).map_err(|m| case.error("inputs", &field, m)));
-            let counts = get("counts").and_then(|v| crate::case::decode_i64(v).map_err(|m| case.error("inputs", &field, m)))?;
-            Step::Append(f("keys")?, f("values")?, counts)
-        } else if let Some(t) = step.get("trim") {
-            let amounts = t.get("amounts").ok_or_else(|| case.error("inputs", &field, "trim needs `amounts`"))?;
-            let amounts = crate::case::decode_i64(amounts).map_err(|m| case.error("inputs", &field, m))?;
-            let mode = match t.get("mode") {
-                None => TrimMode::Strict,
-                Some(m) => serde_json::from_value(m.clone()).map_err(|e| case.error("inputs", &field, e))?,
-            };
-            Step::Trim(amounts, mode)
-        } else {
-            sub("append or trim")?;
-            unreachable!("sub returns Err for a missing field")
+        // Exactly one action per step, and only the fields it reads (CASE-9).
+        let only = |obj: &Value, what: &str, allowed: &[&str]| match obj.as_object() {
+            None => Err(case.error("inputs", &field, format!("{what} must be an object"))),
+            Some(o) => match o.keys().find(|k| !allowed.contains(&k.as_str())) {
+                Some(k) => Err(case.error("inputs", &field, format!("unknown field `{k}` in {what} (it has {})", allowed.join(", ")))),
+                None => Ok(()),
+            },
+        };
+        let parsed = match step.as_object().map(|o| (o.len(), o.get("append"), o.get("trim"))) {
+            Some((1, Some(a), None)) => {
+                only(a, "append", &["keys", "values", "counts"])?;
+                let get = |n: &str| a.get(n).ok_or_else(|| case.error("inputs", &field, format!("append needs `{n}`")));
+                let f = |n: &str| get(n).and_then(|v| crate::case::decode_f64(v).map_err(|m| case.error("inputs", &field, m)));
+                let counts = get("counts").and_then(|v| crate::case::decode_i64(v).map_err(|m| case.error("inputs", &field, m)))?;
+                Step::Append(f("keys")?, f("values")?, counts)
+            }
+            Some((1, None, Some(t))) => {
+                only(t, "trim", &["amounts", "mode"])?;
+                let amounts = t.get("amounts").ok_or_else(|| case.error("inputs", &field, "trim needs `amounts`"))?;
+                let amounts = crate::case::decode_i64(amounts).map_err(|m| case.error("inputs", &field, m))?;
+                let mode = match t.get("mode") {
+                    None => TrimMode::Strict,
+                    Some(m) => serde_json::from_value(m.clone()).map_err(|e| case.error("inputs", &field, e))?,
+                };
+                Step::Trim(amounts, mode)
+            }
+            _ => return Err(case.error("inputs", &field, "must be an object with exactly one key, `append` or `trim`")),
         };
         script.push(parsed);
     }

@@ -11,8 +11,8 @@ use specdec_reference::dflash::{self, Schedule};
 use specdec_reference::ngram::{self, NgramConfig, NgramIndex};
 use specdec_reference::{Comparator, SpecError, kvcache, lossy, speculative_accept, theory};
 
-use crate::case::{Case, CaseError};
-use crate::compare::{Verdict, judge};
+use crate::case::{Case, CaseError, OpFields};
+use crate::compare::{Verdict, judge_measured};
 use crate::execute::{Observed, OutValue};
 
 /// The host ops case files in `fixtures/host/` may use.
@@ -32,6 +32,48 @@ pub const HOST_OPS: &[&str] = &[
     "min_accepted_plan",
     "theory",
 ];
+
+/// What a case of a host op may hold (CASE-9), read exactly by [`execute_host`].
+pub fn host_fields(case: &Case) -> Result<OpFields, CaseError> {
+    const VERIFY_OUT: &[&str] = &["tokens", "num_accepted"];
+    let f = |params, inputs, outputs| Ok(OpFields { params, inputs, outputs, error_outputs: &[] });
+    match case.op.as_str() {
+        "speculative_accept" => f(&["comparator"], &["draft_tokens", "p", "q", "r"], &["accepted"]),
+        "lossy_threshold_verify" => f(&["threshold"], &["target_probs", "draft_tokens", "proposal_lens"], VERIFY_OUT),
+        "lossy_typical_verify" => f(&["epsilon", "delta"], &["target_probs", "draft_tokens", "proposal_lens", "draw_uniforms"], VERIFY_OUT),
+        "ngram_lookup" => f(&["prompt_lookup", "vocab", "config"], &["prompt", "generated"], &["proposal"]),
+        "ngram_index" => f(&["vocab", "config"], &["chunks"], &["index_proposals", "linear_proposals"]),
+        "controller" => f(
+            &["config"],
+            &["events"],
+            &["should_speculate", "k", "ema_after_updates", "acceptance_rate", "tokens_per_sequence_step", "counters"],
+        ),
+        "spec_config" => f(&["config"], &[], &["valid"]),
+        "unmask_order" => f(&["positions", "steps", "schedule"], &[], &["order"]),
+        "mask_ratio" => f(&["schedule", "t"], &[], &["ratio"]),
+        "select_unmask" => f(&["count"], &["confidence", "masked"], &["positions"]),
+        "block_input" => f(&["block", "mask_id", "vocab", "embed_rows"], &["verified"], &["block"]),
+        "rollback_amounts" => f(&["proposal_lens", "num_accepted"], &[], &["trim"]),
+        "min_accepted_plan" => f(&["num_accepted", "width"], &[], &["emit", "uniform_trim"]),
+        "theory" => {
+            let fun: String = case.param("fn", None)?;
+            let (params, inputs, outputs): (&'static [&'static str], &'static [&'static str], &'static [&'static str]) = match fun.as_str() {
+                "acceptance" | "kl_divergence" => (&["fn"], &["p", "q"], &["value"]),
+                "one_position_output_law" => (&["fn"], &["p", "q"], &["law"]),
+                "accepted_length_law" => (&["fn", "betas"], &[], &["law"]),
+                "expected_tokens" => (&["fn", "betas"], &[], &["value"]),
+                "expected_tokens_geometric" => (&["fn", "beta", "gamma"], &[], &["value"]),
+                "expected_speedup" => (&["fn", "beta", "gamma", "cost_ratio"], &[], &["value"]),
+                "seed003_speedup_approximation" => (&["fn", "beta", "gamma", "rho"], &[], &["value"]),
+                "best_draft_length" => (&["fn", "beta", "cost_ratio", "max_gamma"], &[], &["gamma", "speedup"]),
+                "pinsker_acceptance_bound" | "bretagnolle_huber_acceptance_bound" => (&["fn", "kl"], &[], &["value"]),
+                other => return Err(case.error("params", "fn", format!("unknown theory function \"{other}\""))),
+            };
+            f(params, inputs, outputs)
+        }
+        other => Err(case.error("", "op", format!("unknown host op \"{other}\"; known: {}", HOST_OPS.join(", ")))),
+    }
+}
 
 /// Named outputs of a host op, or the reference's error for its input; the
 /// outer `Err` is a malformed case.
@@ -166,6 +208,13 @@ fn controller(case: &Case) -> HostResult {
     let (mut should, mut ks, mut emas) = (Vec::new(), Vec::new(), Vec::new());
     for (i, ev) in events.iter().enumerate() {
         let field = format!("events[{i}]");
+        // One event per object, and an update has exactly its four counts (CASE-9).
+        if ev.as_object().is_none_or(|o| o.len() != 1) {
+            return Err(case.error("inputs", &field, "must be an object with one key: update, fallback or query"));
+        }
+        if let Some(k) = ev.get("update").and_then(Value::as_object).and_then(|o| o.keys().find(|k| !matches!(k.as_str(), "sequences" | "proposed" | "accepted" | "bonus"))) {
+            return Err(case.error("inputs", &field, format!("unknown field `{k}` in update (it has sequences, proposed, accepted, bonus)")));
+        }
         if let Some(u) = ev.get("update") {
             let get = |n: &str| u.get(n).and_then(Value::as_u64).ok_or_else(|| case.error("inputs", &field, format!("update needs integer `{n}`")));
             let step = StepCounts { sequences: get("sequences")?, proposed: get("proposed")?, accepted: get("accepted")?, bonus: get("bonus")? };
@@ -222,9 +271,14 @@ fn theory_case(case: &Case) -> HostResult {
 
 /// Runs and judges one host case.
 pub fn check_host_case(case: &Case) -> Verdict {
+    check_host_case_measured(case).0
+}
+
+/// [`check_host_case`] and the largest absolute float difference, pass or fail.
+pub fn check_host_case_measured(case: &Case) -> (Verdict, f64) {
     let exact = Precision { float_dtype: "f64", accumulate_dtype: "f64", margin_epsilon: 0.0, value_tolerance: 0.0 };
     match execute_host(case) {
-        Ok(obs) => judge(case, &obs, &exact, None),
-        Err(e) => Verdict::Fail(format!("case file defect: {e}")),
+        Ok(obs) => judge_measured(case, &obs, &exact, None),
+        Err(e) => (Verdict::Fail(format!("case file defect: {e}")), 0.0),
     }
 }

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use specdec_backend::{Backend, Op};
 
 use crate::case::{Case, CaseError, Loaded, parse};
-use crate::compare::{Verdict, judge, reference_margins};
+use crate::compare::{Verdict, judge_measured, reference_margins};
 use crate::execute::{case_op, execute};
 use crate::{diff, stat};
 
@@ -131,7 +131,7 @@ impl Default for SuiteConfig {
 }
 
 impl SuiteConfig {
-    pub(crate) fn wants(&self, name: &str) -> bool {
+    pub fn wants(&self, name: &str) -> bool {
         let filtered = match &self.filter {
             None => true,
             Some(f) if f.contains('*') => glob(f, name),
@@ -199,12 +199,18 @@ pub fn items_from_text(path: &str, text: &str) -> Vec<Item> {
     }
 }
 
+/// Items of a shipped golden file, named `golden/<stem>/<case id>`.
 pub fn items_from_loaded(stem: &str, loaded: Loaded) -> Vec<Item> {
+    items_named(&format!("golden/{stem}"), loaded)
+}
+
+/// Items named `<prefix>/<case id>` (`file/<stem>` for an external file).
+pub fn items_named(prefix: &str, loaded: Loaded) -> Vec<Item> {
     let mut items: Vec<Item> = loaded
         .cases
         .into_iter()
         .map(|case| {
-            let name = format!("golden/{stem}/{}", case.id);
+            let name = format!("{prefix}/{}", case.id);
             match case_op(&case) {
                 Ok(_) => Item { name, kind: Kind::Golden, op: case.op.clone(), rules: case.rules.clone(), source: Source::Golden(Box::new(case)) },
                 Err(e) => broken(name, e),
@@ -213,7 +219,7 @@ pub fn items_from_loaded(stem: &str, loaded: Loaded) -> Vec<Item> {
         .collect();
     items.extend(loaded.errors.into_iter().map(|e| {
         let id = e.case.clone().unwrap_or_else(|| "file".into());
-        broken(format!("golden/{stem}/{id}"), e)
+        broken(format!("{prefix}/{id}"), e)
     }));
     items
 }
@@ -298,22 +304,24 @@ pub fn run<B: Backend>(backend: &B, items: &[Item], cfg: &SuiteConfig, progress:
             continue;
         }
         // A panicking backend fails its own check, never the whole run.
-        let verdict = catch(|| match &item.source {
-            Source::Golden(case) => check_case(backend, case),
+        let (verdict, max_abs_err) = catch(|| match &item.source {
+            Source::Golden(case) => check_case_measured(backend, case),
             Source::Differential(op, i) => match diff::case(*op, *i, cfg.seed) {
-                Ok(case) => check_case(backend, &case),
-                Err(e) => Verdict::Fail(format!("generator defect: {e}")),
+                Ok(case) => check_case_measured(backend, &case),
+                Err(e) => (Verdict::Fail(format!("generator defect: {e}")), 0.0),
             },
-            Source::Broken(msg) => Verdict::Fail(format!("case file defect: {msg}")),
-            Source::Unchecked(op) => crate::unchecked::check(backend, *op, cfg),
+            Source::Broken(msg) => (Verdict::Fail(format!("case file defect: {msg}")), 0.0),
+            Source::Unchecked(op) => (crate::unchecked::check(backend, *op, cfg), 0.0),
             Source::Exact(name) => {
                 let scenario = stat::scenarios().into_iter().find(|s| s.name == *name).expect("known scenario");
-                crate::exact::check_scenario(backend, &scenario)
+                (crate::exact::check_scenario(backend, &scenario), 0.0)
             }
             Source::Statistical(_) => unreachable!("sampled above"),
         })
-        .unwrap_or_else(Verdict::Fail);
+        .unwrap_or_else(|msg| (Verdict::Fail(msg), 0.0));
         result.millis = start.elapsed().as_secs_f64() * 1e3;
+        // Failing checks count towards the report's largest difference too.
+        result.max_abs_err = max_abs_err;
         settle(&mut result, verdict, &cfg.selection);
         progress(&result);
         results.push(result);
@@ -329,14 +337,19 @@ pub fn run<B: Backend>(backend: &B, items: &[Item], cfg: &SuiteConfig, progress:
 
 /// Runs one case (golden, differential or external) on `backend`.
 pub fn check_case<B: Backend>(backend: &B, case: &Case) -> Verdict {
+    check_case_measured(backend, case).0
+}
+
+/// [`check_case`] and the largest absolute float difference, pass or fail.
+pub fn check_case_measured<B: Backend>(backend: &B, case: &Case) -> (Verdict, f64) {
     // The executor reports a malformed case best; the margins read the same inputs.
     let observed = match execute(backend, case) {
         Ok(o) => o,
-        Err(e) => return Verdict::Fail(format!("case file defect: {e}")),
+        Err(e) => return (Verdict::Fail(format!("case file defect: {e}")), 0.0),
     };
     match reference_margins(case) {
-        Ok(margins) => judge(case, &observed, &backend.precision(), margins.as_deref()),
-        Err(e) => Verdict::Fail(format!("case file defect: {e}")),
+        Ok(margins) => judge_measured(case, &observed, &backend.precision(), margins.as_deref()),
+        Err(e) => (Verdict::Fail(format!("case file defect: {e}")), 0.0),
     }
 }
 

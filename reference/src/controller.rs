@@ -16,7 +16,7 @@ pub enum SpecMode {
 
 /// Seed 001's `SpecDecodeConfig` (the fields the algorithms read).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct SpecConfig {
     pub mode: SpecMode,
     pub num_speculative_tokens: usize,

@@ -24,7 +24,7 @@ pub enum NgramPolicy {
 
 /// N-gram proposer settings (NGRAM-1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct NgramConfig {
     pub ngram_min: usize,
     pub ngram_max: usize,

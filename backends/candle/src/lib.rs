@@ -405,6 +405,14 @@ impl Backend for CandleBackend {
         if [batch, heads, head_dim, capacity].contains(&0) {
             return self.defect(ReferenceBackend.kv_new(batch, heads, head_dim, capacity));
         }
+        // The storage has a write-sink slot (`capacity + 1`); a shape whose
+        // element count or byte size overflows is the caller's defect, named
+        // as the reference names it, never a panic inside candle (ERR-1, KV-1).
+        let elements = capacity.checked_add(1).and_then(|c| [heads, c, head_dim].iter().try_fold(batch, |n, &d| n.checked_mul(d)));
+        if elements.and_then(|n| n.checked_mul(2 * size_of::<f32>())).is_none_or(|b| b > isize::MAX as usize) {
+            let value = capacity.to_string();
+            return Err(specdec_reference::SpecError::InvalidParameter { name: "capacity", value, reason: "the cache size overflows" }.into());
+        }
         self.dev(CandleKvCache::new(&self.device, batch, heads, head_dim, capacity))
     }
 

@@ -31,8 +31,21 @@ impl NdKvCache {
         if [batch, heads, head_dim, capacity].contains(&0) {
             return Err(name_defect(BatchKvCache::new(batch, heads, head_dim, capacity).map_err(BackendError::from)));
         }
-        let zeros = Array4::zeros((batch, heads, capacity, head_dim));
-        Ok(NdKvCache { keys: zeros.clone(), values: zeros, lens: Array1::zeros(batch) })
+        // `Array4::zeros` panics when the element count overflows and aborts
+        // when it cannot allocate: both are input defects here, answered as
+        // the reference answers them (ERR-1, KV-1).
+        let too_big = |reason| BackendError::from(specdec_reference::SpecError::InvalidParameter { name: "capacity", value: capacity.to_string(), reason });
+        let n = [heads, capacity, head_dim].iter().try_fold(batch, |n, &d| n.checked_mul(d));
+        let Some(n) = n.filter(|&n| n.checked_mul(2 * size_of::<f64>()).is_some_and(|b| b <= isize::MAX as usize)) else {
+            return Err(too_big("the cache size overflows"));
+        };
+        let alloc = || {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).map_err(|_| too_big("the cache does not fit in memory"))?;
+            v.resize(n, 0.0);
+            Array4::from_shape_vec((batch, heads, capacity, head_dim), v).map_err(|e| BackendError::device("ndarray", e.to_string()))
+        };
+        Ok(NdKvCache { keys: alloc()?, values: alloc()?, lens: Array1::zeros(batch) })
     }
 
     pub(crate) fn lens(&self) -> Array1<i64> {

@@ -28,9 +28,19 @@ pub(crate) fn inverse_cdf(w: ArrayView2<'_, f64>, v: ArrayView1<'_, f64>) -> Arr
 }
 
 /// SAMPLE-2: per row, `argmax` of `w / e` over positive weights, ties to
-/// the lowest id; zero-weight ids score `-inf` and never win.
+/// the lowest id; zero-weight ids score `-inf` and never win. As in the
+/// reference, a row where any ratio overflows to `+inf` (tiny `e`, huge `w`)
+/// is scored by `ln w - ln e` instead, which orders the same ratios without
+/// overflowing; scoring it by `w / e` would tie every overflowed id and
+/// hand the draw to the lowest one.
 pub(crate) fn exponential_race(w: ArrayView2<'_, f64>, e: ArrayView2<'_, f64>) -> Array1<usize> {
-    let score = Zip::from(&w).and(&e).map_collect(|&w, &e| if w > 0.0 { w / e } else { f64::NEG_INFINITY });
+    let ratio = Zip::from(&w).and(&e).map_collect(|&w, &e| if w > 0.0 { w / e } else { f64::NEG_INFINITY });
+    let overflow = ratio.map(|&r| r == f64::INFINITY).fold_axis(Axis(1), false, |a, &x| *a || x);
+    let score = Zip::from(&ratio)
+        .and(&w)
+        .and(&e)
+        .and_broadcast(overflow.view().insert_axis(Axis(1)))
+        .map_collect(|&r, &w, &e, &o| if o && w > 0.0 { w.ln() - e.ln() } else { r });
     argmax_last(score.view())
 }
 

@@ -1,0 +1,75 @@
+//! `specdec check FILE` as a vendor runs it (CASE-8, CASE-9, CASE-11): a
+//! failing case, backend or host op, fails the exit status; each failure
+//! prints a command rerunning that case from that file.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn specdec(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_specdec")).args(args).output().expect("the specdec binary runs")
+}
+
+fn write(name: &str, cases: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("specdec-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, format!(r#"{{"format": "specdec-cases/1", "title": "t", "cases": [{cases}]}}"#)).unwrap();
+    path
+}
+
+const PASSING: &str = r#"{"id": "good", "op": "draw", "expected_by": "hand", "inputs": {"weights": [[0.5, 0.5]], "draw_uniforms": [0.75]}, "expect": {"tokens": [1]}}"#;
+const FAILING: &str = r#"{"id": "bad", "op": "draw", "expected_by": "hand", "inputs": {"weights": [[0.5, 0.5]], "draw_uniforms": [0.1]}, "expect": {"tokens": [1]}}"#;
+const HOST_FAILING: &str = r#"{"id": "host-bad", "op": "rollback_amounts", "expected_by": "hand", "params": {"proposal_lens": [2], "num_accepted": [1]}, "inputs": {}, "expect": {"trim": [5]}}"#;
+const HOST_PASSING: &str = r#"{"id": "host-good", "op": "rollback_amounts", "expected_by": "hand", "params": {"proposal_lens": [2], "num_accepted": [1]}, "inputs": {}, "expect": {"trim": [1]}}"#;
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// CASE-11: any failing case fails the run; the summary counts every case run, host ops included.
+#[test]
+fn a_failure_fails_the_exit_status() {
+    let path = write("mixed.json", &format!("{PASSING}, {FAILING}, {HOST_PASSING}"));
+    for backend in ["reference", "ndarray"] {
+        let out = specdec(&["check", path.to_str().unwrap(), "--backend", backend]);
+        let t = text(&out);
+        assert!(!out.status.success(), "{t}");
+        assert!(t.contains("2 pass, 1 fail"), "the host case counts: {t}");
+        assert!(t.contains("file/mixed/bad") && !t.contains("golden/"), "external cases are labelled by file: {t}");
+    }
+    let path = write("host.json", &format!("{PASSING}, {HOST_FAILING}"));
+    let out = specdec(&["check", path.to_str().unwrap()]);
+    assert!(!out.status.success(), "a failing host case fails the run: {}", text(&out));
+    assert!(text(&out).contains("1 pass, 1 fail"), "{}", text(&out));
+    let path = write("clean.json", &format!("{PASSING}, {HOST_PASSING}"));
+    let out = specdec(&["check", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+/// CASE-9, CASE-11: a malformed case (`expect: {}`) fails the run, naming the case and field.
+#[test]
+fn a_malformed_case_fails() {
+    let path = write("empty.json", r#"{"id": "nothing", "op": "draw", "expected_by": "hand", "inputs": {"weights": [[0.5, 0.5]], "draw_uniforms": [0.75]}, "expect": {}}"#);
+    let out = specdec(&["check", path.to_str().unwrap()]);
+    let t = text(&out);
+    assert!(!out.status.success(), "{t}");
+    assert!(t.contains("nothing") && t.contains("expect.tokens"), "{t}");
+}
+
+/// CASE-11: the printed repro reruns exactly the failing case from that file.
+#[test]
+fn the_repro_reruns_the_case() {
+    let path = write("repro.json", &format!("{PASSING}, {FAILING}, {HOST_FAILING}"));
+    let out = specdec(&["check", path.to_str().unwrap(), "--backend", "ndarray"]);
+    let t = text(&out);
+    let want = format!("specdec check {} --backend ndarray --case bad", path.display());
+    assert!(t.contains(&want), "{t}");
+    assert!(t.contains("--case host-bad"), "{t}");
+    let again = specdec(&["check", path.to_str().unwrap(), "--backend", "ndarray", "--case", "bad"]);
+    let t = text(&again);
+    assert!(!again.status.success() && t.contains("0 pass, 1 fail") && t.contains("file/repro/bad"), "{t}");
+    let good = specdec(&["check", path.to_str().unwrap(), "--case", "good"]);
+    assert!(good.status.success() && text(&good).contains("1 pass, 0 fail"), "{}", text(&good));
+    let missing = specdec(&["check", path.to_str().unwrap(), "--case", "nope"]);
+    assert!(!missing.status.success() && text(&missing).contains("no case with id `nope`"), "{}", text(&missing));
+}
