@@ -3,7 +3,8 @@
 use specdec_backend::{ModelBackend, ReferenceBackend};
 
 /// Every backend name `--backend` accepts, in report order (`candle` and
-/// `tch` are accepted as aliases of their CPU devices).
+/// `tch` are accepted as aliases of their CPU devices; `exec:COMMAND` runs
+/// an external adapter and is never part of `all`).
 pub const NAMES: [&str; 6] = ["reference", "ndarray", "candle-cpu", "candle-cuda", "tch-cpu", "tch-cuda"];
 
 /// Work that runs on any backend (every backend of this build also runs models).
@@ -22,7 +23,12 @@ pub fn with_backend<J: Job>(name: &str, job: &J) -> Result<J::Out, String> {
         "candle-cuda" => specdec_candle::CandleBackend::cuda(0).map(|b| job.run(&b)),
         "tch-cpu" | "tch" => specdec_tch::TchBackend::try_cpu().map(|b| job.run(&b)),
         "tch-cuda" => specdec_tch::TchBackend::cuda_if_available().map(|b| job.run(&b)),
-        other => Err(format!("unknown backend `{other}`; known: {}", NAMES.join(", "))),
+        // An external adapter in any language (spec/PROTOCOL.md), run with `sh -c`.
+        other if other.starts_with("exec:") => {
+            let timeout = specdec_exec::timeout_from_env()?;
+            specdec_exec::ExecBackend::with_timeout(&other["exec:".len()..], timeout).map(|b| job.run(&b)).map_err(|e| e.to_string())
+        }
+        other => Err(format!("unknown backend `{other}`; known: {}, exec:COMMAND", NAMES.join(", "))),
     }
 }
 

