@@ -1,0 +1,153 @@
+//! A draft model (DECODE-4): any Llama-family model sharing the target's
+//! vocabulary, run autoregressively on the same backend, with its own KV
+//! cache per sequence. Early exit is the same proposer on the target's
+//! first `L` layers plus its final norm and lm_head (MODEL-7), so
+//! speculation works with one model file.
+//!
+//! Each draft is drawn from the draft's processed distribution with the
+//! request's own sampling parameters and draft noise stream; those rows are
+//! `q` (REJECT-1, LOGITS-6). The draft cache holds exactly the tokens fed to
+//! it; after a step it keeps the longest prefix that agrees with the new
+//! context and trims the rest, so a rejection trims the rejected drafts and
+//! a fully accepted step feeds `[last draft, bonus]` next time (the last
+//! draft was drawn, never fed).
+
+use rand_pcg::Pcg64;
+use specdec_backend::SamplingParams;
+use specdec_backend::model::{ForwardRequest, LlamaWeights, LogitRows, ModelBackend};
+
+use super::{Observed, Proposal, Proposer, SeqView, VerifyRule, common_prefix};
+use crate::DecodeError;
+use crate::device;
+
+/// A draft model (or the target's first layers) on the device.
+pub struct DraftModelProposer<B: ModelBackend> {
+    name: String,
+    model: B::Model,
+    vocab: usize,
+    max_positions: usize,
+    cache: Option<B::ModelCache>,
+    /// `fed[slot]`: the tokens in the draft cache of that sequence.
+    fed: Vec<Vec<u32>>,
+    /// Injected defect for negative controls: `q` reported at another temperature.
+    q_temperature_scale: Option<f64>,
+}
+
+impl<B: ModelBackend> DraftModelProposer<B> {
+    /// Loads `weights` on `backend`; their vocabulary must be the target's.
+    pub fn new(backend: &B, name: impl Into<String>, weights: &LlamaWeights, target_vocab: usize) -> Result<Self, DecodeError> {
+        let name = name.into();
+        if weights.config.vocab_size != target_vocab {
+            return Err(DecodeError::Config(format!("draft `{name}` has a vocabulary of {}, the target {target_vocab}", weights.config.vocab_size)));
+        }
+        let model = backend.load_model(weights)?;
+        Ok(DraftModelProposer { name, model, vocab: target_vocab, max_positions: weights.config.max_position_embeddings, cache: None, fed: Vec::new(), q_temperature_scale: None })
+    }
+
+    /// The early-exit self-draft: the target's first `layers` layers (MODEL-7).
+    pub fn early_exit(backend: &B, target: &LlamaWeights, layers: usize) -> Result<Self, DecodeError> {
+        if layers >= target.config.num_hidden_layers {
+            return Err(DecodeError::Config(format!("early-exit:{layers} needs fewer layers than the target's {}", target.config.num_hidden_layers)));
+        }
+        let truncated = target.truncated(layers).map_err(|e| DecodeError::Config(format!("early-exit:{layers}: {e}")))?;
+        Self::new(backend, format!("early-exit:{layers}"), &truncated, target.config.vocab_size)
+    }
+
+    /// NEGATIVE CONTROL: draws drafts at the request's temperature times
+    /// `scale` but reports `q` at the request's temperature (a drafter whose
+    /// `q` is not the law its drafts came from; LOGITS-6 violated).
+    #[cfg(feature = "negative-controls")]
+    pub fn with_wrong_q_temperature(mut self, scale: f64) -> Self {
+        self.q_temperature_scale = Some(scale);
+        self
+    }
+}
+
+impl<B: ModelBackend> Proposer<B> for DraftModelProposer<B> {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn begin(&mut self, backend: &B, batch: usize, capacity: usize, max_k: usize) -> Result<(), DecodeError> {
+        // Drafting feeds up to k - 1 tokens past the verified context.
+        let capacity = (capacity + max_k).min(self.max_positions);
+        self.cache = Some(backend.new_model_cache(&self.model, batch, capacity)?);
+        self.fed = vec![Vec::new(); batch];
+        Ok(())
+    }
+
+    fn propose(&mut self, backend: &B, seqs: &[SeqView<'_>], rngs: &mut [Pcg64]) -> Result<Proposal<B::Tensor>, DecodeError> {
+        let cache = self.cache.as_mut().ok_or_else(|| DecodeError::proposer(&self.name, "propose before begin"))?;
+        let batch = self.fed.len();
+        let steps = seqs.iter().map(|s| s.max_drafts).max().unwrap_or(0);
+        let mut drafts: Vec<Vec<u32>> = vec![Vec::new(); seqs.len()];
+        if steps == 0 {
+            return Ok(Proposal::none(seqs.len()));
+        }
+        // The tokens each sequence's cache lacks: the context's unfed tail.
+        let mut feed: Vec<Vec<u32>> = vec![Vec::new(); batch];
+        for s in seqs {
+            let fed = &self.fed[s.slot];
+            if fed.len() >= s.context.len() || fed[..] != s.context[..fed.len()] {
+                return Err(DecodeError::proposer(&self.name, format!("sequence {}: the draft cache is not a prefix of the context", s.slot)));
+            }
+            feed[s.slot] = s.context[fed.len()..].to_vec();
+        }
+        let sampled: Vec<SamplingParams> = seqs.iter().map(|s| s.sampling).collect();
+        let drawn_with: Vec<SamplingParams> = match self.q_temperature_scale {
+            Some(scale) => sampled.iter().map(|p| SamplingParams { temperature: p.temperature * scale, ..*p }).collect(),
+            None => sampled.clone(),
+        };
+        let mut q_rows = Vec::with_capacity(steps);
+        for step in 0..steps {
+            let out = backend.forward(&self.model, cache, &ForwardRequest { tokens: &feed, logits: LogitRows::Last, hidden_layers: &[] })?;
+            let logits = out.logits.ok_or_else(|| DecodeError::Internal("a draft forward returned no logits".into()))?;
+            // Rows come in batch order of the sequences fed: `seqs` order.
+            let q = device::process(backend, &logits, &sampled)?;
+            let ids = if self.q_temperature_scale.is_some() {
+                let wrong = device::process(backend, &logits, &drawn_with)?;
+                device::draw(backend, &wrong, rngs)?
+            } else {
+                device::draw(backend, &q, rngs)?
+            };
+            for (i, s) in seqs.iter().enumerate() {
+                self.fed[s.slot].extend_from_slice(&feed[s.slot]);
+                drafts[i].push(ids[i]);
+            }
+            q_rows.push(q);
+            if step + 1 < steps {
+                for (i, s) in seqs.iter().enumerate() {
+                    feed[s.slot] = vec![ids[i]];
+                }
+            }
+        }
+        for (d, s) in drafts.iter_mut().zip(seqs) {
+            d.truncate(s.max_drafts);
+        }
+        // q: rows of step j for sequence i sit at j * A + i; lay them out as [A, steps, V].
+        let a = seqs.len();
+        let stacked = backend.concat_rows(&q_rows.iter().collect::<Vec<_>>())?;
+        let order: Vec<i64> = (0..a).flat_map(|i| (0..steps).map(move |j| (j * a + i) as i64)).collect();
+        let order = device::upload_i64(backend, vec![a * steps], order)?;
+        let q = backend.gather_rows(&stacked, &order)?;
+        let q = backend.reshape(&q, &[a, steps, self.vocab])?;
+        Ok(Proposal { drafts, draft_probs: Some((q, steps)), rule: VerifyRule::Standard })
+    }
+
+    fn observe(&mut self, backend: &B, observed: &Observed<'_, B::Tensor>) -> Result<(), DecodeError> {
+        let Some(cache) = self.cache.as_mut() else { return Ok(()) };
+        let mut amounts = vec![0; self.fed.len()];
+        for s in observed.seqs {
+            let fed = &mut self.fed[s.slot];
+            // Keep what agrees with the new context, short of its last token
+            // (the next input, never cached before it is fed).
+            let keep = common_prefix(fed, &s.context[..s.context.len() - 1]);
+            amounts[s.slot] = fed.len() - keep;
+            fed.truncate(keep);
+        }
+        if amounts.iter().any(|&a| a > 0) {
+            backend.cache_trim(cache, &amounts)?;
+        }
+        Ok(())
+    }
+}

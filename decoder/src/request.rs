@@ -1,0 +1,201 @@
+//! What a caller asks of the engine, and what it gets back (DECODE-1,
+//! DECODE-6 .. DECODE-8).
+
+use serde::Serialize;
+use specdec_backend::SamplingParams;
+
+use crate::DecodeError;
+
+/// One generation request: its own prompt, sampling, seed and stops.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// Prompt token ids; at least one.
+    pub prompt: Vec<u32>,
+    /// Temperature 0 is greedy (ties to the lowest id, LOGITS-2).
+    pub sampling: SamplingParams,
+    /// Seeds this request's own noise streams (DECODE-3): its output does
+    /// not depend on the other requests of the batch.
+    pub seed: u64,
+    /// Generated tokens at most, the stop token included; at least one.
+    pub max_tokens: usize,
+    /// Tokens that end the generation; the stop token is emitted, nothing
+    /// after it (DECODE-6).
+    pub eos: Vec<u32>,
+    /// Strings that end the generation when the decoded output contains
+    /// them, even split across tokens (DECODE-7). Needs a detokenizer.
+    pub stop_strings: Vec<String>,
+}
+
+impl Request {
+    /// A greedy request with no stop condition but `max_tokens`.
+    pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Self {
+        Request { prompt, sampling: SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0 }, seed: 0, max_tokens, eos: Vec::new(), stop_strings: Vec::new() }
+    }
+
+    /// Checks the request against the model's vocabulary (ERR-1: typed, named, no clamping).
+    pub fn validate(&self, index: usize, vocab: usize) -> Result<(), DecodeError> {
+        let bad = |reason: String| Err(DecodeError::Request { index, reason });
+        if self.prompt.is_empty() {
+            return bad("the prompt is empty".into());
+        }
+        if let Some((i, t)) = self.prompt.iter().enumerate().find(|(_, t)| **t as usize >= vocab) {
+            return bad(format!("prompt token {i} is id {t}, outside the vocabulary of {vocab}"));
+        }
+        if let Some(t) = self.eos.iter().find(|t| **t as usize >= vocab) {
+            return bad(format!("eos id {t} is outside the vocabulary of {vocab}"));
+        }
+        if self.max_tokens == 0 {
+            return bad("max_tokens must be at least 1".into());
+        }
+        if self.stop_strings.iter().any(String::is_empty) {
+            return bad("a stop string is empty".into());
+        }
+        if let Err(e) = self.sampling.validate() {
+            return bad(e.to_string());
+        }
+        Ok(())
+    }
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An eos token was emitted (it is the last token).
+    Eos,
+    /// A stop string appeared in the output.
+    Stop,
+    /// `max_tokens` were emitted.
+    Length,
+    /// The cache or the model's positions are full.
+    Capacity,
+}
+
+impl FinishReason {
+    pub fn name(self) -> &'static str {
+        match self {
+            FinishReason::Eos => "eos",
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Capacity => "capacity",
+        }
+    }
+}
+
+/// Draft counts of one request or one run (CTRL-5, DECODE-8).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Acceptance {
+    /// Verify steps (each emits the accepted drafts plus one token).
+    pub steps: u64,
+    /// Steps that had no draft to verify (plain decode steps, CTRL-6).
+    pub plain_steps: u64,
+    pub proposed: u64,
+    pub accepted: u64,
+    /// `proposed_at[j]`: steps that proposed a draft at position `j`.
+    pub proposed_at: Vec<u64>,
+    /// `accepted_at[j]`: steps whose draft at position `j` was accepted.
+    pub accepted_at: Vec<u64>,
+}
+
+impl Acceptance {
+    /// Records one step's proposal length and accepted count.
+    pub fn record(&mut self, proposed: usize, accepted: usize) {
+        self.steps += 1;
+        self.plain_steps += u64::from(proposed == 0);
+        self.proposed += proposed as u64;
+        self.accepted += accepted as u64;
+        if self.proposed_at.len() < proposed {
+            self.proposed_at.resize(proposed, 0);
+            self.accepted_at.resize(proposed, 0);
+        }
+        for j in 0..proposed {
+            self.proposed_at[j] += 1;
+            self.accepted_at[j] += u64::from(j < accepted);
+        }
+    }
+
+    pub fn merge(&mut self, other: &Acceptance) {
+        self.steps += other.steps;
+        self.plain_steps += other.plain_steps;
+        self.proposed += other.proposed;
+        self.accepted += other.accepted;
+        let n = self.proposed_at.len().max(other.proposed_at.len());
+        self.proposed_at.resize(n, 0);
+        self.accepted_at.resize(n, 0);
+        for j in 0..other.proposed_at.len() {
+            self.proposed_at[j] += other.proposed_at[j];
+            self.accepted_at[j] += other.accepted_at[j];
+        }
+    }
+
+    /// Accepted over proposed drafts; 0 before any proposal.
+    pub fn acceptance_rate(&self) -> f64 {
+        if self.proposed == 0 { 0.0 } else { self.accepted as f64 / self.proposed as f64 }
+    }
+
+    /// The acceptance rate of each draft position: `accepted_at[j] / proposed_at[j]`.
+    pub fn rate_per_position(&self) -> Vec<f64> {
+        self.proposed_at.iter().zip(&self.accepted_at).map(|(&p, &a)| if p == 0 { 0.0 } else { a as f64 / p as f64 }).collect()
+    }
+
+    /// Mean accepted drafts per step.
+    pub fn mean_accepted(&self) -> f64 {
+        if self.steps == 0 { 0.0 } else { self.accepted as f64 / self.steps as f64 }
+    }
+
+    /// CTRL-5 (erratum E6): tokens a verify step emits per sequence,
+    /// `(accepted + steps) / steps`; a fully accepted step of `k` counts `k + 1`.
+    pub fn tokens_per_step(&self) -> f64 {
+        if self.steps == 0 { 0.0 } else { (self.accepted + self.steps) as f64 / self.steps as f64 }
+    }
+}
+
+/// Where a run's time went, in seconds (DECODE-8).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Timings {
+    /// Prompt prefill of the target and the proposer.
+    pub prefill_s: f64,
+    /// The proposer: drafting and its bookkeeping after a step.
+    pub propose_s: f64,
+    /// The target's verify forward, the verify op and the downloads.
+    pub verify_s: f64,
+    /// Everything else: emission, stop checks, rollback.
+    pub rest_s: f64,
+}
+
+impl Timings {
+    pub fn total_s(&self) -> f64 {
+        self.prefill_s + self.propose_s + self.verify_s + self.rest_s
+    }
+}
+
+/// One request's result.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Output {
+    /// Generated ids, the stop token included when there is one.
+    pub tokens: Vec<u32>,
+    pub finish: FinishReason,
+    pub acceptance: Acceptance,
+}
+
+/// A whole `generate` call's results and metrics.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunOutput {
+    pub outputs: Vec<Output>,
+    /// Every request's counts summed.
+    pub acceptance: Acceptance,
+    /// Batched verify steps (one target forward each).
+    pub batch_steps: u64,
+    /// Steps a failing proposer turned into plain decode steps.
+    pub proposer_errors: u64,
+    pub timings: Timings,
+}
+
+impl RunOutput {
+    /// Generated tokens over the decode time (prefill excluded).
+    pub fn decode_tokens_per_s(&self) -> f64 {
+        let tokens: usize = self.outputs.iter().map(|o| o.tokens.len()).sum();
+        let t = self.timings.total_s() - self.timings.prefill_s;
+        if t > 0.0 { tokens as f64 / t } else { 0.0 }
+    }
+}

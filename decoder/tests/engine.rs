@@ -1,0 +1,377 @@
+//! The engine on the reference backend (exact f64) and tiny seeded models:
+//! greedy losslessness for every proposer against an independent plain
+//! greedy loop, and one named test per decoder bug peers have shipped
+//! (seed 001 section 9.2 scenarios 1-15, DECODE-1 .. DECODE-8).
+
+use rand_pcg::Pcg64;
+use specdec_backend::model::{ForwardRequest, LlamaWeights, ModelBackend, RefModel};
+use specdec_backend::{NgramConfig, ReferenceBackend, SamplingParams};
+use specdec_decoder::proposer::{Observed, SeqView};
+use specdec_decoder::{
+    DecodeError, DraftModelProposer, Engine, EngineConfig, FinishReason, NgramProposer, NoProposer, NoSink, OnProposerError, Proposal, Proposer, Request, Rollback, RunOutput,
+};
+use specdec_models::tiny::TinySpec;
+use specdec_reference::controller::{SpecConfig, SpecMode};
+
+const B: ReferenceBackend = ReferenceBackend;
+
+fn tiny(name: &str) -> LlamaWeights {
+    TinySpec::preset(name).expect("a preset").weights().expect("tiny weights")
+}
+
+/// A second model on `target`'s vocabulary, for drafting.
+fn other_draft(target: &LlamaWeights, seed: u64) -> LlamaWeights {
+    specdec_models::tiny::seeded(target.config.clone(), seed).expect("seeded draft")
+}
+
+/// Plain greedy decoding written independently of the engine: one token at a
+/// time through the reference forward, argmax with ties to the lowest id.
+fn plain_greedy(w: &LlamaWeights, prompt: &[u32], n: usize, eos: &[u32]) -> Vec<u32> {
+    let model = RefModel::new(w.clone());
+    let mut cache = model.new_cache(1, prompt.len() + n + 1).unwrap();
+    let mut input = prompt.to_vec();
+    let mut out = Vec::new();
+    while out.len() < n {
+        let o = model.forward(&mut cache, &ForwardRequest::last_logits(std::slice::from_ref(&input))).unwrap();
+        let mut best = 0;
+        for (i, &x) in o.logits.iter().enumerate() {
+            if x > o.logits[best] {
+                best = i;
+            }
+        }
+        out.push(best as u32);
+        if eos.contains(&(best as u32)) {
+            break;
+        }
+        input = vec![best as u32];
+    }
+    out
+}
+
+fn run(w: &LlamaWeights, config: EngineConfig, reqs: &[Request], proposer: &mut dyn Proposer<ReferenceBackend>) -> RunOutput {
+    let model = B.load_model(w).unwrap();
+    let engine = Engine::new(&B, &model, &w.config, config).unwrap();
+    engine.generate(reqs, proposer, None, &mut NoSink).unwrap()
+}
+
+fn k(k: usize) -> EngineConfig {
+    EngineConfig { k, ..EngineConfig::default() }
+}
+
+/// The proposers of the greedy check, by name.
+fn proposer(name: &str, w: &LlamaWeights) -> Box<dyn Proposer<ReferenceBackend>> {
+    match name {
+        "none" => Box::new(NoProposer),
+        "ngram" => Box::new(NgramProposer::new(NgramConfig { k: 8, ..NgramConfig::default() }, w.config.vocab_size).unwrap()),
+        "draft" => Box::new(DraftModelProposer::new(&B, "draft", &other_draft(w, 77), w.config.vocab_size).unwrap()),
+        "self" => Box::new(DraftModelProposer::new(&B, "self", w, w.config.vocab_size).unwrap()),
+        "early-exit:1" => Box::new(DraftModelProposer::early_exit(&B, w, 1).unwrap()),
+        other => panic!("unknown proposer {other}"),
+    }
+}
+
+const PROMPTS: [&[u32]; 4] = [&[1, 2, 3, 1, 2, 3, 1, 2], &[5], &[7, 7, 7, 7, 7, 7], &[0, 4, 9, 2, 4, 9, 2, 4]];
+
+/// DECODE-2, GREEDY-5: every proposer, every k, batched: the tokens of plain greedy decoding.
+#[test]
+fn greedy_output_equals_plain_greedy_for_every_proposer() {
+    for model in ["tiny-v12-l2", "tiny-v32-l2"] {
+        let w = tiny(model);
+        let reqs: Vec<Request> = PROMPTS.iter().map(|p| Request::greedy(p.iter().map(|&t| t % w.config.vocab_size as u32).collect(), 12)).collect();
+        let want: Vec<Vec<u32>> = reqs.iter().map(|r| plain_greedy(&w, &r.prompt, 12, &[])).collect();
+        for name in ["none", "ngram", "draft", "self", "early-exit:1"] {
+            for kk in [1, 3, 5] {
+                let out = run(&w, k(kk), &reqs, proposer(name, &w).as_mut());
+                for (i, o) in out.outputs.iter().enumerate() {
+                    assert_eq!(o.tokens, want[i], "{model} {name} k={kk} request {i}");
+                    assert_eq!(o.finish, FinishReason::Length);
+                }
+            }
+        }
+    }
+}
+
+/// Seed 001 scenario 1 (all accepted): a draft equal to the target accepts
+/// every draft; each step emits k + 1 tokens (CTRL-5, erratum E6).
+#[test]
+fn scenario_01_all_accepted_emits_k_plus_one_per_step() {
+    let w = tiny("tiny-v12-l2");
+    let out = run(&w, k(3), &[Request::greedy(vec![1, 2], 12)], proposer("self", &w).as_mut());
+    let a = &out.outputs[0].acceptance;
+    assert_eq!(a.accepted, a.proposed);
+    assert_eq!(a.steps, 3, "12 tokens in steps of 4");
+    assert_eq!(a.tokens_per_step(), 4.0);
+}
+
+/// A scripted proposer: drafts from a function of the context, recording each step's cap.
+struct Scripted<F: FnMut(&SeqView<'_>) -> Vec<u32>> {
+    f: F,
+    caps: Vec<usize>,
+    fail_every: Option<usize>,
+    calls: usize,
+}
+
+fn scripted<F: FnMut(&SeqView<'_>) -> Vec<u32>>(f: F) -> Scripted<F> {
+    Scripted { f, caps: Vec::new(), fail_every: None, calls: 0 }
+}
+
+impl<F: FnMut(&SeqView<'_>) -> Vec<u32>> Proposer<ReferenceBackend> for Scripted<F> {
+    fn name(&self) -> String {
+        "scripted".into()
+    }
+    fn begin(&mut self, _: &ReferenceBackend, _: usize, _: usize, _: usize) -> Result<(), DecodeError> {
+        Ok(())
+    }
+    fn propose(&mut self, _: &ReferenceBackend, seqs: &[SeqView<'_>], _: &mut [Pcg64]) -> Result<Proposal<specdec_backend::RefTensor>, DecodeError> {
+        self.calls += 1;
+        if self.fail_every.is_some_and(|n| self.calls % n == 0) {
+            return Err(DecodeError::proposer("scripted", "injected failure"));
+        }
+        self.caps.push(seqs.iter().map(|s| s.max_drafts).max().unwrap_or(0));
+        let drafts = seqs.iter().map(|s| (self.f)(s).into_iter().take(s.max_drafts).collect()).collect();
+        Ok(Proposal { drafts, draft_probs: None, rule: specdec_decoder::VerifyRule::Standard })
+    }
+    fn observe(&mut self, _: &ReferenceBackend, _: &Observed<'_, specdec_backend::RefTensor>) -> Result<(), DecodeError> {
+        Ok(())
+    }
+}
+
+/// Drafts the plain greedy continuation right for `m` tokens, then wrong ones.
+fn oracle_then_wrong(want: Vec<u32>, prompt_len: usize, m: usize, vocab: u32) -> impl FnMut(&SeqView<'_>) -> Vec<u32> {
+    move |s| {
+        let done = s.context.len() - prompt_len;
+        let mut d: Vec<u32> = want[done.min(want.len())..].iter().take(m).copied().collect();
+        let next = want.get(done + d.len()).copied().unwrap_or(0);
+        d.extend(std::iter::repeat_n((next + 1) % vocab, 8));
+        d
+    }
+}
+
+/// Seed 001 scenarios 2-4: none, partial and mixed acceptance give the
+/// plain greedy tokens with exactly the scripted accepted counts.
+#[test]
+fn scenarios_02_to_04_none_partial_and_mixed_acceptance() {
+    let w = tiny("tiny-v12-l2");
+    let v = w.config.vocab_size as u32;
+    let prompts: [Vec<u32>; 3] = [vec![1, 2, 3], vec![4, 5], vec![6]];
+    // The oracle knows 20 tokens, so even the last step's drafts are right for m.
+    let want: Vec<Vec<u32>> = prompts.iter().map(|p| plain_greedy(&w, p, 20, &[])).collect();
+    for m in [0, 2] {
+        let (w0, l0) = (want[0].clone(), prompts[0].len());
+        let out = run(&w, k(4), &[Request::greedy(prompts[0].clone(), 10)], &mut scripted(oracle_then_wrong(w0, l0, m, v)));
+        let a = &out.outputs[0].acceptance;
+        assert_eq!(out.outputs[0].tokens, want[0][..10], "m = {m}");
+        assert_eq!(a.accepted, m as u64 * a.steps, "every step accepts exactly {m}");
+    }
+    // Mixed: each sequence accepts its own count in the same batch.
+    let reqs: Vec<Request> = prompts.iter().map(|p| Request::greedy(p.clone(), 10)).collect();
+    let table: Vec<(Vec<u32>, usize, usize)> = (0..3).map(|i| (want[i].clone(), prompts[i].len(), i)).collect();
+    let mut p = scripted(move |s: &SeqView<'_>| {
+        let (want, len, m) = &table[s.slot];
+        oracle_then_wrong(want.clone(), *len, *m, v)(s)
+    });
+    let out = run(&w, k(4), &reqs, &mut p);
+    for (i, o) in out.outputs.iter().enumerate() {
+        assert_eq!(o.tokens, want[i][..10]);
+        assert_eq!(o.acceptance.accepted, i as u64 * o.acceptance.steps, "sequence {i} accepts {i} per step");
+    }
+}
+
+/// Seed 001 scenario 5, DECODE-6: an eos inside an accepted run ends the
+/// output there: nothing after it, no bonus.
+#[test]
+fn scenario_05_eos_inside_an_accepted_run_stops_there() {
+    let w = tiny("tiny-v12-l2");
+    let full = plain_greedy(&w, &[3, 1], 12, &[]);
+    // An eos the greedy output reaches mid-run (not as a step's last token).
+    let eos = full[5];
+    let first = full.iter().position(|&t| t == eos).unwrap();
+    let mut req = Request::greedy(vec![3, 1], 12);
+    req.eos = vec![eos];
+    let out = run(&w, k(4), std::slice::from_ref(&req), proposer("self", &w).as_mut());
+    assert_eq!(out.outputs[0].tokens, full[..=first].to_vec());
+    assert_eq!(out.outputs[0].finish, FinishReason::Eos);
+}
+
+/// Seed 001 scenario 6: `max_tokens` cuts an accepted run.
+#[test]
+fn scenario_06_max_tokens_cuts_an_accepted_run() {
+    let w = tiny("tiny-v12-l2");
+    let full = plain_greedy(&w, &[2, 2, 5], 3, &[]);
+    let out = run(&w, k(5), &[Request::greedy(vec![2, 2, 5], 3)], proposer("self", &w).as_mut());
+    assert_eq!(out.outputs[0].tokens, full);
+    assert_eq!(out.outputs[0].acceptance.steps, 1, "one step of 5 accepted drafts, cut to 3");
+}
+
+/// Seed 001 scenario 7, DECODE-5: after a speculative run with rejections,
+/// the target cache equals a fresh prefill of the prompt and emitted tokens
+/// but the last, exactly (the reference is bit-exact).
+#[test]
+fn scenario_07_rollback_leaves_the_cache_of_a_fresh_prefill() {
+    let w = tiny("tiny-v32-l2");
+    let model = B.load_model(&w).unwrap();
+    let engine = Engine::new(&B, &model, &w.config, k(4)).unwrap();
+    let reqs = vec![Request::greedy(vec![1, 2, 3, 1, 2], 9), Request::greedy(vec![4], 13)];
+    for rollback in [Rollback::PerSequence, Rollback::MinAccepted] {
+        let engine = Engine::new(&B, &model, &w.config, EngineConfig { rollback, ..k(4) }).unwrap();
+        let (out, cache) = engine.run(&reqs, proposer("draft", &w).as_mut(), None, &mut NoSink).unwrap();
+        assert!(out.acceptance.proposed > out.acceptance.accepted, "the check needs rejections");
+        for (i, (r, o)) in reqs.iter().zip(&out.outputs).enumerate() {
+            let kept: Vec<u32> = r.prompt.iter().chain(&o.tokens[..o.tokens.len() - 1]).copied().collect();
+            let mut fresh = model.new_cache(1, 64).unwrap();
+            model.forward(&mut fresh, &ForwardRequest::last_logits(&[kept.clone()])).unwrap();
+            assert_eq!(B.cache_lens(&cache)[i], kept.len(), "{rollback:?} request {i}");
+            for layer in 0..w.config.num_hidden_layers {
+                assert_eq!(B.cache_contents(&cache, layer, i).unwrap(), B.cache_contents(&fresh, layer, 0).unwrap(), "{rollback:?} request {i} layer {layer}");
+            }
+        }
+    }
+    drop(engine);
+}
+
+/// Seed 001 scenario 8, DECODE-1: the stream carries every token once, in order.
+#[test]
+fn scenario_08_stream_emits_every_token_once_in_order() {
+    let w = tiny("tiny-v12-l2");
+    let model = B.load_model(&w).unwrap();
+    let engine = Engine::new(&B, &model, &w.config, k(3)).unwrap();
+    let reqs: Vec<Request> = PROMPTS.iter().map(|p| Request::greedy(p.iter().map(|t| t % 12).collect(), 11)).collect();
+    let mut streams = vec![Vec::new(); reqs.len()];
+    let mut sink = |slot: usize, ids: &[u32]| streams[slot].extend_from_slice(ids);
+    let out = engine.generate(&reqs, proposer("early-exit:1", &w).as_mut(), None, &mut sink).unwrap();
+    for (s, o) in streams.iter().zip(&out.outputs) {
+        assert_eq!(s, &o.tokens);
+    }
+}
+
+/// Seed 001 scenario 9: no proposal is a plain decode step.
+#[test]
+fn scenario_09_no_proposal_is_a_plain_decode_step() {
+    let w = tiny("tiny-v12-l2");
+    let want = plain_greedy(&w, &[9], 6, &[]);
+    let out = run(&w, k(4), &[Request::greedy(vec![9], 6)], &mut scripted(|_| Vec::new()));
+    assert_eq!(out.outputs[0].tokens, want);
+    assert_eq!(out.outputs[0].acceptance.plain_steps, 6);
+    assert_eq!(out.outputs[0].acceptance.proposed, 0);
+}
+
+fn controller(k: usize, disable_by_batch_size: usize) -> EngineConfig {
+    let spec = SpecConfig { mode: SpecMode::Ngram, num_speculative_tokens: k, disable_by_batch_size, ..SpecConfig::default() };
+    EngineConfig { controller: Some(spec), ..EngineConfig::default() }
+}
+
+/// Seed 001 scenarios 10-12, CTRL-2 .. CTRL-4: the dynamic controller steers k.
+#[test]
+fn scenarios_10_to_12_the_controller_steers_k() {
+    let w = tiny("tiny-v12-l2");
+    // 10: a batch at the threshold never speculates.
+    let reqs = vec![Request::greedy(vec![1], 5), Request::greedy(vec![2], 5)];
+    let mut p = scripted(|_| vec![0; 8]);
+    let out = run(&w, controller(5, 2), &reqs, &mut p);
+    assert!(p.caps.is_empty(), "the proposer was never asked");
+    assert_eq!(out.acceptance.proposed, 0);
+    // 11, 12: drafts that are always wrong drive the EMA down. By CTRL-2/4
+    // with k = 5, alpha = 0.1 from 0.7: 0.7 .. 0.51 give k = 3 (four
+    // steps), 0.459 .. 0.301 give k = 1 (five), then 0.271 < 0.3 disables.
+    let want = plain_greedy(&w, &[1, 2], 14, &[]);
+    let wrong = want.clone();
+    let mut p = scripted(move |s: &SeqView<'_>| {
+        let next = wrong.get(s.context.len() - 2).copied().unwrap_or(0);
+        vec![(next + 1) % 12; 8]
+    });
+    let out = run(&w, controller(5, 0), &[Request::greedy(vec![1, 2], 14)], &mut p);
+    assert_eq!(p.caps, vec![3, 3, 3, 3, 1, 1, 1, 1, 1]);
+    assert_eq!(out.outputs[0].tokens, want);
+    assert_eq!(out.outputs[0].acceptance.plain_steps, 14 - 9);
+}
+
+/// Seed 001 scenario 13: a failing proposer either fails the run with its
+/// typed error, or (by choice) turns the step into a plain decode step.
+#[test]
+fn scenario_13_a_failing_proposer_falls_back_or_fails() {
+    let w = tiny("tiny-v12-l2");
+    let want = plain_greedy(&w, &[4, 4], 10, &[]);
+    let model = B.load_model(&w).unwrap();
+    let wanted = want.clone();
+    let make = || {
+        let w2 = wanted.clone();
+        let mut p = scripted(move |s: &SeqView<'_>| w2[s.context.len() - 2..].iter().take(2).copied().collect());
+        p.fail_every = Some(2);
+        p
+    };
+    let engine = Engine::new(&B, &model, &w.config, k(2)).unwrap();
+    let err = engine.generate(&[Request::greedy(vec![4, 4], 10)], &mut make(), None, &mut NoSink).unwrap_err();
+    assert!(matches!(err, DecodeError::Proposer { .. }), "{err}");
+    let engine = Engine::new(&B, &model, &w.config, EngineConfig { on_proposer_error: OnProposerError::PlainStep, ..k(2) }).unwrap();
+    let out = engine.generate(&[Request::greedy(vec![4, 4], 10)], &mut make(), None, &mut NoSink).unwrap();
+    assert_eq!(out.outputs[0].tokens, want);
+    assert!(out.proposer_errors > 0);
+}
+
+/// Seed 001 scenarios 14-15: an empty batch is a no-op; a single sequence works.
+#[test]
+fn scenarios_14_15_empty_batch_and_single_sequence() {
+    let w = tiny("tiny-v16-l1");
+    let out = run(&w, k(3), &[], &mut NoProposer);
+    assert!(out.outputs.is_empty());
+    let want = plain_greedy(&w, &[3], 7, &[]);
+    let out = run(&w, k(3), &[Request::greedy(vec![3], 7)], proposer("self", &w).as_mut());
+    assert_eq!(out.outputs[0].tokens, want);
+}
+
+/// DECODE-7: a stop string split across two tokens ends the output at the
+/// token that completes it.
+#[test]
+fn stop_string_straddling_tokens_ends_the_output() {
+    let w = tiny("tiny-v12-l2");
+    let full = plain_greedy(&w, &[5, 6], 12, &[]);
+    // Token i reads as the two letters `a+i`, `A+i`: a stop string made of the
+    // last letter of output token 3 and the first of token 4 straddles them.
+    let text = |ids: &[u32]| ids.iter().flat_map(|&i| [char::from(b'a' + i as u8), char::from(b'A' + i as u8)]).collect::<String>();
+    let stop = format!("{}{}", char::from(b'A' + full[3] as u8), char::from(b'a' + full[4] as u8));
+    let first_end = (0..full.len()).find(|&n| text(&full[..=n]).contains(&stop)).unwrap();
+    let mut req = Request::greedy(vec![5, 6], 12);
+    req.stop_strings = vec![stop];
+    let model = B.load_model(&w).unwrap();
+    let engine = Engine::new(&B, &model, &w.config, k(4)).unwrap();
+    let out = engine.generate(&[req], proposer("self", &w).as_mut(), Some(&text), &mut NoSink).unwrap();
+    assert_eq!(out.outputs[0].tokens, full[..=first_end].to_vec());
+    assert_eq!(out.outputs[0].finish, FinishReason::Stop);
+}
+
+/// DECODE-3: a sampled request's output is the same alone and in a batch
+/// (its own seed, its own noise streams).
+#[test]
+fn a_request_is_the_same_alone_and_in_a_batch() {
+    let w = tiny("tiny-v16-l1");
+    let sampled = |prompt: Vec<u32>, seed| Request { sampling: SamplingParams { temperature: 0.9, top_k: 0, top_p: 0.95 }, seed, ..Request::greedy(prompt, 10) };
+    let me = sampled(vec![1, 2, 3], 42);
+    let others = [sampled(vec![4], 1), sampled(vec![5, 5, 5, 5, 5], 2), Request::greedy(vec![7, 8], 6)];
+    for name in ["none", "ngram", "draft", "self"] {
+        let alone = run(&w, k(3), std::slice::from_ref(&me), proposer(name, &w).as_mut());
+        let batch: Vec<Request> = [others[0].clone(), me.clone(), others[1].clone(), others[2].clone()].into();
+        let together = run(&w, k(3), &batch, proposer(name, &w).as_mut());
+        assert_eq!(alone.outputs[0].tokens, together.outputs[1].tokens, "{name}");
+    }
+}
+
+/// ERR-1: bad requests get typed errors naming the request.
+#[test]
+fn bad_requests_are_typed_errors() {
+    let w = tiny("tiny-v12-l2");
+    let model = B.load_model(&w).unwrap();
+    let engine = Engine::new(&B, &model, &w.config, k(2)).unwrap();
+    let bad = [
+        Request::greedy(vec![], 3),
+        Request::greedy(vec![12], 3),
+        Request::greedy(vec![1], 0),
+        Request { sampling: SamplingParams { temperature: f64::NAN, top_k: 0, top_p: 1.0 }, ..Request::greedy(vec![1], 3) },
+        Request { eos: vec![99], ..Request::greedy(vec![1], 3) },
+        Request { stop_strings: vec!["x".into()], ..Request::greedy(vec![1], 3) },
+    ];
+    for (i, r) in bad.into_iter().enumerate() {
+        let err = engine.generate(&[Request::greedy(vec![1], 2), r], &mut NoProposer, None, &mut NoSink).unwrap_err();
+        assert!(matches!(err, DecodeError::Request { index: 1, .. }), "case {i}: {err}");
+    }
+    assert!(Engine::new(&B, &model, &w.config, k(65)).is_err());
+}
