@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use specdec_backend::ModelBackend;
 use specdec_conformance::harness::write_reports;
+use specdec_conformance::e2e_section;
 use specdec_conformance::model_section::{self, ModelFiles};
 use specdec_conformance::report::Report;
 use specdec_conformance::compare::Verdict;
@@ -186,7 +187,7 @@ struct Conform<'a> {
 impl Job for Conform<'_> {
     type Out = Report;
     fn run<B: ModelBackend>(&self, backend: &B) -> Report {
-        let selected = self.items.len() + model_section::model_items().len();
+        let selected = self.items.len() + model_section::model_items().len() + e2e_section::e2e_items().len();
         let bar = ProgressBar::new(selected as u64).with_style(
             ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {wide_msg}").expect("valid template").progress_chars("=> "),
         );
@@ -196,6 +197,10 @@ impl Job for Conform<'_> {
             bar.inc(1);
         });
         results.extend(model_section::run(backend, self.cfg, self.files, &mut |r| {
+            bar.set_message(r.name.clone());
+            bar.inc(1);
+        }));
+        results.extend(e2e_section::run(backend, self.cfg, self.files, &mut |r| {
             bar.set_message(r.name.clone());
             bar.inc(1);
         }));

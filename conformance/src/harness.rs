@@ -19,6 +19,7 @@ use std::process::ExitCode;
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use specdec_backend::ModelBackend;
 
+use crate::e2e_section;
 use crate::model_section::{self, ModelFiles};
 
 use crate::report::Report;
@@ -59,7 +60,7 @@ pub fn main<B: ModelBackend>(make: impl FnOnce() -> Result<B, String>, selection
     };
     let cfg = SuiteConfig { seed, filter: args.filter.clone().filter(|_| !args.exact), selection, ..SuiteConfig::default() };
     let items = suite::all_items(&cfg);
-    let names: Vec<String> = items.iter().map(|i| i.name.clone()).chain(model_section::model_items().into_iter().map(|i| i.name)).collect();
+    let names: Vec<String> = items.iter().map(|i| i.name.clone()).chain(model_section::model_items().into_iter().map(|i| i.name)).chain(e2e_section::e2e_items().into_iter().map(|i| i.name)).collect();
     if args.list {
         let trials = names.iter().map(|n| Trial::test(n.clone(), || Ok(()))).collect();
         return libtest_mimic::run(&args, trials).exit_code();
@@ -83,6 +84,8 @@ pub fn main<B: ModelBackend>(make: impl FnOnce() -> Result<B, String>, selection
     let mut results = suite::run(&backend, &items, &cfg, &mut |_| {});
     // The model section (MODEL-8 .. MODEL-14); SmolLM2 comes from `cargo xtask`'s environment.
     results.extend(model_section::run(&backend, &cfg, &ModelFiles::from_env(), &mut |_| {}));
+    // The end-to-end section (DECODE-2 .. DECODE-5): the decoder on this backend.
+    results.extend(e2e_section::run(&backend, &cfg, &ModelFiles::from_env(), &mut |_| {}));
     let report = Report::new(&backend, seed, results);
     println!("{}", report.summary_line());
     print!("{}", report.coverage_by_op());

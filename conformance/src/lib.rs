@@ -15,6 +15,7 @@ pub mod bless;
 pub mod case;
 pub mod compare;
 pub mod diff;
+pub mod e2e_section;
 pub mod exact;
 pub mod execute;
 pub mod harness;

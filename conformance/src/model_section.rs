@@ -93,9 +93,9 @@ pub fn model_items() -> Vec<ModelItem> {
 }
 
 /// A model under test: its weights and, for SmolLM2, its tokenizer.
-struct Subject {
-    weights: Arc<LlamaWeights>,
-    loaded: Option<Arc<LoadedModel>>,
+pub(crate) struct Subject {
+    pub(crate) weights: Arc<LlamaWeights>,
+    pub(crate) loaded: Option<Arc<LoadedModel>>,
 }
 
 fn smollm2(files: &ModelFiles) -> Result<Arc<LoadedModel>, String> {
@@ -104,7 +104,7 @@ fn smollm2(files: &ModelFiles) -> Result<Arc<LoadedModel>, String> {
     CACHE.get_or_init(|| specdec_models::load(&path).map(Arc::new).map_err(|e| e.to_string())).clone()
 }
 
-fn subject(model: &str, files: &ModelFiles) -> Result<Subject, Verdict> {
+pub(crate) fn subject(model: &str, files: &ModelFiles) -> Result<Subject, Verdict> {
     if model == SMOLLM2 {
         let loaded = smollm2(files).map_err(Verdict::NotSupported)?;
         return Ok(Subject { weights: Arc::new(loaded.weights.clone()), loaded: Some(loaded) });
@@ -160,7 +160,7 @@ pub fn run<B: ModelBackend>(backend: &B, cfg: &SuiteConfig, files: &ModelFiles, 
     results
 }
 
-fn backend_verdict(e: &BackendError) -> Verdict {
+pub(crate) fn backend_verdict(e: &BackendError) -> Verdict {
     match e {
         BackendError::NotSupported { .. } => Verdict::NotSupported(e.to_string()),
         _ => Verdict::Fail(e.to_string()),
@@ -188,9 +188,9 @@ fn run_check<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, item: &ModelItem
     }
 }
 
-const NOT_SUPPORTED: &str = "not supported: ";
+pub(crate) const NOT_SUPPORTED: &str = "not supported: ";
 
-fn err(e: BackendError) -> String {
+pub(crate) fn err(e: BackendError) -> String {
     match e {
         BackendError::NotSupported { .. } => format!("{NOT_SUPPORTED}{e}"),
         _ => e.to_string(),

@@ -177,17 +177,23 @@ pub fn expected(s: &Scenario, measure: Measure) -> Vec<f64> {
 /// STAT-3: the smallest sample size whose plan detects [`DETECTABLE_DELTA`]
 /// at the Bonferroni level of the family, checked before any sampling.
 pub fn planned_n(expected: &[f64], family_size: usize) -> Result<u64, String> {
+    planned_n_for(expected, family_size, DETECTABLE_DELTA, BETA)
+}
+
+/// The smallest sample size whose plan detects a total variation of `delta`
+/// with miss probability `beta` at the Bonferroni level of the family.
+pub fn planned_n_for(expected: &[f64], family_size: usize, delta: f64, beta: f64) -> Result<u64, String> {
     let alpha = FAMILY_ALPHA / family_size as f64;
     let cells = expected.iter().filter(|&&x| x > 0.0).count().max(2);
-    let mut n = min_samples(cells, DETECTABLE_DELTA, alpha, BETA).map_err(|e| e.to_string())?;
+    let mut n = min_samples(cells, delta, alpha, beta).map_err(|e| e.to_string())?;
     while n < 1 << 30 {
-        let plan = plan_gof(n, expected, alpha, BETA).map_err(|e| e.to_string())?;
+        let plan = plan_gof(n, expected, alpha, beta).map_err(|e| e.to_string())?;
         match plan.power {
-            Some(p) if p.detectable_delta <= DETECTABLE_DELTA => return Ok(n),
+            Some(p) if p.detectable_delta <= delta => return Ok(n),
             _ => n += n / 4 + 1,
         }
     }
-    Err(format!("no sample size reaches a detectable TV of {DETECTABLE_DELTA} for {expected:?}"))
+    Err(format!("no sample size reaches a detectable TV of {delta} for {expected:?}"))
 }
 
 /// Draws for a check whose law is a single certain outcome.

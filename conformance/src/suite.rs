@@ -35,6 +35,8 @@ pub enum Kind {
     Statistical,
     /// A model forward-pass check (MODEL-8 .. MODEL-14).
     Model,
+    /// A speculative decoder end to end (DECODE-2 .. DECODE-5).
+    EndToEnd,
 }
 
 /// The status of one check (SUITE-2).

@@ -274,18 +274,20 @@ impl<'a, B: ModelBackend> Engine<'a, B> {
             for (pos, &i) in active.iter().enumerate() {
                 let proposed = proposal.drafts[pos].len();
                 let n = shared.unwrap_or(step.num_accepted[pos]);
-                let emitted = &step.tokens[pos][..=n];
-                let mut trim = proposed - n;
-                if self.config.has_fault(Fault::RollbackOffByOne) {
-                    trim += 1;
-                }
-                amounts[i] = trim;
-                kept.push(n + 1);
                 counts.proposed += proposed as u64;
                 counts.accepted += n as u64;
                 counts.bonus += u64::from(proposed > 0 && n == proposed);
                 seqs[i].acceptance.record(proposed, n);
-                self.emit(&mut seqs[i], i, emitted, detok, sink);
+                // The forward appended the last token and the drafts; keep
+                // the last token and the emitted ones but the new last (KV-6),
+                // fewer when a stop cut the run (DECODE-5).
+                let emitted = self.emit(&mut seqs[i], i, &step.tokens[pos][..=n], detok, sink);
+                let mut trim = 1 + proposed - emitted;
+                if self.config.has_fault(Fault::RollbackOffByOne) {
+                    trim += 1;
+                }
+                amounts[i] = trim;
+                kept.push(emitted);
             }
             b.cache_trim(&mut cache, &amounts)?;
             if let Some(c) = controller.as_mut() {
@@ -463,8 +465,9 @@ impl<'a, B: ModelBackend> Engine<'a, B> {
         Ok((tokens, n.into_iter().map(|x| x as usize).collect()))
     }
 
-    /// Appends a step's tokens to a sequence until a stop condition holds.
-    fn emit(&self, s: &mut Seq<'_>, slot: usize, tokens: &[u32], detok: Option<&dyn Detokenize>, sink: &mut dyn Sink) {
+    /// Appends a step's tokens to a sequence until a stop condition holds;
+    /// returns how many were emitted.
+    fn emit(&self, s: &mut Seq<'_>, slot: usize, tokens: &[u32], detok: Option<&dyn Detokenize>, sink: &mut dyn Sink) -> usize {
         let start = s.out.len();
         let past_eos = self.config.has_fault(Fault::AcceptPastEos);
         for (j, &t) in tokens.iter().enumerate() {
@@ -480,6 +483,7 @@ impl<'a, B: ModelBackend> Engine<'a, B> {
             }
         }
         sink.emit(slot, &s.out[start..]);
+        s.out.len() - start
     }
 }
 

@@ -49,7 +49,7 @@ pub struct ForwardOutput<T> {
 }
 
 /// A backend that runs a Llama-family model (MODEL-8 .. MODEL-11).
-pub trait ModelBackend: Backend {
+pub trait ModelBackend: Backend + 'static {
     /// Weights resident on the device.
     type Model;
     /// Every layer's keys and values for a batch of sequences, on the device.

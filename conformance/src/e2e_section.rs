@@ -1,0 +1,421 @@
+//! The end-to-end section of the suite: the speculative decoder
+//! (`specdec-decoder`) on a backend, every proposer, against plain decoding
+//! on the same backend and against the exact law of the reference forward
+//! (DECODE-2 .. DECODE-5).
+//!
+//! Checks, `e2e/<model>/<proposer>/<check>`:
+//! - `greedy`: speculative greedy output equals the same backend's plain
+//!   greedy output (an independent loop, [`crate::model_section::greedy`]),
+//!   token for token; a divergence is excused only at a step whose plain
+//!   top-2 margin is below the backend's epsilon, and counted;
+//! - `rollback`: after that run the target cache equals a fresh prefill of
+//!   the prompt and the emitted tokens but the last (within the backend's
+//!   tolerance; exactly on the reference);
+//! - `sampled` (tiny model only): the law of whole generated sequences
+//!   (temperature 1, top-k 4, up to 3 tokens, an eos the law reaches, k = 2) from
+//!   requests with their own seeds equals the exact law computed from the
+//!   reference forward; chi-squared, the family judged with Holm at
+//!   `FAMILY_ALPHA`, the sample size planned before sampling so each check
+//!   detects a total variation of [`E2E_DELTA`] with miss probability
+//!   [`E2E_BETA`]; never retried.
+//! The negative controls (conformance/tests/e2e_section.rs) run these same
+//! checks on decoders with one injected bug each and assert they fail.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use specdec_backend::model::{ForwardRequest, LlamaWeights, ModelBackend, RefModel};
+use specdec_backend::{NgramConfig, SamplingParams};
+use specdec_decoder::{DraftModelProposer, Engine, EngineConfig, NgramProposer, NoSink, Proposer, Request};
+use specdec_reference::process_logits;
+use specdec_stats::TestReport;
+
+use crate::compare::Verdict;
+use crate::model_section::{self, ModelFiles, SMOLLM2, Subject, err, shipped_prompts};
+use crate::stat;
+use crate::suite::{CheckResult, Kind, Status, SuiteConfig, catch, repro, settle};
+
+/// The tiny model of the end-to-end section (vocabulary 12: its whole output law is enumerable).
+pub const TINY: &str = "tiny-v12-l2";
+/// Drafts per step in the section.
+pub const K: usize = 3;
+/// Generated tokens per SmolLM2 prompt.
+pub const SMOLLM2_TOKENS: usize = 32;
+/// Generated tokens per tiny prompt in the greedy check.
+pub const TINY_TOKENS: usize = 16;
+/// Tokens of a sampled tiny generation (the law's sequences are at most this long).
+pub const SAMPLED_TOKENS: usize = 3;
+/// Drafts per step in the sampled check: fewer than its tokens, so a fully
+/// accepted first step emits a bonus token the law sees.
+pub const SAMPLED_K: usize = 2;
+/// The sampling parameters of the sampled check.
+pub const SAMPLED_PARAMS: SamplingParams = SamplingParams { temperature: 1.0, top_k: 4, top_p: 1.0 };
+/// The total variation each sampled check detects ...
+pub const E2E_DELTA: f64 = 0.05;
+/// ... with this miss probability (stated before sampling).
+pub const E2E_BETA: f64 = 1e-2;
+/// Requests per engine batch in the sampled check.
+const SAMPLED_BATCH: usize = 512;
+
+/// The proposers of the section, by model.
+pub fn proposers(model: &str) -> Vec<&'static str> {
+    if model == SMOLLM2 { vec!["ngram", "early-exit:8", "draft:seeded"] } else { vec!["ngram", "draft:seeded", "draft:self", "early-exit:1"] }
+}
+
+/// One end-to-end check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct E2eItem {
+    pub name: String,
+    pub model: String,
+    pub proposer: String,
+    pub check: &'static str,
+    pub rules: &'static [&'static str],
+}
+
+/// Every end-to-end check, before selection.
+pub fn e2e_items() -> Vec<E2eItem> {
+    let mut items = Vec::new();
+    for model in [TINY, SMOLLM2] {
+        for p in proposers(model) {
+            let mut checks: Vec<(&'static str, &'static [&'static str])> = vec![("greedy", &["DECODE-2", "GREEDY-5"]), ("rollback", &["DECODE-5", "KV-6"])];
+            if model == TINY {
+                checks.push(("sampled", &["DECODE-2", "DECODE-3", "REJECT-7", "STAT-3"]));
+            }
+            for (check, rules) in checks {
+                items.push(E2eItem { name: format!("e2e/{model}/{p}/{check}"), model: model.into(), proposer: p.into(), check, rules });
+            }
+        }
+    }
+    items
+}
+
+/// Builds a proposer of the section for `w` on `b`.
+pub fn build_proposer<B: ModelBackend>(b: &B, name: &str, w: &LlamaWeights) -> Result<Box<dyn Proposer<B>>, String>
+{
+    let vocab = w.config.vocab_size;
+    let e = |e: specdec_decoder::DecodeError| e.to_string();
+    Ok(match name {
+        "ngram" => Box::new(NgramProposer::new(NgramConfig { k: K, ..NgramConfig::default() }, vocab).map_err(e)?),
+        "draft:self" => Box::new(DraftModelProposer::new(b, name, w, vocab).map_err(e)?),
+        "draft:seeded" => Box::new(DraftModelProposer::new(b, name, &seeded_draft(w)?, vocab).map_err(e)?),
+        other => match other.strip_prefix("early-exit:").and_then(|l| l.parse().ok()) {
+            Some(l) => Box::new(DraftModelProposer::early_exit(b, w, l).map_err(e)?),
+            None => return Err(format!("unknown proposer `{other}`")),
+        },
+    })
+}
+
+/// A small seeded draft on `w`'s vocabulary: a model of its own (one layer,
+/// hidden 32), which shares nothing with the target but the vocabulary.
+pub fn seeded_draft(w: &LlamaWeights) -> Result<LlamaWeights, String> {
+    let mut cfg = w.config.clone();
+    cfg.hidden_size = 32;
+    cfg.intermediate_size = 64;
+    cfg.num_hidden_layers = 1;
+    cfg.num_attention_heads = 4;
+    cfg.num_key_value_heads = 2;
+    cfg.head_dim = None;
+    specdec_models::tiny::seeded(cfg, 77).map_err(|e| e.to_string())
+}
+
+/// An engine's config for the section (checked ops: conformance runs the
+/// validity checks; the results are the same as the unchecked hot path).
+pub fn engine_config() -> EngineConfig {
+    EngineConfig { k: K, checked: true, ..EngineConfig::default() }
+}
+
+/// Runs the selected end-to-end checks on `backend`.
+pub fn run<B: ModelBackend>(backend: &B, cfg: &SuiteConfig, files: &ModelFiles, progress: &mut dyn FnMut(&CheckResult)) -> Vec<CheckResult>
+{
+    run_with(backend, cfg, files, &engine_config(), progress)
+}
+
+/// [`run`] with a given engine config (the negative controls inject faults here).
+pub fn run_with<B: ModelBackend>(backend: &B, cfg: &SuiteConfig, files: &ModelFiles, engine: &EngineConfig, progress: &mut dyn FnMut(&CheckResult)) -> Vec<CheckResult>
+{
+    let mut results = Vec::new();
+    let mut sampled = Vec::new();
+    let mut current: Option<(String, Result<(Subject, B::Model), Verdict>)> = None;
+    let mut last_cache: Option<(String, Result<GreedyRun<B>, String>)> = None;
+    for item in e2e_items() {
+        let mut result = CheckResult {
+            name: item.name.clone(),
+            kind: Kind::EndToEnd,
+            op: format!("e2e/{}", item.check),
+            rules: item.rules.iter().map(|r| r.to_string()).collect(),
+            status: Status::Skipped,
+            message: "not selected".into(),
+            excused: 0,
+            max_abs_err: 0.0,
+            millis: 0.0,
+            repro: repro(&backend.name(), cfg.seed, &item.name),
+            statistics: None,
+        };
+        if !cfg.wants(&item.name) {
+            progress(&result);
+            results.push(result);
+            continue;
+        }
+        if item.model == SMOLLM2 && backend.name() == "reference" {
+            // The f64 reference decodes SmolLM2 at ~10 tokens/s: it is the
+            // model section's greedy oracle, and runs this section on the tiny model.
+            settle(&mut result, Verdict::NotSupported("the reference runs the end-to-end section on the tiny model only".into()), &cfg.selection);
+            progress(&result);
+            results.push(result);
+            continue;
+        }
+        let start = Instant::now();
+        if current.as_ref().is_none_or(|(m, _)| *m != item.model) {
+            let loaded = catch(|| {
+                let s = model_section::subject(&item.model, files)?;
+                let m = backend.load_model(&s.weights).map_err(|e| model_section::backend_verdict(&e))?;
+                Ok((s, m))
+            })
+            .unwrap_or_else(|msg| Err(Verdict::Fail(msg)));
+            current = Some((item.model.clone(), loaded));
+        }
+        let Some((_, loaded)) = &current else { unreachable!("set above") };
+        let (subject, model) = match loaded {
+            Ok(x) => x,
+            Err(v) => {
+                settle(&mut result, v.clone(), &cfg.selection);
+                progress(&result);
+                results.push(result);
+                continue;
+            }
+        };
+        let key = format!("{}/{}", item.model, item.proposer);
+        let verdict = match item.check {
+            "greedy" | "rollback" => {
+                if last_cache.as_ref().is_none_or(|(k, _)| *k != key) {
+                    let run = catch(|| greedy_run(backend, subject, model, &item.proposer, engine)).and_then(|r| r);
+                    last_cache = Some((key, run));
+                }
+                match &last_cache {
+                    Some((_, Ok(run))) if item.check == "greedy" => run.verdict.clone(),
+                    Some((_, Ok(run))) => catch(|| check_rollback(backend, subject, run)).unwrap_or_else(Verdict::Fail),
+                    Some((_, Err(e))) => to_verdict(Err(e.clone())),
+                    None => unreachable!("set above"),
+                }
+            }
+            "sampled" => {
+                // Judged with the family below (Holm, STAT-2).
+                let outcome = catch(|| sampled_counts(backend, subject, model, &item.proposer, engine, cfg.seed)).unwrap_or_else(|m| Err(Verdict::Fail(m)));
+                result.millis = start.elapsed().as_secs_f64() * 1e3;
+                sampled.push((results.len(), outcome));
+                results.push(result);
+                continue;
+            }
+            other => Verdict::Fail(format!("unknown check `{other}`")),
+        };
+        result.millis = start.elapsed().as_secs_f64() * 1e3;
+        settle(&mut result, verdict, &cfg.selection);
+        progress(&result);
+        results.push(result);
+    }
+    for (slot, verdict, report) in stat::judge_family(sampled) {
+        let r = &mut results[slot];
+        r.statistics = report;
+        settle(r, verdict, &cfg.selection);
+        progress(r);
+    }
+    results
+}
+
+fn to_verdict(outcome: Result<usize, String>) -> Verdict {
+    match outcome {
+        Ok(excused) => Verdict::Pass { excused, max_abs_err: 0.0 },
+        Err(msg) if msg.starts_with(model_section::NOT_SUPPORTED) => Verdict::NotSupported(msg[model_section::NOT_SUPPORTED.len()..].to_string()),
+        Err(msg) => Verdict::Fail(msg),
+    }
+}
+
+/// A greedy speculative run, its verdict, and its cache for the rollback check.
+struct GreedyRun<B: ModelBackend> {
+    verdict: Verdict,
+    prompts: Vec<Vec<u32>>,
+    tokens: Vec<Vec<u32>>,
+    cache: B::ModelCache,
+}
+
+/// Greedy prompts: SmolLM2's shipped prompts, or seeded ids with repeats for the tiny model.
+fn greedy_prompts(s: &Subject) -> Result<(Vec<Vec<u32>>, usize, Vec<u32>), String> {
+    if let Some(loaded) = &s.loaded {
+        let tok = loaded.tokenizer.as_ref().ok_or("SmolLM2 has no tokenizer")?;
+        let prompts = shipped_prompts()
+            .iter()
+            .map(|p| {
+                let text = if p.chat { tok.chat_prompt(&p.text).map_err(|e| e.to_string())? } else { p.text.clone() };
+                tok.encode(&text, false).map_err(|e| e.to_string())
+            })
+            .collect::<Result<_, _>>()?;
+        return Ok((prompts, SMOLLM2_TOKENS, s.weights.config.eos_ids()));
+    }
+    let prompts = vec![vec![1, 2, 3, 1, 2, 3, 1], vec![5], vec![7, 7, 7, 7], vec![0, 4, 9, 2, 4, 9, 2, 4, 11, 10]];
+    // An eos the first prompt's greedy output reaches mid-generation, so
+    // accepted runs hold it (DECODE-6).
+    let plain = RefModel::new((*s.weights).clone());
+    let r = model_section::greedy(&specdec_backend::ReferenceBackend, &plain, &prompts[..1], TINY_TOKENS, &[], s.weights.config.vocab_size)?;
+    let eos = r[0].tokens[TINY_TOKENS / 2];
+    Ok((prompts, TINY_TOKENS, vec![eos]))
+}
+
+fn greedy_run<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, proposer: &str, config: &EngineConfig) -> Result<GreedyRun<B>, String>
+{
+    let (prompts, max_tokens, eos) = greedy_prompts(s)?;
+    let vocab = s.weights.config.vocab_size;
+    let plain = model_section::greedy(b, m, &prompts, max_tokens, &eos, vocab)?;
+    let mut p = build_proposer(b, proposer, &s.weights)?;
+    let engine = Engine::new(b, m, &s.weights.config, config.clone()).map_err(|e| e.to_string())?;
+    let reqs: Vec<Request> = prompts.iter().map(|p| Request { eos: eos.clone(), ..Request::greedy(p.clone(), max_tokens) }).collect();
+    let (out, cache) = engine.run(&reqs, p.as_mut(), None, &mut NoSink).map_err(|e| err_of(&e))?;
+    let eps = b.model_precision().argmax_margin_epsilon;
+    let mut excused = 0;
+    let mut failure = None;
+    for (i, (o, e)) in out.outputs.iter().zip(&plain).enumerate() {
+        if let Some(step) = o.tokens.iter().zip(&e.tokens).position(|(a, b)| a != b) {
+            if e.margins[step] < eps {
+                excused += 1;
+                continue;
+            }
+            failure = Some(format!("prompt {i}: token {step} is {}, plain greedy gives {} (plain top-2 margin {:.3e} >= epsilon {eps:e})", o.tokens[step], e.tokens[step], e.margins[step]));
+            break;
+        }
+        if o.tokens.len() != e.tokens.len() {
+            failure = Some(format!("prompt {i}: {} tokens, plain greedy generated {}", o.tokens.len(), e.tokens.len()));
+            break;
+        }
+    }
+    let a = &out.acceptance;
+    let verdict = match failure {
+        Some(f) => Verdict::Fail(format!("{f} [{} proposed, {} accepted]", a.proposed, a.accepted)),
+        None => to_verdict(Ok(excused)),
+    };
+    Ok(GreedyRun { verdict, prompts, tokens: out.outputs.into_iter().map(|o| o.tokens).collect(), cache })
+}
+
+fn err_of(e: &specdec_decoder::DecodeError) -> String {
+    match e {
+        specdec_decoder::DecodeError::Backend(b) => err(b.clone()),
+        other => other.to_string(),
+    }
+}
+
+/// DECODE-5: the speculative run's cache against a fresh prefill of what it emitted.
+fn check_rollback<B: ModelBackend>(b: &B, s: &Subject, run: &GreedyRun<B>) -> Verdict {
+    let outcome = (|| -> Result<(usize, f64), String> {
+        let tol = b.model_precision().logit_rel_tolerance;
+        let m = b.load_model(&s.weights).map_err(err)?;
+        let mut worst = 0.0f64;
+        for (i, (p, t)) in run.prompts.iter().zip(&run.tokens).enumerate() {
+            let kept: Vec<u32> = p.iter().chain(&t[..t.len() - 1]).copied().collect();
+            let lens = b.cache_lens(&run.cache);
+            if lens[i] != kept.len() {
+                return Err(format!("request {i}: the cache holds {} positions, the prompt and emitted tokens but the last are {}", lens[i], kept.len()));
+            }
+            let mut fresh = b.new_model_cache(&m, 1, kept.len()).map_err(err)?;
+            b.forward(&m, &mut fresh, &ForwardRequest { tokens: &[kept], logits: specdec_backend::model::LogitRows::None, hidden_layers: &[] }).map_err(err)?;
+            for layer in 0..s.weights.config.num_hidden_layers {
+                let (k1, v1) = b.cache_contents(&run.cache, layer, i).map_err(err)?;
+                let (k2, v2) = b.cache_contents(&fresh, layer, 0).map_err(err)?;
+                for (what, x, y) in [("keys", &k1, &k2), ("values", &v1, &v2)] {
+                    let scale = y.iter().fold(0.0f64, |a, v| a.max(v.abs())).max(f64::MIN_POSITIVE);
+                    for (j, (a, e)) in x.iter().zip(y).enumerate() {
+                        let d = (a - e).abs();
+                        worst = worst.max(d);
+                        if !(d <= tol * scale) {
+                            return Err(format!("request {i} layer {layer} {what}[{j}]: {a} vs a fresh prefill's {e} (|diff| {d:.3e} > {tol:e} x {scale:.3e})"));
+                        }
+                    }
+                }
+            }
+        }
+        Ok((0, worst))
+    })();
+    match outcome {
+        Ok((excused, max_abs_err)) => Verdict::Pass { excused, max_abs_err },
+        Err(e) => to_verdict(Err(e)),
+    }
+}
+
+/// The sampled check's prompt and eos: a repetitive prompt (n-gram drafts),
+/// and the eos the law reaches: the second most likely first token.
+pub fn sampled_setup(w: &LlamaWeights) -> Result<(Vec<u32>, u32), String> {
+    let prompt = vec![3, 1, 4, 1, 5, 3, 1, 4];
+    let p = next_law(w, &prompt)?;
+    let mut order: Vec<usize> = (0..p.len()).collect();
+    order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+    Ok((prompt, order[1] as u32))
+}
+
+/// The processed law of the token after `context` by the reference forward.
+fn next_law(w: &LlamaWeights, context: &[u32]) -> Result<Vec<f64>, String> {
+    let model = RefModel::new(w.clone());
+    let mut cache = model.new_cache(1, context.len()).map_err(|e| e.to_string())?;
+    let out = model.forward(&mut cache, &ForwardRequest::last_logits(&[context.to_vec()])).map_err(|e| e.to_string())?;
+    process_logits(&out.logits, SAMPLED_PARAMS).map_err(|e| e.to_string())
+}
+
+/// The exact law of a sampled generation: sequences that end at eos or at
+/// [`SAMPLED_TOKENS`] tokens, by enumeration over the reference forward.
+pub fn exact_law(w: &LlamaWeights, prompt: &[u32], eos: u32) -> Result<BTreeMap<Vec<u32>, f64>, String> {
+    let mut law = BTreeMap::new();
+    let mut open = vec![(Vec::new(), 1.0)];
+    while let Some((seq, prob)) = open.pop() {
+        let context: Vec<u32> = prompt.iter().chain(&seq).copied().collect();
+        for (x, &px) in next_law(w, &context)?.iter().enumerate() {
+            if px == 0.0 {
+                continue;
+            }
+            let mut next: Vec<u32> = seq.clone();
+            next.push(x as u32);
+            if x as u32 == eos || next.len() == SAMPLED_TOKENS {
+                *law.entry(next).or_insert(0.0) += prob * px;
+            } else {
+                open.push((next, prob * px));
+            }
+        }
+    }
+    Ok(law)
+}
+
+fn sampled_counts<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, proposer: &str, config: &EngineConfig, seed: u64) -> Result<TestReport, Verdict> {
+    let mut p = build_proposer(b, proposer, &s.weights).map_err(Verdict::Fail)?;
+    sampled_law_check(b, &s.weights, m, p.as_mut(), config, seed)
+}
+
+/// The `sampled` check with a given proposer: samples whole generations on
+/// `b` and counts them per cell of the exact law (one extra cell, expected
+/// 0, for any sequence outside the law's support); the report is judged by
+/// the caller (Holm over the family).
+pub fn sampled_law_check<B: ModelBackend>(b: &B, weights: &LlamaWeights, m: &B::Model, p: &mut dyn Proposer<B>, config: &EngineConfig, seed: u64) -> Result<TestReport, Verdict> {
+    let fail = Verdict::Fail;
+    let proposer = p.name();
+    let (prompt, eos) = sampled_setup(weights).map_err(fail)?;
+    let law = exact_law(weights, &prompt, eos).map_err(fail)?;
+    let mut expected: Vec<f64> = law.values().copied().collect();
+    expected.push(0.0);
+    let family = e2e_items().iter().filter(|i| i.check == "sampled").count();
+    let n = stat::planned_n_for(&expected, family, E2E_DELTA, E2E_BETA).map_err(fail)? as usize;
+    let cells: BTreeMap<&Vec<u32>, usize> = law.keys().enumerate().map(|(i, k)| (k, i)).collect();
+    let mut counts = vec![0u64; expected.len()];
+    let config = EngineConfig { k: SAMPLED_K, ..config.clone() };
+    let engine = Engine::new(b, m, &weights.config, config).map_err(|e| fail(e.to_string()))?;
+    let base = stat::stream_seed(seed, &format!("e2e/{proposer}"));
+    let mut done = 0;
+    while done < n {
+        let batch = SAMPLED_BATCH.min(n - done);
+        let reqs: Vec<Request> = (0..batch)
+            .map(|i| Request { sampling: SAMPLED_PARAMS, seed: base.wrapping_add((done + i) as u64), eos: vec![eos], ..Request::greedy(prompt.clone(), SAMPLED_TOKENS) })
+            .collect();
+        let out = engine.generate(&reqs, p, None, &mut NoSink).map_err(|e| match to_verdict(Err(err_of(&e))) {
+            Verdict::Pass { .. } => fail(e.to_string()),
+            v => v,
+        })?;
+        for o in &out.outputs {
+            counts[cells.get(&o.tokens).copied().unwrap_or(expected.len() - 1)] += 1;
+        }
+        done += batch;
+    }
+    stat::test_counts(&format!("e2e/{proposer}/sampled (n = {n})"), &counts, &expected, family).map_err(fail)
+}
