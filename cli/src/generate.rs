@@ -1,19 +1,18 @@
-//! `specdec generate`: plain decoding of one prompt on any backend
-//! (MODEL-15). Text streams to stdout as it is generated; `--json` prints
-//! one object instead. Temperature 0 is greedy with ties to the lowest id;
-//! otherwise the backend's `process_logits` (temperature, top-k, top-p) and
-//! `draw` run on the device with uniforms from the request's own PCG64
-//! stream, seeded by `--seed`, so a run is reproducible.
+//! `specdec generate`: decoding of one prompt on any backend, plain or
+//! speculative (MODEL-15, DECODE-1 .. DECODE-8), through the backend-generic
+//! engine of `specdec-decoder`. Text streams to stdout as it is generated;
+//! `--json` prints one object instead. Temperature 0 is greedy with ties to
+//! the lowest id; otherwise sampling runs on the device with noise from the
+//! request's own PCG64 streams seeded by `--seed`, so a run is reproducible.
+//! `--compare` also runs plain decoding and reports the speedup.
 
 use std::io::Write as _;
 use std::time::Instant;
 
-use rand::{RngExt, SeedableRng};
-use rand_pcg::Pcg64;
 use serde_json::json;
-use specdec_backend::model::{ForwardRequest, ModelBackend};
-use specdec_backend::{DrawNoiseArg, HostTensor, LogitsParams};
-use specdec_conformance::model_section::top2;
+use specdec_backend::SamplingParams;
+use specdec_backend::model::ModelBackend;
+use specdec_decoder::{Engine, EngineConfig, ProposerChoice, Request, RunOutput};
 use specdec_models::LoadedModel;
 
 use crate::backends::Job;
@@ -29,6 +28,9 @@ pub struct Generate {
     pub top_p: f64,
     pub seed: u64,
     pub json: bool,
+    pub proposer: ProposerChoice,
+    pub k: usize,
+    pub compare: bool,
 }
 
 impl Generate {
@@ -43,8 +45,36 @@ impl Generate {
         if self.max_tokens == 0 {
             return Err("--max-tokens must be at least 1".into());
         }
+        if self.k == 0 || self.k > specdec_decoder::engine::MAX_K {
+            return Err(format!("--k {} must be in [1, {}]", self.k, specdec_decoder::engine::MAX_K));
+        }
         Ok(())
     }
+}
+
+/// Per-run metrics as JSON (DECODE-8).
+fn metrics(run: &RunOutput) -> serde_json::Value {
+    let a = &run.acceptance;
+    let o = &run.outputs[0];
+    let t = &run.timings;
+    json!({
+        "acceptance": a.acceptance_rate(),
+        "acceptance_per_position": a.rate_per_position(),
+        "mean_accepted": a.mean_accepted(),
+        "tokens_per_step": a.tokens_per_step(),
+        "steps": a.steps,
+        "plain_steps": a.plain_steps,
+        "proposed": a.proposed,
+        "accepted": a.accepted,
+        "timings": {
+            "prefill_ms": t.prefill_s * 1e3,
+            "propose_ms": t.propose_s * 1e3,
+            "verify_ms": t.verify_s * 1e3,
+            "rest_ms": t.rest_s * 1e3,
+            "decode_tokens": o.tokens.len(),
+            "decode_tokens_per_s": run.decode_tokens_per_s(),
+        },
+    })
 }
 
 impl Job for Generate {
@@ -52,103 +82,116 @@ impl Job for Generate {
 
     fn run<B: ModelBackend>(&self, b: &B) -> Result<(), String> {
         let tok = self.model.tokenizer.as_ref().ok_or("this model has no tokenizer; generate needs one to read the prompt")?;
-        let cfg = &self.model.weights.config;
+        let weights = &self.model.weights;
+        let cfg = &weights.config;
         let text = if self.chat { tok.chat_prompt(&self.prompt).map_err(|e| e.to_string())? } else { self.prompt.clone() };
         let prompt_ids = tok.encode(&text, false).map_err(|e| e.to_string())?;
         if prompt_ids.is_empty() {
             return Err("the prompt encodes to no tokens".into());
         }
-        let capacity = prompt_ids.len() + self.max_tokens;
-        if capacity > cfg.max_position_embeddings {
+        if prompt_ids.len() + self.max_tokens > cfg.max_position_embeddings {
             return Err(format!("{} prompt tokens + --max-tokens {} exceed the model's {} positions", prompt_ids.len(), self.max_tokens, cfg.max_position_embeddings));
         }
         let load_start = Instant::now();
-        let model = b.load_model(&self.model.weights).map_err(|e| e.to_string())?;
+        let model = b.load_model(weights).map_err(|e| e.to_string())?;
+        let mut proposer = self.proposer.build(b, weights, self.k).map_err(|e| e.to_string())?;
         let load_ms = load_start.elapsed().as_secs_f64() * 1e3;
-        let mut cache = b.new_model_cache(&model, 1, capacity).map_err(|e| e.to_string())?;
-        let mut rng = Pcg64::seed_from_u64(self.seed);
-        let eos = cfg.eos_ids();
-        let (mut tokens, mut printed) = (Vec::<u32>::new(), String::new());
-        let mut input = vec![prompt_ids.clone()];
-        let (mut prefill_ms, mut decode_ms) = (0.0, 0.0);
-        let mut finish = "length";
+        let k = if self.proposer == ProposerChoice::None { 0 } else { self.k };
+        let engine = Engine::new(b, &model, cfg, EngineConfig { k, ..EngineConfig::default() }).map_err(|e| e.to_string())?;
+        let request = Request {
+            prompt: prompt_ids.clone(),
+            sampling: SamplingParams { temperature: self.temperature, top_k: self.top_k, top_p: self.top_p },
+            seed: self.seed,
+            max_tokens: self.max_tokens,
+            eos: cfg.eos_ids(),
+            stop_strings: Vec::new(),
+        };
         let stdout = std::io::stdout();
-        while tokens.len() < self.max_tokens {
-            let step = Instant::now();
-            let out = b.forward(&model, &mut cache, &ForwardRequest::last_logits(&input)).map_err(|e| e.to_string())?;
-            let logits = out.logits.ok_or("the backend returned no logits")?;
-            let id = self.next_token(b, &logits, &mut rng)?;
-            let ms = step.elapsed().as_secs_f64() * 1e3;
-            if tokens.is_empty() { prefill_ms += ms } else { decode_ms += ms }
-            tokens.push(id);
-            if eos.contains(&id) {
-                finish = "eos";
-                break;
+        let (mut streamed, mut printed) = (Vec::<u32>::new(), String::new());
+        let mut sink = |_: usize, ids: &[u32]| {
+            if self.json {
+                return;
             }
-            if !self.json {
-                // Decode the whole output and print what is new, so a
-                // multi-byte character split across tokens prints once whole.
-                let now = tok.decode(&tokens, true).map_err(|e| e.to_string())?;
-                if now.starts_with(&printed) && !now.ends_with('\u{FFFD}') {
-                    let mut lock = stdout.lock();
-                    let _ = write!(lock, "{}", &now[printed.len()..]);
-                    let _ = lock.flush();
-                    printed = now;
-                }
+            // Decode the whole output and print what is new, so a multi-byte
+            // character split across tokens prints once, whole; stop tokens are not text.
+            streamed.extend(ids.iter().filter(|t| !request.eos.contains(t)));
+            if let Ok(now) = tok.decode(&streamed, true)
+                && now.starts_with(&printed)
+                && !now.ends_with('\u{FFFD}')
+            {
+                let mut lock = stdout.lock();
+                let _ = write!(lock, "{}", &now[printed.len()..]);
+                let _ = lock.flush();
+                printed = now;
             }
-            input = vec![vec![id]];
-        }
-        let text = tok.decode(&tokens, true).map_err(|e| e.to_string())?;
-        let decoded = tokens.len().saturating_sub(1);
+        };
+        let run = engine.generate(std::slice::from_ref(&request), proposer.as_mut(), None, &mut sink).map_err(|e| e.to_string())?;
+        let out = &run.outputs[0];
+        let plain = if self.compare && self.proposer != ProposerChoice::None {
+            let engine = Engine::new(b, &model, cfg, EngineConfig { k: 0, ..EngineConfig::default() }).map_err(|e| e.to_string())?;
+            Some(engine.generate(std::slice::from_ref(&request), &mut specdec_decoder::NoProposer, None, &mut specdec_decoder::NoSink).map_err(|e| e.to_string())?)
+        } else {
+            None
+        };
+        let text = tok.decode(&out.tokens, true).map_err(|e| e.to_string())?;
+        let proposer_name = if self.proposer == ProposerChoice::None { "none".to_string() } else { proposer.name() };
+        let comparison = plain.as_ref().map(|p| {
+            let same = p.outputs[0].tokens == out.tokens;
+            let speedup = run.decode_tokens_per_s() / p.decode_tokens_per_s().max(f64::MIN_POSITIVE);
+            (same, speedup, p)
+        });
         if self.json {
-            let obj = json!({
+            let mut obj = json!({
                 "backend": b.name(),
+                "proposer": proposer_name,
+                "k": k,
                 "prompt_ids": prompt_ids,
-                "token_ids": tokens,
+                "token_ids": out.tokens,
                 "text": text,
-                "finish_reason": finish,
-                "timings": {
-                    "load_ms": load_ms,
-                    "prefill_ms": prefill_ms,
-                    "prefill_tokens": prompt_ids.len(),
-                    "decode_ms": decode_ms,
-                    "decode_tokens": decoded,
-                    "decode_tokens_per_s": if decode_ms > 0.0 { decoded as f64 / decode_ms * 1e3 } else { 0.0 },
-                },
+                "finish_reason": out.finish.name(),
+                "load_ms": load_ms,
             });
+            let m = metrics(&run);
+            for key in ["acceptance", "acceptance_per_position", "mean_accepted", "tokens_per_step", "steps", "plain_steps", "proposed", "accepted", "timings"] {
+                obj[key] = m[key].clone();
+            }
+            if let Some((same, speedup, p)) = &comparison {
+                obj["compare"] = json!({
+                    "plain_token_ids": p.outputs[0].tokens,
+                    "identical_tokens": same,
+                    "plain_decode_tokens_per_s": p.decode_tokens_per_s(),
+                    "speedup": speedup,
+                });
+            }
             // A closed pipe (`| head`) is not an error of ours.
             let _ = writeln!(stdout.lock(), "{}", serde_json::to_string_pretty(&obj).map_err(|e| e.to_string())?);
         } else {
-            let rest = if text.len() > printed.len() && text.starts_with(&printed) { &text[printed.len()..] } else { "" };
-            let _ = writeln!(stdout.lock(), "{rest}");
+            let _ = writeln!(stdout.lock());
+            let a = &run.acceptance;
             eprintln!(
-                "[{} tokens, finish {finish}; prefill {} tokens in {prefill_ms:.0} ms, decode {:.1} tokens/s on {}]",
-                tokens.len(),
+                "[{} tokens, finish {}; {} on {}, k {k}: {} steps, acceptance {:.2}, {:.2} tokens/step; decode {:.1} tokens/s; prefill {} tokens in {:.0} ms]",
+                out.tokens.len(),
+                out.finish.name(),
+                proposer_name,
+                b.name(),
+                a.steps,
+                a.acceptance_rate(),
+                a.tokens_per_step(),
+                run.decode_tokens_per_s(),
                 prompt_ids.len(),
-                if decode_ms > 0.0 { decoded as f64 / decode_ms * 1e3 } else { 0.0 },
-                b.name()
+                run.timings.prefill_s * 1e3,
             );
+            if let Some((same, speedup, p)) = &comparison {
+                eprintln!(
+                    "[compare: plain decoding {:.1} tokens/s; tokens {}; speedup {speedup:.2}x]",
+                    p.decode_tokens_per_s(),
+                    if *same { "identical" } else { "DIFFER" }
+                );
+            }
         }
-        Ok(())
-    }
-}
-
-impl Generate {
-    /// Greedy (ties to the lowest id) at temperature 0, else processed
-    /// logits and an inverse-CDF draw on the device.
-    fn next_token<B: ModelBackend>(&self, b: &B, logits: &B::Tensor, rng: &mut Pcg64) -> Result<u32, String> {
-        if self.temperature == 0.0 {
-            let row = b.download_f64(logits).map_err(|e| e.to_string())?;
-            return Ok(top2(row.data()).0 as u32);
+        match comparison {
+            Some((false, _, _)) if self.temperature == 0.0 => Err("speculative and plain greedy tokens differ".into()),
+            _ => Ok(()),
         }
-        let up_f = |v: f64| b.upload_f64(&HostTensor::from_vec(vec![v])).map_err(|e| e.to_string());
-        let temperature = up_f(self.temperature)?;
-        let top_p = up_f(self.top_p)?;
-        let top_k = b.upload_i64(&HostTensor::from_vec(vec![self.top_k as i64])).map_err(|e| e.to_string())?;
-        let probs = b.process_logits(logits, LogitsParams { temperature: &temperature, top_k: &top_k, top_p: &top_p }).map_err(|e| e.to_string())?;
-        let u = up_f(rng.random::<f64>())?;
-        let id = b.draw(&probs, DrawNoiseArg::InverseCdf(&u)).map_err(|e| e.to_string())?;
-        let id = b.download_i64(&id).map_err(|e| e.to_string())?;
-        Ok(id.data()[0] as u32)
     }
 }

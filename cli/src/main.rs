@@ -70,7 +70,7 @@ enum Command {
         #[command(subcommand)]
         command: model::ModelCommand,
     },
-    /// Plain decoding of one prompt (MODEL-15).
+    /// Plain or speculative decoding of one prompt (MODEL-15, DECODE-1 .. DECODE-8).
     Generate {
         /// An HF-layout directory or a `.gguf` file.
         #[arg(long)]
@@ -94,9 +94,19 @@ enum Command {
         top_p: f64,
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        /// Print one JSON object (prompt_ids, token_ids, text, finish_reason, timings).
+        /// Print one JSON object (prompt_ids, token_ids, text, finish_reason,
+        /// proposer, acceptance, mean_accepted, tokens_per_step, steps, timings).
         #[arg(long)]
         json: bool,
+        /// none, ngram, draft:PATH, early-exit:L or dflash:PATH.
+        #[arg(long, default_value = "none")]
+        proposer: specdec_decoder::ProposerChoice,
+        /// Drafts per step at most.
+        #[arg(long, default_value_t = 4)]
+        k: usize,
+        /// Also run plain decoding and print the speedup (greedy: fails if the tokens differ).
+        #[arg(long)]
+        compare: bool,
     },
     /// Runs a case file written by anyone, reporting each case.
     Check {
@@ -140,9 +150,9 @@ fn main() -> ExitCode {
             conform(&backend, filter, xfails.as_deref(), seed, &report, diff_cases, !no_stat, &files)
         }
         Command::Model { command } => model::run(command),
-        Command::Generate { model, backend, prompt, chat, max_tokens, temperature, top_k, top_p, seed, json } => {
+        Command::Generate { model, backend, prompt, chat, max_tokens, temperature, top_k, top_p, seed, json, proposer, k, compare } => {
             specdec_models::load(&model).map_err(|e| e.to_string()).and_then(|loaded| {
-                let job = generate::Generate { model: loaded, prompt, chat, max_tokens, temperature, top_k, top_p, seed, json };
+                let job = generate::Generate { model: loaded, prompt, chat, max_tokens, temperature, top_k, top_p, seed, json, proposer, k, compare };
                 job.validate()?;
                 with_backend(&backend, &job)?.map(|()| true)
             })

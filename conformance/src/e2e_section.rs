@@ -137,6 +137,8 @@ pub fn run_with<B: ModelBackend>(backend: &B, cfg: &SuiteConfig, files: &ModelFi
     let mut sampled = Vec::new();
     let mut current: Option<(String, Result<(Subject, B::Model), Verdict>)> = None;
     let mut last_cache: Option<(String, Result<GreedyRun<B>, String>)> = None;
+    // Plain greedy runs once per model; every proposer is compared with it.
+    let mut plain: Option<(String, Result<Plain, String>)> = None;
     for item in e2e_items() {
         let mut result = CheckResult {
             name: item.name.clone(),
@@ -187,13 +189,20 @@ pub fn run_with<B: ModelBackend>(backend: &B, cfg: &SuiteConfig, files: &ModelFi
         let key = format!("{}/{}", item.model, item.proposer);
         let verdict = match item.check {
             "greedy" | "rollback" => {
+                if plain.as_ref().is_none_or(|(m, _)| *m != item.model) {
+                    plain = Some((item.model.clone(), catch(|| plain_run(backend, subject, model)).and_then(|r| r)));
+                }
                 if last_cache.as_ref().is_none_or(|(k, _)| *k != key) {
-                    let run = catch(|| greedy_run(backend, subject, model, &item.proposer, engine)).and_then(|r| r);
+                    let run = match &plain {
+                        Some((_, Ok(p))) => catch(|| greedy_run(backend, subject, model, p, &item.proposer, engine)).and_then(|r| r),
+                        Some((_, Err(e))) => Err(e.clone()),
+                        None => unreachable!("set above"),
+                    };
                     last_cache = Some((key, run));
                 }
                 match &last_cache {
                     Some((_, Ok(run))) if item.check == "greedy" => run.verdict.clone(),
-                    Some((_, Ok(run))) => catch(|| check_rollback(backend, subject, run)).unwrap_or_else(Verdict::Fail),
+                    Some((_, Ok(run))) => catch(|| check_rollback(backend, subject, model, run)).unwrap_or_else(Verdict::Fail),
                     Some((_, Err(e))) => to_verdict(Err(e.clone())),
                     None => unreachable!("set above"),
                 }
@@ -260,11 +269,23 @@ fn greedy_prompts(s: &Subject) -> Result<(Vec<Vec<u32>>, usize, Vec<u32>), Strin
     Ok((prompts, TINY_TOKENS, vec![eos]))
 }
 
-fn greedy_run<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, proposer: &str, config: &EngineConfig) -> Result<GreedyRun<B>, String>
-{
+/// A model's greedy prompts and their plain greedy decoding on the backend.
+struct Plain {
+    prompts: Vec<Vec<u32>>,
+    max_tokens: usize,
+    eos: Vec<u32>,
+    runs: Vec<model_section::GreedyRun>,
+}
+
+fn plain_run<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model) -> Result<Plain, String> {
     let (prompts, max_tokens, eos) = greedy_prompts(s)?;
-    let vocab = s.weights.config.vocab_size;
-    let plain = model_section::greedy(b, m, &prompts, max_tokens, &eos, vocab)?;
+    let runs = model_section::greedy(b, m, &prompts, max_tokens, &eos, s.weights.config.vocab_size)?;
+    Ok(Plain { prompts, max_tokens, eos, runs })
+}
+
+fn greedy_run<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, plain: &Plain, proposer: &str, config: &EngineConfig) -> Result<GreedyRun<B>, String> {
+    let Plain { prompts, max_tokens, eos, runs: plain } = plain;
+    let max_tokens = *max_tokens;
     let mut p = build_proposer(b, proposer, &s.weights)?;
     let engine = Engine::new(b, m, &s.weights.config, config.clone()).map_err(|e| e.to_string())?;
     let reqs: Vec<Request> = prompts.iter().map(|p| Request { eos: eos.clone(), ..Request::greedy(p.clone(), max_tokens) }).collect();
@@ -272,7 +293,7 @@ fn greedy_run<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, proposer: &str,
     let eps = b.model_precision().argmax_margin_epsilon;
     let mut excused = 0;
     let mut failure = None;
-    for (i, (o, e)) in out.outputs.iter().zip(&plain).enumerate() {
+    for (i, (o, e)) in out.outputs.iter().zip(plain.iter()).enumerate() {
         if let Some(step) = o.tokens.iter().zip(&e.tokens).position(|(a, b)| a != b) {
             if e.margins[step] < eps {
                 excused += 1;
@@ -291,7 +312,7 @@ fn greedy_run<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, proposer: &str,
         Some(f) => Verdict::Fail(format!("{f} [{} proposed, {} accepted]", a.proposed, a.accepted)),
         None => to_verdict(Ok(excused)),
     };
-    Ok(GreedyRun { verdict, prompts, tokens: out.outputs.into_iter().map(|o| o.tokens).collect(), cache })
+    Ok(GreedyRun { verdict, prompts: prompts.clone(), tokens: out.outputs.into_iter().map(|o| o.tokens).collect(), cache })
 }
 
 fn err_of(e: &specdec_decoder::DecodeError) -> String {
@@ -302,10 +323,9 @@ fn err_of(e: &specdec_decoder::DecodeError) -> String {
 }
 
 /// DECODE-5: the speculative run's cache against a fresh prefill of what it emitted.
-fn check_rollback<B: ModelBackend>(b: &B, s: &Subject, run: &GreedyRun<B>) -> Verdict {
+fn check_rollback<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, run: &GreedyRun<B>) -> Verdict {
     let outcome = (|| -> Result<(usize, f64), String> {
         let tol = b.model_precision().logit_rel_tolerance;
-        let m = b.load_model(&s.weights).map_err(err)?;
         let mut worst = 0.0f64;
         for (i, (p, t)) in run.prompts.iter().zip(&run.tokens).enumerate() {
             let kept: Vec<u32> = p.iter().chain(&t[..t.len() - 1]).copied().collect();
@@ -313,8 +333,8 @@ fn check_rollback<B: ModelBackend>(b: &B, s: &Subject, run: &GreedyRun<B>) -> Ve
             if lens[i] != kept.len() {
                 return Err(format!("request {i}: the cache holds {} positions, the prompt and emitted tokens but the last are {}", lens[i], kept.len()));
             }
-            let mut fresh = b.new_model_cache(&m, 1, kept.len()).map_err(err)?;
-            b.forward(&m, &mut fresh, &ForwardRequest { tokens: &[kept], logits: specdec_backend::model::LogitRows::None, hidden_layers: &[] }).map_err(err)?;
+            let mut fresh = b.new_model_cache(m, 1, kept.len()).map_err(err)?;
+            b.forward(m, &mut fresh, &ForwardRequest { tokens: &[kept], logits: specdec_backend::model::LogitRows::None, hidden_layers: &[] }).map_err(err)?;
             for layer in 0..s.weights.config.num_hidden_layers {
                 let (k1, v1) = b.cache_contents(&run.cache, layer, i).map_err(err)?;
                 let (k2, v2) = b.cache_contents(&fresh, layer, 0).map_err(err)?;

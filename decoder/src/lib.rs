@@ -17,12 +17,14 @@
 //! counts between host and device on its hot path (a DFlash drafter also
 //! reads the target's hidden states).
 
+pub mod choice;
 pub(crate) mod device;
 pub mod engine;
 pub mod proposer;
 pub mod request;
 pub mod stop;
 
+pub use choice::ProposerChoice;
 pub use engine::{Engine, EngineConfig, Fault, NoSink, OnProposerError, Rollback, Sink, noise_streams};
 pub use proposer::{DraftModelProposer, NgramProposer, NoProposer, Proposal, Proposer, SeqView, VerifyRule};
 pub use request::{Acceptance, FinishReason, Output, Request, RunOutput, Timings};

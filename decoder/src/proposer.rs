@@ -135,3 +135,8 @@ impl<B: ModelBackend> Proposer<B> for NoProposer {
 pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
+
+/// A DFlash proposer from a checkpoint directory.
+pub(crate) fn dflash_from_path<B: ModelBackend>(_backend: &B, _target: &specdec_backend::model::LlamaWeights, path: &std::path::Path) -> Result<Box<dyn Proposer<B>>, DecodeError> {
+    Err(DecodeError::Config(format!("dflash:{}: DFlash drafting is not available in this build", path.display())))
+}

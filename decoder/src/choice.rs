@@ -1,0 +1,56 @@
+//! Proposers by name, as `specdec generate --proposer` spells them:
+//! `none`, `ngram`, `draft:PATH`, `early-exit:L`, `dflash:PATH`.
+
+use std::path::PathBuf;
+
+use specdec_backend::NgramConfig;
+use specdec_backend::model::{LlamaWeights, ModelBackend};
+
+use crate::proposer::{DraftModelProposer, NgramProposer, NoProposer, Proposer};
+use crate::DecodeError;
+
+/// A proposer named on a command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProposerChoice {
+    None,
+    Ngram,
+    /// A draft model file (GGUF or HF layout) sharing the target's vocabulary.
+    Draft(PathBuf),
+    /// The target's first `L` layers.
+    EarlyExit(usize),
+    /// A DFlash block-draft checkpoint (HF layout with `dflash_config`).
+    Dflash(PathBuf),
+}
+
+impl std::str::FromStr for ProposerChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("unknown proposer `{s}`: expected none, ngram, draft:PATH, early-exit:L or dflash:PATH");
+        Ok(match s.split_once(':') {
+            None if s == "none" => ProposerChoice::None,
+            None if s == "ngram" => ProposerChoice::Ngram,
+            Some(("draft", p)) if !p.is_empty() => ProposerChoice::Draft(p.into()),
+            Some(("dflash", p)) if !p.is_empty() => ProposerChoice::Dflash(p.into()),
+            Some(("early-exit", l)) => ProposerChoice::EarlyExit(l.parse().map_err(|_| format!("early-exit:{l}: L must be a layer count"))?),
+            _ => return Err(bad()),
+        })
+    }
+}
+
+impl ProposerChoice {
+    /// Builds the proposer for `target` on `backend`, drafting at most `k` tokens a step.
+    pub fn build<B: ModelBackend>(&self, backend: &B, target: &LlamaWeights, k: usize) -> Result<Box<dyn Proposer<B>>, DecodeError> {
+        let vocab = target.config.vocab_size;
+        Ok(match self {
+            ProposerChoice::None => Box::new(NoProposer),
+            ProposerChoice::Ngram => Box::new(NgramProposer::new(NgramConfig { k: k.max(1), ..NgramConfig::default() }, vocab)?),
+            ProposerChoice::Draft(path) => {
+                let draft = specdec_models::load(path).map_err(|e| DecodeError::Config(format!("draft model: {e}")))?;
+                Box::new(DraftModelProposer::new(backend, format!("draft:{}", path.display()), &draft.weights, vocab)?)
+            }
+            ProposerChoice::EarlyExit(l) => Box::new(DraftModelProposer::early_exit(backend, target, *l)?),
+            ProposerChoice::Dflash(path) => crate::proposer::dflash_from_path(backend, target, path)?,
+        })
+    }
+}
