@@ -147,13 +147,13 @@ impl LlamaConfig {
         if self.num_hidden_layers > 4096 {
             return bad("num_hidden_layers", format!("{} is beyond 4096", self.num_hidden_layers));
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return bad("num_key_value_heads", format!("{} does not divide num_attention_heads {}", self.num_key_value_heads, self.num_attention_heads));
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return bad("head_dim", format!("{} is odd; rotary embedding pairs dimensions", self.head_dim()));
         }
-        if self.head_dim.is_none() && self.hidden_size % self.num_attention_heads != 0 {
+        if self.head_dim.is_none() && !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return bad("num_attention_heads", format!("{} does not divide hidden_size {}", self.num_attention_heads, self.hidden_size));
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {

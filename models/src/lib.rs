@@ -13,8 +13,16 @@
 //! (MODEL-16); the reference forward ([`reference::RefModel`]) uses plain
 //! f64 loops in a fixed order and no tensor library, so it can be the oracle
 //! of the model section of the conformance suite.
+//!
+//! [`dflash`] holds the DFlash block drafter (DRAFT-6 .. DRAFT-9): its
+//! checkpoint (`fc`, `hidden_norm`, Llama layers, `norm`; no embedding and no
+//! head of its own, it borrows the target's) validated against the target's
+//! config, and its f64 forward in the reference's style and summation order:
+//! context features from the target's hidden states, non-causal attention
+//! inside the block, parallel and iterative (deterministic) drafting.
 
 pub mod config;
+pub mod dflash;
 pub mod error;
 pub mod export;
 pub mod forward;
@@ -27,6 +35,7 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use config::LlamaConfig;
+pub use dflash::{DflashConfig, DflashContext, DflashDraft, DflashSpec, DflashWeights, export_dflash, load_dflash, seeded_dflash};
 pub use error::{ModelError, Result};
 pub use forward::{ForwardPlan, ForwardRequest, LogitRows, SeqRows};
 pub use load::{LoadedModel, load};

@@ -150,21 +150,8 @@ impl RefModel {
                     let (keys, values) = (&cache.keys[li][seq], &cache.values[li][seq]);
                     let mut out = vec![0.0; nh * hd];
                     for head in 0..nh {
-                        let kvh = head / group;
-                        let qh = &q[t][head * hd..(head + 1) * hd];
                         // Causal: positions 0..=pos of this sequence only.
-                        let scores: Vec<f64> = (0..=pos).map(|j| dot(qh, &keys[(j * nkv + kvh) * hd..(j * nkv + kvh + 1) * hd]) * scale).collect();
-                        let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                        let exps: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                        let total: f64 = exps.iter().sum();
-                        let o = &mut out[head * hd..(head + 1) * hd];
-                        for (j, e) in exps.iter().enumerate() {
-                            let w = e / total;
-                            let vj = &values[(j * nkv + kvh) * hd..(j * nkv + kvh + 1) * hd];
-                            for (od, vd) in o.iter_mut().zip(vj) {
-                                *od += w * vd;
-                            }
-                        }
+                        attend(&q[t][head * hd..(head + 1) * hd], keys, values, pos + 1, nkv, head / group, scale, &mut out[head * hd..(head + 1) * hd]);
                     }
                     out
                 })
@@ -214,6 +201,27 @@ pub fn dot(a: &[f64], b: &[f64]) -> f64 {
     s
 }
 
+/// Softmax attention of one query head `qh` (`[head_dim]`) over the first
+/// `count` positions of `keys`/`values` (`[pos, kv_heads, head_dim]`, KV head
+/// `kvh`), added into `out`: scores in position order, max-shifted
+/// exponentials summed in position order, values accumulated in position
+/// order. Shared with the DFlash drafter so both attend in one fixed order.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend(qh: &[f64], keys: &[f64], values: &[f64], count: usize, nkv: usize, kvh: usize, scale: f64, out: &mut [f64]) {
+    let hd = qh.len();
+    let scores: Vec<f64> = (0..count).map(|j| dot(qh, &keys[(j * nkv + kvh) * hd..(j * nkv + kvh + 1) * hd]) * scale).collect();
+    let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let exps: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+    let total: f64 = exps.iter().sum();
+    for (j, e) in exps.iter().enumerate() {
+        let w = e / total;
+        let vj = &values[(j * nkv + kvh) * hd..(j * nkv + kvh + 1) * hd];
+        for (od, vd) in out.iter_mut().zip(vj) {
+            *od += w * vd;
+        }
+    }
+}
+
 /// `dot` with an f32 weight row widened exactly.
 fn dot_w(w: &[f32], x: &[f64]) -> f64 {
     let mut acc = [0.0f64; 8];
@@ -233,7 +241,7 @@ fn dot_w(w: &[f32], x: &[f64]) -> f64 {
 /// `y[t] = W · x[t]` for every token; weights stream once per call, and the
 /// output rows are split across threads (each row's sum is independent of
 /// the split, so the result is too).
-fn matmul(w: &Matrix, xs: &[Vec<f64>]) -> Vec<Vec<f64>> {
+pub(crate) fn matmul(w: &Matrix, xs: &[Vec<f64>]) -> Vec<Vec<f64>> {
     let (rows, n) = (w.rows(), xs.len());
     if n == 0 {
         return Vec::new();
@@ -265,7 +273,7 @@ pub fn rms_norm(x: &[f64], w: &Matrix, eps: f64) -> Vec<f64> {
 }
 
 /// Rotate-half RoPE on every head of `x` (`[heads·head_dim]`), MODEL-10.
-fn rope(x: &mut [f64], hd: usize, cos: &[f64], sin: &[f64]) {
+pub(crate) fn rope(x: &mut [f64], hd: usize, cos: &[f64], sin: &[f64]) {
     let half = hd / 2;
     for head in x.chunks_mut(hd) {
         for i in 0..half {
@@ -276,11 +284,11 @@ fn rope(x: &mut [f64], hd: usize, cos: &[f64], sin: &[f64]) {
     }
 }
 
-fn silu(x: f64) -> f64 {
+pub(crate) fn silu(x: f64) -> f64 {
     x / (1.0 + (-x).exp())
 }
 
-fn add_in_place(x: &mut [Vec<f64>], y: &[Vec<f64>]) {
+pub(crate) fn add_in_place(x: &mut [Vec<f64>], y: &[Vec<f64>]) {
     for (a, b) in x.iter_mut().zip(y) {
         for (a, b) in a.iter_mut().zip(b) {
             *a += b;

@@ -45,7 +45,7 @@ impl TinySpec {
         if !(8..=32).contains(&self.vocab) || !(1..=2).contains(&self.layers) || !(8..=32).contains(&self.hidden) {
             return bad(format!("{self:?} is outside vocab 8..=32, layers 1..=2, hidden 8..=32"));
         }
-        if self.heads == 0 || self.kv_heads == 0 || self.hidden % self.heads != 0 || self.heads % self.kv_heads != 0 || (self.hidden / self.heads) % 2 != 0 {
+        if self.heads == 0 || self.kv_heads == 0 || !self.hidden.is_multiple_of(self.heads) || !self.heads.is_multiple_of(self.kv_heads) || !(self.hidden / self.heads).is_multiple_of(2) {
             return bad(format!("{self:?}: heads must divide hidden into even head widths, kv_heads must divide heads"));
         }
         Ok(())

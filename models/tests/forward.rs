@@ -90,7 +90,7 @@ fn window_and_batch_invariance_are_exact() {
     for (name, spec) in TinySpec::PRESETS {
         let model = RefModel::new(spec.weights().unwrap());
         let toks: Vec<u32> = (0..9).map(|i| (i * 5 + 2) as u32 % spec.vocab as u32).collect();
-        let window = logits(&model, &[toks.clone()], LogitRows::All);
+        let window = logits(&model, std::slice::from_ref(&toks), LogitRows::All);
         let mut cache = model.new_cache(1, 32).unwrap();
         for (i, &t) in toks.iter().enumerate() {
             let out = model.forward(&mut cache, &ForwardRequest::last_logits(&[vec![t]])).unwrap();
