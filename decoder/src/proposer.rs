@@ -8,6 +8,7 @@
 //! it keeps per sequence (an n-gram index, a KV cache) and is told after
 //! every step which tokens were kept, so it can roll that state back.
 
+pub mod dflash;
 pub mod draft;
 pub mod ngram;
 
@@ -17,6 +18,7 @@ use specdec_backend::model::{ForwardPlan, ModelBackend};
 
 use crate::DecodeError;
 
+pub use dflash::{DflashMode, DflashProposer};
 pub use draft::DraftModelProposer;
 pub use ngram::NgramProposer;
 
@@ -136,7 +138,8 @@ pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-/// A DFlash proposer from a checkpoint directory.
-pub(crate) fn dflash_from_path<B: ModelBackend>(_backend: &B, _target: &specdec_backend::model::LlamaWeights, path: &std::path::Path) -> Result<Box<dyn Proposer<B>>, DecodeError> {
-    Err(DecodeError::Config(format!("dflash:{}: DFlash drafting is not available in this build", path.display())))
+/// A DFlash proposer from a checkpoint directory (parallel drafting).
+pub(crate) fn dflash_from_path<B: ModelBackend>(_backend: &B, target: &specdec_backend::model::LlamaWeights, path: &std::path::Path) -> Result<Box<dyn Proposer<B>>, DecodeError> {
+    let draft = specdec_models::load_dflash(path, &target.config).map_err(|e| DecodeError::Config(format!("dflash checkpoint: {e}")))?;
+    Ok(Box::new(DflashProposer::new(format!("dflash:{}", path.display()), draft, std::sync::Arc::new(target.clone()), DflashMode::Parallel)?))
 }

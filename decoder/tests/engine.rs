@@ -10,6 +10,8 @@ use specdec_decoder::proposer::{Observed, SeqView};
 use specdec_decoder::{
     DecodeError, DraftModelProposer, Engine, EngineConfig, FinishReason, NgramProposer, NoProposer, NoSink, OnProposerError, Proposal, Proposer, Request, Rollback, RunOutput,
 };
+use specdec_decoder::{DflashMode, DflashProposer};
+use specdec_models::DflashSpec;
 use specdec_models::tiny::TinySpec;
 use specdec_reference::controller::{SpecConfig, SpecMode};
 
@@ -66,6 +68,14 @@ fn proposer(name: &str, w: &LlamaWeights) -> Box<dyn Proposer<ReferenceBackend>>
         "draft" => Box::new(DraftModelProposer::new(&B, "draft", &other_draft(w, 77), w.config.vocab_size).unwrap()),
         "self" => Box::new(DraftModelProposer::new(&B, "self", w, w.config.vocab_size).unwrap()),
         "early-exit:1" => Box::new(DraftModelProposer::early_exit(&B, w, 1).unwrap()),
+        "dflash" | "dflash-iter" => {
+            let c = &w.config;
+            let layers = (0..c.num_hidden_layers).rev().collect();
+            let spec = DflashSpec { layers: 1, heads: c.num_attention_heads, kv_heads: c.num_key_value_heads, intermediate: 2 * c.hidden_size, block_size: 5, target_layer_ids: layers, mask_token_id: 0 };
+            let draft = specdec_models::seeded_dflash(c, spec, 5).unwrap();
+            let mode = if name == "dflash" { DflashMode::Parallel } else { DflashMode::Iterative { steps: 3, schedule: specdec_models::dflash::Schedule::Linear } };
+            Box::new(DflashProposer::new(name, draft, std::sync::Arc::new(w.clone()), mode).unwrap())
+        }
         other => panic!("unknown proposer {other}"),
     }
 }
@@ -79,7 +89,7 @@ fn greedy_output_equals_plain_greedy_for_every_proposer() {
         let w = tiny(model);
         let reqs: Vec<Request> = PROMPTS.iter().map(|p| Request::greedy(p.iter().map(|&t| t % w.config.vocab_size as u32).collect(), 12)).collect();
         let want: Vec<Vec<u32>> = reqs.iter().map(|r| plain_greedy(&w, &r.prompt, 12, &[])).collect();
-        for name in ["none", "ngram", "draft", "self", "early-exit:1"] {
+        for name in ["none", "ngram", "draft", "self", "early-exit:1", "dflash", "dflash-iter"] {
             for kk in [1, 3, 5] {
                 let out = run(&w, k(kk), &reqs, proposer(name, &w).as_mut());
                 for (i, o) in out.outputs.iter().enumerate() {
@@ -347,7 +357,7 @@ fn a_request_is_the_same_alone_and_in_a_batch() {
     let sampled = |prompt: Vec<u32>, seed| Request { sampling: SamplingParams { temperature: 0.9, top_k: 0, top_p: 0.95 }, seed, ..Request::greedy(prompt, 10) };
     let me = sampled(vec![1, 2, 3], 42);
     let others = [sampled(vec![4], 1), sampled(vec![5, 5, 5, 5, 5], 2), Request::greedy(vec![7, 8], 6)];
-    for name in ["none", "ngram", "draft", "self"] {
+    for name in ["none", "ngram", "draft", "self", "dflash", "dflash-iter"] {
         let alone = run(&w, k(3), std::slice::from_ref(&me), proposer(name, &w).as_mut());
         let batch: Vec<Request> = [others[0].clone(), me.clone(), others[1].clone(), others[2].clone()].into();
         let together = run(&w, k(3), &batch, proposer(name, &w).as_mut());

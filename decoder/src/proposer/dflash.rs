@@ -1,0 +1,141 @@
+//! DFlash block drafts (DRAFT-1 .. DRAFT-9, DECODE-4): the drafter reads the
+//! target's hidden states at `target_layer_ids` (the engine asks the target
+//! forward for them), projects each verified position once into its
+//! context (incremental), and drafts a block `[last token, mask..]` in one
+//! non-causal pass, with the target's lm_head.
+//!
+//! Verification: at temperature 0 the drafts are the block's argmaxes and the
+//! engine applies the DFlash accept rule (DFLASH-1 .. DFLASH-3, equal to
+//! greedy by DFLASH-4). At temperature > 0 the single-pass drafter samples
+//! every position from its own processed row, independently given the
+//! context, so those rows are the drafts' law given the accepted prefix
+//! (DRAFT-5) and are passed as `q`. The iterative-unmasking variant's drafts
+//! are a deterministic function of the context: verified without `q`
+//! (RESID-2, erratum E12), never with its per-step softmax.
+//!
+//! The drafter runs on the host in f64 (`specdec_models::dflash`) on every
+//! backend: the target's hidden rows of the kept tokens are downloaded after
+//! each step. A device port of the drafter is future work.
+
+use std::sync::Arc;
+
+use rand::RngExt;
+use rand_pcg::Pcg64;
+use specdec_backend::model::{LlamaWeights, ModelBackend};
+use specdec_models::dflash::{DflashContext, DflashDraft, Schedule};
+use specdec_reference::process_logits;
+use specdec_reference::sampling::sample_inverse_cdf;
+
+use super::{Observed, Proposal, Proposer, SeqView, VerifyRule};
+use crate::{DecodeError, device};
+
+/// How the block is drafted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DflashMode {
+    /// One pass (seed 000, SGLang DFlash v1).
+    Parallel,
+    /// Seed 002's iterative confidence unmasking in `steps` passes.
+    Iterative { steps: usize, schedule: Schedule },
+}
+
+/// The DFlash proposer.
+pub struct DflashProposer {
+    name: String,
+    draft: DflashDraft,
+    target: Arc<LlamaWeights>,
+    mode: DflashMode,
+    contexts: Vec<DflashContext>,
+}
+
+impl DflashProposer {
+    pub fn new(name: impl Into<String>, draft: DflashDraft, target: Arc<LlamaWeights>, mode: DflashMode) -> Result<Self, DecodeError> {
+        let name = name.into();
+        // The checkpoint was validated against a target config at load; check it is this one.
+        draft.config().validate(&target.config, &name).map_err(|e| DecodeError::Config(e.to_string()))?;
+        if let DflashMode::Iterative { steps, .. } = mode
+            && !(1..draft.config().block_size).contains(&steps)
+        {
+            return Err(DecodeError::Config(format!("{name}: {steps} unmasking steps for a block of {}", draft.config().block_size)));
+        }
+        Ok(DflashProposer { name, draft, target, mode, contexts: Vec::new() })
+    }
+
+    fn err(&self, e: impl std::fmt::Display) -> DecodeError {
+        DecodeError::proposer(&self.name, e)
+    }
+}
+
+impl<B: ModelBackend> Proposer<B> for DflashProposer {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn hidden_layers(&self) -> &[usize] {
+        &self.draft.config().target_layer_ids
+    }
+
+    fn begin(&mut self, _: &B, batch: usize, _: usize, _: usize) -> Result<(), DecodeError> {
+        self.contexts = (0..batch).map(|_| self.draft.new_context()).collect();
+        Ok(())
+    }
+
+    fn propose(&mut self, backend: &B, seqs: &[SeqView<'_>], rngs: &mut [Pcg64]) -> Result<Proposal<B::Tensor>, DecodeError> {
+        let vocab = self.target.config.vocab_size;
+        let block = self.draft.config().block_size;
+        let sampled = self.mode == DflashMode::Parallel && seqs.iter().any(|s| s.sampling.temperature > 0.0);
+        let mut drafts = Vec::with_capacity(seqs.len());
+        let mut q = Vec::new();
+        for (s, rng) in seqs.iter().zip(rngs.iter_mut()) {
+            let ctx = &self.contexts[s.slot];
+            let verified = *s.context.last().expect("contexts are never empty");
+            // No target hidden state yet (a one-token prompt): a plain step.
+            if ctx.is_empty() || s.max_drafts == 0 {
+                drafts.push(Vec::new());
+                q.extend(std::iter::repeat_n(0.0, (block - 1) * vocab));
+                continue;
+            }
+            let mut d = if sampled {
+                let tokens = self.draft.block_input(verified).map_err(|e| self.err(e))?;
+                let logits = self.draft.block_logits(&self.target, ctx, &tokens).map_err(|e| self.err(e))?;
+                let mut d = Vec::with_capacity(block - 1);
+                for row in logits.chunks(vocab).skip(1) {
+                    let p = process_logits(row, s.sampling).map_err(|e| self.err(e))?;
+                    let drawn = sample_inverse_cdf(&p, rng.random::<f64>()).map_err(|e| self.err(e))?;
+                    d.push(drawn.token as u32);
+                    q.extend(p);
+                }
+                d
+            } else {
+                match self.mode {
+                    DflashMode::Parallel => self.draft.draft_parallel(&self.target, ctx, verified).map_err(|e| self.err(e))?,
+                    DflashMode::Iterative { steps, schedule } => self.draft.draft_iterative(&self.target, ctx, verified, steps, schedule).map_err(|e| self.err(e))?.tokens,
+                }
+            };
+            d.truncate(s.max_drafts);
+            drafts.push(d);
+        }
+        let (draft_probs, rule) = if sampled {
+            (Some((device::upload_f64(backend, vec![seqs.len(), block - 1, vocab], q)?, block - 1)), VerifyRule::Standard)
+        } else {
+            (None, if self.mode == DflashMode::Parallel { VerifyRule::DflashBlock } else { VerifyRule::Standard })
+        };
+        Ok(Proposal { drafts, draft_probs, rule })
+    }
+
+    fn observe(&mut self, backend: &B, observed: &Observed<'_, B::Tensor>) -> Result<(), DecodeError> {
+        let hidden = observed.hidden.ok_or_else(|| self.err("the target forward returned no hidden states"))?;
+        let hidden = backend.download_f64(hidden)?;
+        let width = self.draft.config().feature_width();
+        for s in observed.seqs {
+            if s.finished {
+                self.contexts[s.slot] = self.draft.new_context();
+                continue;
+            }
+            let rows = observed.plan.rows.iter().find(|r| r.seq == s.slot).ok_or_else(|| self.err(format!("no hidden rows for sequence {}", s.slot)))?;
+            let kept = &hidden.data()[rows.token_row * width..(rows.token_row + s.kept) * width];
+            let ctx = &mut self.contexts[s.slot];
+            self.draft.extend(ctx, kept).map_err(|e| DecodeError::proposer(&self.name, e))?;
+        }
+        Ok(())
+    }
+}
