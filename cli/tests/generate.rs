@@ -58,6 +58,35 @@ fn sampling_follows_the_seed() {
     assert!(others.iter().any(|o| *o != first), "four seeds gave one output: the seed is not used");
 }
 
+/// DECODE-2, DECODE-8: at temperature 0 the tokens are the same whatever
+/// `--proposer`; `--compare` checks them against plain decoding and the JSON
+/// carries the metrics.
+#[test]
+fn every_proposer_gives_the_plain_greedy_tokens() {
+    let Some((gguf, _)) = smollm2() else { return };
+    let prompt = "Repeat after me exactly: one two three four five. One two three four five. One two three";
+    let run = |proposer: &str| {
+        json(&specdec(&["generate", "--model", &gguf, "--backend", "candle-cpu", "--proposer", proposer, "--k", "3", "--prompt", prompt, "--max-tokens", "12", "--temperature", "0", "--compare", "--json"]))
+    };
+    let plain = run("none");
+    assert_eq!(plain["proposer"], "none");
+    assert_eq!(plain["token_ids"].as_array().unwrap().len(), 12);
+    for p in ["ngram", "early-exit:6"] {
+        let out = run(p);
+        assert_eq!(out["token_ids"], plain["token_ids"], "{p}");
+        assert_eq!(out["compare"]["identical_tokens"], true, "{p}");
+        assert!(out["steps"].as_u64().unwrap() >= 1 && out["tokens_per_step"].as_f64().unwrap() >= 1.0, "{p}: {out}");
+        for key in ["acceptance", "mean_accepted", "acceptance_per_position", "timings"] {
+            assert!(!out[key].is_null(), "{p}: no `{key}` in {out}");
+        }
+    }
+    let n = run("ngram");
+    assert!(n["accepted"].as_u64().unwrap() > 0, "n-gram drafts on a repetitive prompt were never accepted: {n}");
+    // A malformed proposer name is an error, not a plain run.
+    let bad = specdec(&["generate", "--model", &gguf, "--proposer", "draft:", "--prompt", "x"]);
+    assert!(!bad.status.success());
+}
+
 /// Bad arguments and bad files are errors with a message, never a panic.
 #[test]
 fn bad_input_is_refused() {

@@ -23,6 +23,7 @@
 //!   `FAMILY_ALPHA`, the sample size planned before sampling so each check
 //!   detects a total variation of [`E2E_DELTA`] with miss probability
 //!   [`E2E_BETA`]; never retried.
+//!
 //! The negative controls (conformance/tests/e2e_section.rs) run these same
 //! checks on decoders with one injected bug each and assert they fail.
 
@@ -40,14 +41,14 @@ use specdec_stats::TestReport;
 use crate::compare::Verdict;
 use crate::model_section::{self, ModelFiles, SMOLLM2, Subject, err, shipped_prompts};
 use crate::stat;
-use crate::suite::{CheckResult, Kind, Status, SuiteConfig, catch, repro, settle};
+use crate::suite::{CheckResult, Kind, SuiteConfig, catch, settle};
 
 /// The tiny model of the end-to-end section (vocabulary 12: its whole output law is enumerable).
 pub const TINY: &str = "tiny-v12-l2";
 /// Drafts per step in the section.
 pub const K: usize = 3;
 /// Generated tokens per SmolLM2 prompt.
-pub const SMOLLM2_TOKENS: usize = 32;
+pub const SMOLLM2_TOKENS: usize = 24;
 /// Generated tokens per tiny prompt in the greedy check.
 pub const TINY_TOKENS: usize = 16;
 /// Tokens of a sampled tiny generation (the law's sequences are at most this long).
@@ -168,19 +169,7 @@ pub fn run_with<B: ModelBackend>(backend: &B, cfg: &SuiteConfig, files: &ModelFi
     // Plain greedy runs once per model; every proposer is compared with it.
     let mut plain: Option<(String, Result<Plain, String>)> = None;
     for item in e2e_items() {
-        let mut result = CheckResult {
-            name: item.name.clone(),
-            kind: Kind::EndToEnd,
-            op: format!("e2e/{}", item.check),
-            rules: item.rules.iter().map(|r| r.to_string()).collect(),
-            status: Status::Skipped,
-            message: "not selected".into(),
-            excused: 0,
-            max_abs_err: 0.0,
-            millis: 0.0,
-            repro: repro(&backend.name(), cfg.seed, &item.name),
-            statistics: None,
-        };
+        let mut result = CheckResult::unselected(&item.name, Kind::EndToEnd, format!("e2e/{}", item.check), item.rules, &backend.name(), cfg.seed);
         if !cfg.wants(&item.name) {
             progress(&result);
             results.push(result);
@@ -196,13 +185,7 @@ pub fn run_with<B: ModelBackend>(backend: &B, cfg: &SuiteConfig, files: &ModelFi
         }
         let start = Instant::now();
         if current.as_ref().is_none_or(|(m, _)| *m != item.model) {
-            let loaded = catch(|| {
-                let s = model_section::subject(&item.model, files)?;
-                let m = backend.load_model(&s.weights).map_err(|e| model_section::backend_verdict(&e))?;
-                Ok((s, m))
-            })
-            .unwrap_or_else(|msg| Err(Verdict::Fail(msg)));
-            current = Some((item.model.clone(), loaded));
+            current = Some((item.model.clone(), model_section::load_subject(backend, &item.model, files)));
         }
         let Some((_, loaded)) = &current else { unreachable!("set above") };
         let (subject, model) = match loaded {

@@ -34,7 +34,7 @@ use specdec_models::tiny::TinySpec;
 use specdec_models::{LlamaWeights, LoadedModel, RefModel};
 
 use crate::compare::Verdict;
-use crate::suite::{CheckResult, Kind, Status, SuiteConfig, catch, repro, settle};
+use crate::suite::{CheckResult, Kind, SuiteConfig, catch, settle};
 
 /// The env var naming the SmolLM2 GGUF file (set by `cargo xtask`).
 pub const SMOLLM2_GGUF_ENV: &str = "SPECDEC_SMOLLM2_GGUF";
@@ -119,19 +119,7 @@ pub fn run<B: ModelBackend>(backend: &B, cfg: &SuiteConfig, files: &ModelFiles, 
     let mut results = Vec::new();
     let mut current: Option<(String, Result<(Subject, B::Model), Verdict>)> = None;
     for item in model_items() {
-        let mut result = CheckResult {
-            name: item.name.clone(),
-            kind: Kind::Model,
-            op: format!("model/{}", item.check),
-            rules: item.rules.iter().map(|r| r.to_string()).collect(),
-            status: Status::Skipped,
-            message: "not selected".into(),
-            excused: 0,
-            max_abs_err: 0.0,
-            millis: 0.0,
-            repro: repro(&backend.name(), cfg.seed, &item.name),
-            statistics: None,
-        };
+        let mut result = CheckResult::unselected(&item.name, Kind::Model, format!("model/{}", item.check), item.rules, &backend.name(), cfg.seed);
         if !cfg.wants(&item.name) {
             progress(&result);
             results.push(result);
@@ -139,13 +127,7 @@ pub fn run<B: ModelBackend>(backend: &B, cfg: &SuiteConfig, files: &ModelFiles, 
         }
         let start = Instant::now();
         if current.as_ref().is_none_or(|(m, _)| *m != item.model) {
-            let loaded = catch(|| {
-                let s = subject(&item.model, files)?;
-                let m = backend.load_model(&s.weights).map_err(|e| backend_verdict(&e))?;
-                Ok((s, m))
-            })
-            .unwrap_or_else(|msg| Err(Verdict::Fail(msg)));
-            current = Some((item.model.clone(), loaded));
+            current = Some((item.model.clone(), load_subject(backend, &item.model, files)));
         }
         let verdict = match &current {
             Some((_, Ok((subject, model)))) => catch(|| run_check(backend, subject, model, &item, files)).unwrap_or_else(Verdict::Fail),
@@ -158,6 +140,16 @@ pub fn run<B: ModelBackend>(backend: &B, cfg: &SuiteConfig, files: &ModelFiles, 
         results.push(result);
     }
     results
+}
+
+/// Loads a model of the sections and uploads it to `backend`.
+pub(crate) fn load_subject<B: ModelBackend>(backend: &B, model: &str, files: &ModelFiles) -> Result<(Subject, B::Model), Verdict> {
+    catch(|| {
+        let s = subject(model, files)?;
+        let m = backend.load_model(&s.weights).map_err(|e| backend_verdict(&e))?;
+        Ok((s, m))
+    })
+    .unwrap_or_else(|msg| Err(Verdict::Fail(msg)))
 }
 
 pub(crate) fn backend_verdict(e: &BackendError) -> Verdict {

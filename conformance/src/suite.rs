@@ -187,6 +187,26 @@ pub struct CheckResult {
     pub statistics: Option<specdec_stats::TestReport>,
 }
 
+impl CheckResult {
+    /// A check before it runs: `Skipped` ("not selected") until settled, with
+    /// the command that reruns it alone.
+    pub fn unselected(name: &str, kind: Kind, op: String, rules: &[&str], backend: &str, seed: u64) -> Self {
+        CheckResult {
+            name: name.to_string(),
+            kind,
+            op,
+            rules: rules.iter().map(|r| r.to_string()).collect(),
+            status: Status::Skipped,
+            message: "not selected".into(),
+            excused: 0,
+            max_abs_err: 0.0,
+            millis: 0.0,
+            repro: repro(backend, seed, name),
+            statistics: None,
+        }
+    }
+}
+
 /// Golden items from the embedded fixtures, named `golden/<file stem>/<case id>`.
 pub fn golden_items() -> Vec<Item> {
     GOLDEN_FILES.iter().flat_map(|(path, text)| items_from_text(path, text)).collect()

@@ -343,10 +343,10 @@ impl<'a, B: ModelBackend> Engine<'a, B> {
                 return Err(DecodeError::proposer(name, format!("sequence {}: draft id {t} is outside the vocabulary of {}", v.slot, self.vocab)));
             }
         }
-        if let Some((_, width)) = &p.draft_probs {
-            if let Some(d) = p.drafts.iter().find(|d| d.len() > *width) {
-                return Err(DecodeError::proposer(name, format!("{} drafts but draft probabilities of width {width}", d.len())));
-            }
+        if let Some((_, width)) = &p.draft_probs
+            && let Some(d) = p.drafts.iter().find(|d| d.len() > *width)
+        {
+            return Err(DecodeError::proposer(name, format!("{} drafts but draft probabilities of width {width}", d.len())));
         }
         Ok(())
     }

@@ -82,7 +82,8 @@ fn proposer(name: &str, w: &LlamaWeights) -> Box<dyn Proposer<ReferenceBackend>>
 
 const PROMPTS: [&[u32]; 4] = [&[1, 2, 3, 1, 2, 3, 1, 2], &[5], &[7, 7, 7, 7, 7, 7], &[0, 4, 9, 2, 4, 9, 2, 4]];
 
-/// DECODE-2, GREEDY-5: every proposer, every k, batched: the tokens of plain greedy decoding.
+/// DECODE-2, DECODE-4, GREEDY-5: every proposer (n-gram, draft model, self-draft, early exit,
+/// DFlash parallel and iterative), every k, batched: the tokens of plain greedy decoding.
 #[test]
 fn greedy_output_equals_plain_greedy_for_every_proposer() {
     for model in ["tiny-v12-l2", "tiny-v32-l2"] {

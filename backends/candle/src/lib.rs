@@ -69,6 +69,19 @@ pub struct CandleBackend {
     name: &'static str,
 }
 
+/// The device tensors of an explicit-noise rejection verify.
+struct RejectionOperands {
+    p: Tensor,
+    q: Option<Tensor>,
+    d: Tensor,
+    l: Tensor,
+    u: Tensor,
+    /// Uniforms `[B, k+1]` or exponentials `[B, k+1, V]`.
+    n: Tensor,
+    uniform: bool,
+    dims_ok: bool,
+}
+
 impl CandleBackend {
     /// The CPU device (`"candle-cpu"`).
     pub fn cpu() -> Self {
@@ -153,6 +166,23 @@ impl CandleBackend {
     fn rejection_dims(&self, p: &Tensor, q: Option<&Tensor>, d: &Tensor, l: &Tensor) -> Option<(usize, usize, usize)> {
         let (b, k, v) = check::verify_dims(p.dims(), d.dims(), l.dims())?;
         q.is_none_or(|q| q.dims() == [b, k, v]).then_some((b, k, v))
+    }
+
+    /// The operands of an explicit-noise rejection verify, checked and
+    /// unchecked alike, and whether every shape agrees.
+    fn rejection_operands(&self, args: &RejectionArgs<'_, Tensor>, noise: &RejectionNoise<'_, Tensor>) -> Result<RejectionOperands> {
+        let (p, d, l) = (self.float(args.target_probs, "target_probs")?, self.int(args.draft_tokens, "draft_tokens")?, self.int(args.proposal_lens, "proposal_lens")?);
+        let q = self.opt_float(args.draft_probs, "draft_probs")?;
+        let u = self.float(noise.accept_uniforms, "accept_uniforms")?;
+        let (n, uniform) = match noise.draw {
+            DrawNoiseArg::InverseCdf(v) => (self.float(v, "draw_uniforms")?, true),
+            DrawNoiseArg::ExponentialRace(e) => (self.float(e, "draw_exponentials")?, false),
+        };
+        let dims_ok = self.rejection_dims(&p, q.as_ref(), &d, &l).is_some_and(|(b, k, v)| {
+            let noise_dims: &[usize] = if uniform { &[b, k + 1] } else { &[b, k + 1, v] };
+            u.dims() == [b, k] && n.dims() == noise_dims
+        });
+        Ok(RejectionOperands { p, q, d, l, u, n, uniform, dims_ok })
     }
 }
 
@@ -254,17 +284,7 @@ impl Backend for CandleBackend {
     }
 
     fn rejection_verify(&self, args: RejectionArgs<'_, Tensor>, noise: RejectionNoise<'_, Tensor>, cmp: Comparator) -> Result<Verified<Tensor>> {
-        let (p, d, l) = (self.float(args.target_probs, "target_probs")?, self.int(args.draft_tokens, "draft_tokens")?, self.int(args.proposal_lens, "proposal_lens")?);
-        let q = self.opt_float(args.draft_probs, "draft_probs")?;
-        let u = self.float(noise.accept_uniforms, "accept_uniforms")?;
-        let (n, uniform) = match noise.draw {
-            DrawNoiseArg::InverseCdf(v) => (self.float(v, "draw_uniforms")?, true),
-            DrawNoiseArg::ExponentialRace(e) => (self.float(e, "draw_exponentials")?, false),
-        };
-        let dims_ok = self.rejection_dims(&p, q.as_ref(), &d, &l).is_some_and(|(b, k, v)| {
-            let noise_dims: &[usize] = if uniform { &[b, k + 1] } else { &[b, k + 1, v] };
-            u.dims() == [b, k] && n.dims() == noise_dims
-        });
+        let RejectionOperands { p, q, d, l, u, n, uniform, dims_ok } = self.rejection_operands(&args, &noise)?;
         let masks = || {
             let mut m = check::rejection_masks(&p, q.as_ref(), &d, &l)?;
             m.extend([kernels::bad_uniform(&u)?, check::noise_mask(&n, uniform)?]);
@@ -284,17 +304,7 @@ impl Backend for CandleBackend {
 
     /// GLUE-6: as [`CandleBackend::greedy_verify_unchecked`].
     fn rejection_verify_unchecked(&self, args: RejectionArgs<'_, Tensor>, noise: RejectionNoise<'_, Tensor>, cmp: Comparator) -> Result<Verified<Tensor>> {
-        let (p, d, l) = (self.float(args.target_probs, "target_probs")?, self.int(args.draft_tokens, "draft_tokens")?, self.int(args.proposal_lens, "proposal_lens")?);
-        let q = self.opt_float(args.draft_probs, "draft_probs")?;
-        let u = self.float(noise.accept_uniforms, "accept_uniforms")?;
-        let (n, uniform) = match noise.draw {
-            DrawNoiseArg::InverseCdf(v) => (self.float(v, "draw_uniforms")?, true),
-            DrawNoiseArg::ExponentialRace(e) => (self.float(e, "draw_exponentials")?, false),
-        };
-        let dims_ok = self.rejection_dims(&p, q.as_ref(), &d, &l).is_some_and(|(b, k, v)| {
-            let noise_dims: &[usize] = if uniform { &[b, k + 1] } else { &[b, k + 1, v] };
-            u.dims() == [b, k] && n.dims() == noise_dims
-        });
+        let RejectionOperands { p, q, d, l, u, n, uniform, dims_ok } = self.rejection_operands(&args, &noise)?;
         if !dims_ok {
             return self.rejection_verify(args, noise, cmp);
         }
