@@ -53,10 +53,7 @@ fn main() {
     // Ratios from this run's estimates.
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let dir = std::env::var("CARGO_TARGET_DIR").map_or_else(|_| root.join("target"), std::path::PathBuf::from).join("criterion");
-    let mut md = format!(
-        "# Verification time (B = {}, k = {}, V = {}), one run\n\n| op | backend | mean | time relative to the reference |\n|---|---|---|---|\n",
-        SHAPE.0, SHAPE.1, SHAPE.2
-    );
+    let mut md = format!("# Verification time (B = {}, k = {}, V = {}), one run\n\n| op | backend | mean | time relative to the reference |\n|---|---|---|---|\n", SHAPE.0, SHAPE.1, SHAPE.2);
     for group in ["rejection_verify", "greedy_verify"] {
         let base = mean_ns(&dir, group, "reference");
         for name in &names {

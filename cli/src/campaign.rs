@@ -18,9 +18,7 @@ use specdec_conformance::stat::{BETA, DETECTABLE_DELTA, FAMILY_ALPHA};
 use specdec_stats::chi_squared_gof;
 
 fn bar(len: usize, prefix: &str) -> ProgressBar {
-    let b = ProgressBar::new(len as u64).with_style(
-        ProgressStyle::with_template("{prefix:>10} [{bar:30}] {pos}/{len} {wide_msg}").expect("valid template").progress_chars("=> "),
-    );
+    let b = ProgressBar::new(len as u64).with_style(ProgressStyle::with_template("{prefix:>10} [{bar:30}] {pos}/{len} {wide_msg}").expect("valid template").progress_chars("=> "));
     b.set_prefix(prefix.to_string());
     b
 }
@@ -61,23 +59,11 @@ fn plot(o: &Outcome, path: &Path) -> Result<(), String> {
     let draw = || -> Result<(), Box<dyn std::error::Error>> {
         root.fill(&WHITE)?;
         let title = format!("{}  (p = {})", o.name, o.report.p_value.map_or("-".into(), |p| format!("{p:.3e}")));
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, ("sans-serif", 16))
-            .margin(12)
-            .x_label_area_size(32)
-            .y_label_area_size(56)
-            .build_cartesian_2d(0f64..cells.len() as f64, 0f64..top.max(1e-9))?;
+        let mut chart =
+            ChartBuilder::on(&root).caption(title, ("sans-serif", 16)).margin(12).x_label_area_size(32).y_label_area_size(56).build_cartesian_2d(0f64..cells.len() as f64, 0f64..top.max(1e-9))?;
+        chart.configure_mesh().x_desc("cell (by expected probability)").y_desc("frequency").x_label_formatter(&|x| format!("{}", *x as usize)).disable_x_mesh().draw()?;
         chart
-            .configure_mesh()
-            .x_desc("cell (by expected probability)")
-            .y_desc("frequency")
-            .x_label_formatter(&|x| format!("{}", *x as usize))
-            .disable_x_mesh()
-            .draw()?;
-        chart
-            .draw_series(cells.iter().enumerate().map(|(x, &i)| {
-                Rectangle::new([(x as f64 + 0.1, 0.0), (x as f64 + 0.9, o.observed[i] as f64 / n as f64)], BLUE.mix(0.45).filled())
-            }))?
+            .draw_series(cells.iter().enumerate().map(|(x, &i)| Rectangle::new([(x as f64 + 0.1, 0.0), (x as f64 + 0.9, o.observed[i] as f64 / n as f64)], BLUE.mix(0.45).filled())))?
             .label("observed")
             .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], BLUE.mix(0.45).filled()));
         chart
@@ -182,7 +168,11 @@ pub fn sweep(n: u64, out: &Path) -> Result<bool, String> {
     let mut md = String::new();
     let _ = writeln!(md, "# specdec statistics sweep over seeds 1..={n}\n");
     let _ = writeln!(md, "- lossless family: {checks} checks per seed, Holm at {FAMILY_ALPHA:e}");
-    let _ = writeln!(md, "- family failures: **{family_failures}** of {n} runs (expected {expected_failures:.3}; a family fails with probability at most {FAMILY_ALPHA:e}){}", if failed_seeds.is_empty() { String::new() } else { format!("; seeds {failed_seeds:?}") });
+    let _ = writeln!(
+        md,
+        "- family failures: **{family_failures}** of {n} runs (expected {expected_failures:.3}; a family fails with probability at most {FAMILY_ALPHA:e}){}",
+        if failed_seeds.is_empty() { String::new() } else { format!("; seeds {failed_seeds:?}") }
+    );
     let _ = writeln!(md, "- individual rejections at 0.01: {at_001} of {tested} chi-squared checks ({:.4}; expected about 0.01)", at_001 as f64 / tested.max(1) as f64);
     let _ = writeln!(md, "- p-value histogram (10 bins): {bins:?}; uniformity at level 0.01: {uniformity}");
     let json = json!({"seeds": n, "checks_per_seed": checks, "family_failures": family_failures, "failed_seeds": failed_seeds,

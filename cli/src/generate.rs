@@ -182,11 +182,7 @@ impl Job for Generate {
                 run.timings.prefill_s * 1e3,
             );
             if let Some((same, speedup, p)) = &comparison {
-                eprintln!(
-                    "[compare: plain decoding {:.1} tokens/s; tokens {}; speedup {speedup:.2}x]",
-                    p.decode_tokens_per_s(),
-                    if *same { "identical" } else { "DIFFER" }
-                );
+                eprintln!("[compare: plain decoding {:.1} tokens/s; tokens {}; speedup {speedup:.2}x]", p.decode_tokens_per_s(), if *same { "identical" } else { "DIFFER" });
             }
         }
         match comparison {

@@ -8,11 +8,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use specdec_backend::ModelBackend;
-use specdec_conformance::harness::write_reports;
+use specdec_conformance::compare::Verdict;
 use specdec_conformance::e2e_section;
+use specdec_conformance::harness::write_reports;
 use specdec_conformance::model_section::{self, ModelFiles};
 use specdec_conformance::report::Report;
-use specdec_conformance::compare::Verdict;
 use specdec_conformance::suite::{self, CheckResult, Item, Kind, Selection, Status, SuiteConfig};
 
 mod backends;
@@ -198,9 +198,7 @@ impl Job for Conform<'_> {
     type Out = Report;
     fn run<B: ModelBackend>(&self, backend: &B) -> Report {
         let selected = self.items.len() + model_section::model_items().len() + e2e_section::e2e_items().len();
-        let bar = ProgressBar::new(selected as u64).with_style(
-            ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {wide_msg}").expect("valid template").progress_chars("=> "),
-        );
+        let bar = ProgressBar::new(selected as u64).with_style(ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {wide_msg}").expect("valid template").progress_chars("=> "));
         bar.set_prefix(backend.name());
         let mut results = suite::run(backend, self.items, self.cfg, &mut |r| {
             bar.set_message(r.name.clone());
@@ -219,16 +217,7 @@ impl Job for Conform<'_> {
     }
 }
 
-fn conform(
-    backend: &str,
-    filter: Option<String>,
-    xfails: Option<&Path>,
-    seed: Option<u64>,
-    reports: &[PathBuf],
-    diff_cases: usize,
-    statistical: bool,
-    files: &ModelFiles,
-) -> Result<bool, String> {
+fn conform(backend: &str, filter: Option<String>, xfails: Option<&Path>, seed: Option<u64>, reports: &[PathBuf], diff_cases: usize, statistical: bool, files: &ModelFiles) -> Result<bool, String> {
     let selection = match xfails {
         Some(path) => Selection::parse(&std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?)?,
         None => Selection::default(),
@@ -374,9 +363,5 @@ fn check(path: &Path, backend: &str, filter: Option<String>, case_id: Option<&st
 
 /// `s` as one shell word.
 fn shell_quote(s: &str) -> String {
-    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:+@%".contains(c)) {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', r"'\''"))
-    }
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:+@%".contains(c)) { s.to_string() } else { format!("'{}'", s.replace('\'', r"'\''")) }
 }

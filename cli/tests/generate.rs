@@ -47,8 +47,25 @@ fn sampling_follows_the_seed() {
     let Some((gguf, _)) = smollm2() else { return };
     let run = |seed: &str| {
         json(&specdec(&[
-            "generate", "--model", &gguf, "--backend", "ndarray", "--prompt", "Tell me a story.", "--chat", "--max-tokens", "6", "--temperature", "1.5",
-            "--top-k", "50", "--top-p", "0.95", "--seed", seed, "--json",
+            "generate",
+            "--model",
+            &gguf,
+            "--backend",
+            "ndarray",
+            "--prompt",
+            "Tell me a story.",
+            "--chat",
+            "--max-tokens",
+            "6",
+            "--temperature",
+            "1.5",
+            "--top-k",
+            "50",
+            "--top-p",
+            "0.95",
+            "--seed",
+            seed,
+            "--json",
         ]))["token_ids"]
             .clone()
     };
@@ -66,7 +83,25 @@ fn every_proposer_gives_the_plain_greedy_tokens() {
     let Some((gguf, _)) = smollm2() else { return };
     let prompt = "Repeat after me exactly: one two three four five. One two three four five. One two three";
     let run = |proposer: &str| {
-        json(&specdec(&["generate", "--model", &gguf, "--backend", "candle-cpu", "--proposer", proposer, "--k", "3", "--prompt", prompt, "--max-tokens", "12", "--temperature", "0", "--compare", "--json"]))
+        json(&specdec(&[
+            "generate",
+            "--model",
+            &gguf,
+            "--backend",
+            "candle-cpu",
+            "--proposer",
+            proposer,
+            "--k",
+            "3",
+            "--prompt",
+            prompt,
+            "--max-tokens",
+            "12",
+            "--temperature",
+            "0",
+            "--compare",
+            "--json",
+        ]))
     };
     let plain = run("none");
     assert_eq!(plain["proposer"], "none");
@@ -90,10 +125,7 @@ fn every_proposer_gives_the_plain_greedy_tokens() {
 /// Bad arguments and bad files are errors with a message, never a panic.
 #[test]
 fn bad_input_is_refused() {
-    for (args, needle) in [
-        (vec!["generate", "--model", "no/such/file.gguf", "--prompt", "x"], "no/such/file.gguf"),
-        (vec!["model", "info", "no/such/dir"], "no/such/dir"),
-    ] {
+    for (args, needle) in [(vec!["generate", "--model", "no/such/file.gguf", "--prompt", "x"], "no/such/file.gguf"), (vec!["model", "info", "no/such/dir"], "no/such/dir")] {
         let out = specdec(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);

@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 use specdec_backend::{BackendError, Op, ReferenceBackend};
 
 use crate::case::{Case, CaseError, CaseFile, ExpectedBy, FORMAT, encode_f64, encode_i64};
-use crate::execute::{OutValue, Observed, execute};
+use crate::execute::{Observed, OutValue, execute};
 use crate::{diff, host};
 
 /// The `expect` block that describes `observed`.

@@ -155,20 +155,17 @@ pub fn validate(case: &Case) -> Result<(), CaseError> {
         Some(op) => crate::execute::op_fields(op),
         None => crate::host::host_fields(case)?,
     };
-    let unknown = |section: &str, map: &Map<String, Value>, allowed: &[&str]| {
-        match map.keys().find(|k| !allowed.contains(&k.as_str())) {
-            Some(k) => Err(case.error(section, k, format!("unknown field; `{}` reads {section} {}", case.op, list(allowed)))),
-            None => Ok(()),
-        }
+    let unknown = |section: &str, map: &Map<String, Value>, allowed: &[&str]| match map.keys().find(|k| !allowed.contains(&k.as_str())) {
+        Some(k) => Err(case.error(section, k, format!("unknown field; `{}` reads {section} {}", case.op, list(allowed)))),
+        None => Ok(()),
     };
     let params: Vec<&str> = fields.params.iter().chain(&COMMON_PARAMS).copied().collect();
     unknown("params", &case.params, &params)?;
     unknown("inputs", &case.inputs, fields.inputs)?;
     match case.expect.get("error") {
         Some(kind) => {
-            serde_json::from_value::<specdec_backend::ErrorKind>(kind.clone()).map_err(|_| {
-                case.error("expect", "error", format!("{kind} is not an error kind; known: {}", crate::case::ERROR_KINDS.join(", ")))
-            })?;
+            serde_json::from_value::<specdec_backend::ErrorKind>(kind.clone())
+                .map_err(|_| case.error("expect", "error", format!("{kind} is not an error kind; known: {}", crate::case::ERROR_KINDS.join(", "))))?;
             if let Some(arg) = case.expect.get("arg").filter(|a| !a.is_string()) {
                 return Err(case.error("expect", "arg", format!("{arg} is not an argument name (a string)")));
             }
@@ -178,11 +175,7 @@ pub fn validate(case: &Case) -> Result<(), CaseError> {
         None => {
             unknown("expect", &case.expect, fields.outputs)?;
             match fields.outputs.iter().find(|o| !case.expect.contains_key(**o)) {
-                Some(missing) => Err(case.error(
-                    "expect",
-                    missing,
-                    format!("is missing; `expect` gives every output of `{}` ({}) or an `error`", case.op, list(fields.outputs)),
-                )),
+                Some(missing) => Err(case.error("expect", missing, format!("is missing; `expect` gives every output of `{}` ({}) or an `error`", case.op, list(fields.outputs)))),
                 None => Ok(()),
             }
         }

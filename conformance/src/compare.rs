@@ -7,13 +7,16 @@ use specdec_backend::{BackendError, ErrorKind, HostTensor, Precision, SamplingPa
 use specdec_reference as r;
 
 use crate::case::{Case, CaseError, ExpectedBy, decode_f64, decode_i64};
-use crate::execute::{OutValue, Observed};
+use crate::execute::{Observed, OutValue};
 
 /// The outcome of one check.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Verdict {
     /// Matched; `excused` rows differed only within their margin.
-    Pass { excused: usize, max_abs_err: f64 },
+    Pass {
+        excused: usize,
+        max_abs_err: f64,
+    },
     Fail(String),
     NotSupported(String),
 }
@@ -34,10 +37,7 @@ pub fn reference_margins(case: &Case) -> Result<Option<Vec<f64>>, CaseError> {
                 None => r::DrawNoise::ExponentialRace(case.input_f("draw_exponentials")?),
             };
             let cmp = case.param("comparator", Some(r::Comparator::Strict))?;
-            let inputs = r::RejectionInputs {
-                target_probs: &p, draft_probs: q.as_ref(), draft_tokens: &d, proposal_lens: &l,
-                accept_uniforms: &u, draw: &draw,
-            };
+            let inputs = r::RejectionInputs { target_probs: &p, draft_probs: q.as_ref(), draft_tokens: &d, proposal_lens: &l, accept_uniforms: &u, draw: &draw };
             r::rejection_verify(&inputs, cmp).ok().map(|o| o.margins)
         }
         "draw" => {
@@ -196,11 +196,7 @@ fn judge_inner(case: &Case, obs: &Observed, precision: &Precision, margins: Opti
             }
         }
     }
-    Ok(if failures.is_empty() {
-        Verdict::Pass { excused: excused_rows.len(), max_abs_err: *max_abs_err }
-    } else {
-        Verdict::Fail(failures.join("; "))
-    })
+    Ok(if failures.is_empty() { Verdict::Pass { excused: excused_rows.len(), max_abs_err: *max_abs_err } } else { Verdict::Fail(failures.join("; ")) })
 }
 
 /// The output entries of an `expect` block (everything but error metadata).

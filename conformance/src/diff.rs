@@ -154,7 +154,13 @@ fn obj(pairs: Vec<(&str, Value)>) -> Map<String, Value> {
 
 /// Proposal lengths in `[0, k]`, biased to full and empty proposals.
 fn lens(g: &mut Gen, b: usize, k: usize) -> Vec<usize> {
-    (0..b).map(|_| match g.int(0, 4) { 0 => 0, 1 | 2 => k, _ => g.int(0, k) }).collect()
+    (0..b)
+        .map(|_| match g.int(0, 4) {
+            0 => 0,
+            1 | 2 => k,
+            _ => g.int(0, k),
+        })
+        .collect()
 }
 
 fn greedy(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {
@@ -182,11 +188,7 @@ fn greedy(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {
         scores.extend(rows.into_iter().flatten());
     }
     let lens = lens.into_iter().map(|l| l as i64).collect();
-    (Map::new(), obj(vec![
-        ("target_scores", f(vec![b, k + 1, v], scores)),
-        ("draft_tokens", i(vec![b, k], drafts)),
-        ("proposal_lens", i(vec![b], lens)),
-    ]))
+    (Map::new(), obj(vec![("target_scores", f(vec![b, k + 1, v], scores)), ("draft_tokens", i(vec![b, k], drafts)), ("proposal_lens", i(vec![b], lens))]))
 }
 
 fn dflash(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {
@@ -201,10 +203,7 @@ fn dflash(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {
         }
         pred.extend(p);
     }
-    (obj(vec![("vocab", json!(v))]), obj(vec![
-        ("candidates", i(vec![bs, block], cand)),
-        ("target_predict", i(vec![bs, block], pred)),
-    ]))
+    (obj(vec![("vocab", json!(v))]), obj(vec![("candidates", i(vec![bs, block], cand)), ("target_predict", i(vec![bs, block], pred))]))
 }
 
 fn rejection(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {
@@ -267,7 +266,11 @@ fn logits(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {
     let (mut t, mut k, mut p) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rows {
         let mut row: Vec<f64> = (0..v)
-            .map(|_| match g.int(0, 9) { 0 => f64::NEG_INFINITY, 1 | 2 => g.int(0, 2) as f64, _ => g.unit() * 8.0 - 4.0 })
+            .map(|_| match g.int(0, 9) {
+                0 => f64::NEG_INFINITY,
+                1 | 2 => g.int(0, 2) as f64,
+                _ => g.unit() * 8.0 - 4.0,
+            })
             .collect();
         if row.iter().all(|x| x.is_infinite()) {
             row[0] = 1.0;
@@ -277,12 +280,7 @@ fn logits(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {
         k.push([0, 1, 2, v.saturating_sub(1), v][g.int(0, 4)] as i64);
         p.push([1.0, 0.95, 0.7, 0.3][g.int(0, 3)]);
     }
-    (Map::new(), obj(vec![
-        ("logits", f(vec![rows, v], z)),
-        ("temperature", f(vec![rows], t)),
-        ("top_k", i(vec![rows], k)),
-        ("top_p", f(vec![rows], p)),
-    ]))
+    (Map::new(), obj(vec![("logits", f(vec![rows, v], z)), ("temperature", f(vec![rows], t)), ("top_k", i(vec![rows], k)), ("top_p", f(vec![rows], p))]))
 }
 
 fn draw(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {
@@ -319,10 +317,7 @@ fn ngram(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {
         ctx.extend((0..width).map(|j| if j < len { g.int(0, alphabet - 1) as i64 } else { PAD }));
         lens.push(len as i64);
     }
-    (obj(vec![("vocab", json!(alphabet)), ("config", cfg)]), obj(vec![
-        ("contexts", i(vec![b, width], ctx)),
-        ("context_lens", i(vec![b], lens)),
-    ]))
+    (obj(vec![("vocab", json!(alphabet)), ("config", cfg)]), obj(vec![("contexts", i(vec![b, width], ctx)), ("context_lens", i(vec![b], lens))]))
 }
 
 fn kv(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {
@@ -365,11 +360,7 @@ fn paged(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {
         table.extend((0..slots).map(|s| if s < used { g.int(0, pages - 1) as i64 } else { PAD }));
         lens.push(len as i64);
     }
-    (Map::new(), obj(vec![
-        ("pages", f(vec![pages, size, h, d], data)),
-        ("block_table", i(vec![b, slots], table)),
-        ("context_lens", i(vec![b], lens)),
-    ]))
+    (Map::new(), obj(vec![("pages", f(vec![pages, size, h, d], data)), ("block_table", i(vec![b, slots], table)), ("context_lens", i(vec![b], lens))]))
 }
 
 /// Replaces one value of one input (walking into arrays and objects, so

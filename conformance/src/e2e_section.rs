@@ -98,8 +98,7 @@ pub fn e2e_items() -> Vec<E2eItem> {
 }
 
 /// Builds a proposer of the section for `w` on `b`.
-pub fn build_proposer<B: ModelBackend>(b: &B, name: &str, w: &LlamaWeights) -> Result<Box<dyn Proposer<B>>, String>
-{
+pub fn build_proposer<B: ModelBackend>(b: &B, name: &str, w: &LlamaWeights) -> Result<Box<dyn Proposer<B>>, String> {
     let vocab = w.config.vocab_size;
     let e = |e: specdec_decoder::DecodeError| e.to_string();
     Ok(match name {
@@ -154,14 +153,12 @@ pub fn engine_config() -> EngineConfig {
 }
 
 /// Runs the selected end-to-end checks on `backend`.
-pub fn run<B: ModelBackend>(backend: &B, cfg: &SuiteConfig, files: &ModelFiles, progress: &mut dyn FnMut(&CheckResult)) -> Vec<CheckResult>
-{
+pub fn run<B: ModelBackend>(backend: &B, cfg: &SuiteConfig, files: &ModelFiles, progress: &mut dyn FnMut(&CheckResult)) -> Vec<CheckResult> {
     run_with(backend, cfg, files, &engine_config(), progress)
 }
 
 /// [`run`] with a given engine config (the negative controls inject faults here).
-pub fn run_with<B: ModelBackend>(backend: &B, cfg: &SuiteConfig, files: &ModelFiles, engine: &EngineConfig, progress: &mut dyn FnMut(&CheckResult)) -> Vec<CheckResult>
-{
+pub fn run_with<B: ModelBackend>(backend: &B, cfg: &SuiteConfig, files: &ModelFiles, engine: &EngineConfig, progress: &mut dyn FnMut(&CheckResult)) -> Vec<CheckResult> {
     let mut results = Vec::new();
     let mut sampled = Vec::new();
     let mut current: Option<(String, Result<(Subject, B::Model), Verdict>)> = None;
@@ -436,9 +433,8 @@ pub fn sampled_law_check<B: ModelBackend>(b: &B, weights: &LlamaWeights, m: &B::
     let mut done = 0;
     while done < n {
         let batch = SAMPLED_BATCH.min(n - done);
-        let reqs: Vec<Request> = (0..batch)
-            .map(|i| Request { sampling: SAMPLED_PARAMS, seed: base.wrapping_add((done + i) as u64), eos: vec![eos], ..Request::greedy(prompt.clone(), SAMPLED_TOKENS) })
-            .collect();
+        let reqs: Vec<Request> =
+            (0..batch).map(|i| Request { sampling: SAMPLED_PARAMS, seed: base.wrapping_add((done + i) as u64), eos: vec![eos], ..Request::greedy(prompt.clone(), SAMPLED_TOKENS) }).collect();
         let out = engine.generate(&reqs, p, None, &mut NoSink).map_err(|e| match to_verdict(Err(err_of(&e))) {
             Verdict::Pass { .. } => fail(e.to_string()),
             v => v,

@@ -94,14 +94,7 @@ fn run<B: Backend>(backend: &B, inst: &[Instance], probes: &[Probe], cmp: Compar
 
 /// Bisects `sup { x in [0, 1) : pred(x) }` for many monotone predicates at
 /// once (true below the boundary). `start[i]` is `pred_i(0)`.
-fn bisect<B: Backend>(
-    backend: &B,
-    inst: &[Instance],
-    cmp: Comparator,
-    make: &dyn Fn(usize, f64) -> Probe,
-    count: usize,
-    pred: &dyn Fn(usize, &ProbeOut) -> bool,
-) -> Result<Vec<f64>, BackendError> {
+fn bisect<B: Backend>(backend: &B, inst: &[Instance], cmp: Comparator, make: &dyn Fn(usize, f64) -> Probe, count: usize, pred: &dyn Fn(usize, &ProbeOut) -> bool) -> Result<Vec<f64>, BackendError> {
     let zeros: Vec<Probe> = (0..count).map(|i| make(i, 0.0)).collect();
     let at_zero = run(backend, inst, &zeros, cmp)?;
     let mut lo = vec![0.0f64; count];
@@ -261,15 +254,7 @@ pub fn generation_law<B: Backend>(backend: &B, model: &TableModel, k: usize, m: 
     generation_law_from(backend, model, k, m, cmp, &model.context.clone(), &mut cache)
 }
 
-fn generation_law_from<B: Backend>(
-    backend: &B,
-    model: &TableModel,
-    k: usize,
-    m: usize,
-    cmp: Comparator,
-    prefix: &[i64],
-    cache: &mut BTreeMap<Vec<i64>, Law>,
-) -> Result<Law, BackendError> {
+fn generation_law_from<B: Backend>(backend: &B, model: &TableModel, k: usize, m: usize, cmp: Comparator, prefix: &[i64], cache: &mut BTreeMap<Vec<i64>, Law>) -> Result<Law, BackendError> {
     if !cache.contains_key(prefix) {
         let law = step_law(backend, &model_instances(model, prefix, k), cmp)?;
         cache.insert(prefix.to_vec(), law);
@@ -328,10 +313,7 @@ pub fn accepted_and_next(law: &Law, k: usize, vocab: usize) -> Vec<f64> {
 
 /// `max |a - b|` over the union of outcomes.
 pub fn max_abs_diff(a: &Law, b: &Law) -> f64 {
-    a.keys()
-        .chain(b.keys())
-        .map(|s| (a.get(s).copied().unwrap_or(0.0) - b.get(s).copied().unwrap_or(0.0)).abs())
-        .fold(0.0, f64::max)
+    a.keys().chain(b.keys()).map(|s| (a.get(s).copied().unwrap_or(0.0) - b.get(s).copied().unwrap_or(0.0)).abs()).fold(0.0, f64::max)
 }
 
 /// STAT-7 for any backend: for every proposal length `0..=k`, the exact

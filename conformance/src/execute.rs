@@ -6,10 +6,7 @@
 //! returns.
 
 use serde_json::Value;
-use specdec_backend::{
-    Backend, BackendError, Comparator, DrawNoiseArg, HostTensor, LogitsParams, NgramConfig, Op, RejectionArgs,
-    RejectionNoise, TrimMode,
-};
+use specdec_backend::{Backend, BackendError, Comparator, DrawNoiseArg, HostTensor, LogitsParams, NgramConfig, Op, RejectionArgs, RejectionNoise, TrimMode};
 
 use crate::case::{Case, CaseError, OpFields};
 
@@ -37,10 +34,7 @@ impl Observed {
 /// The ops case files may use: every contract op with deterministic output.
 pub fn case_op(case: &Case) -> Result<Op, CaseError> {
     match Op::from_name(&case.op) {
-        Some(Op::RejectionVerifySeeded) => Err(CaseError::new(
-            format!("case {} field op", case.id),
-            "rejection_verify_seeded is checked statistically, not by golden cases",
-        )),
+        Some(Op::RejectionVerifySeeded) => Err(CaseError::new(format!("case {} field op", case.id), "rejection_verify_seeded is checked statistically, not by golden cases")),
         Some(op) => Ok(op),
         None => Err(CaseError::new(
             format!("case {} field op", case.id),
@@ -61,22 +55,13 @@ pub fn op_fields(op: Op) -> OpFields {
     match op {
         Op::GreedyVerify => f(&[], &["target_scores", "draft_tokens", "proposal_lens"], VERIFY_OUT),
         Op::DflashAccept => f(&["vocab"], &["candidates", "target_predict"], &["accept_len", "bonus"]),
-        Op::RejectionVerify => f(
-            &["comparator"],
-            &["target_probs", "draft_probs", "draft_tokens", "proposal_lens", "accept_uniforms", "draw_uniforms", "draw_exponentials"],
-            VERIFY_OUT,
-        ),
+        Op::RejectionVerify => f(&["comparator"], &["target_probs", "draft_probs", "draft_tokens", "proposal_lens", "accept_uniforms", "draw_uniforms", "draw_exponentials"], VERIFY_OUT),
         Op::Residual => f(&[], &["target_probs", "draft_probs", "drafted"], &["residual"]),
         Op::ProcessLogits => f(&[], &["logits", "temperature", "top_k", "top_p"], &["probs"]),
         Op::Draw => f(&[], &["weights", "draw_uniforms", "draw_exponentials"], &["tokens"]),
         Op::NgramPropose => f(&["vocab", "config"], &["contexts", "context_lens"], &["drafts", "proposal_lens"]),
         Op::PagedGather => f(&[], &["pages", "block_table", "context_lens"], &["gathered"]),
-        Op::KvCache => OpFields {
-            params: &["batch", "heads", "head_dim", "capacity"],
-            inputs: &["steps"],
-            outputs: &["lens", "keys", "values", "trimmed"],
-            error_outputs: &["failed_step"],
-        },
+        Op::KvCache => OpFields { params: &["batch", "heads", "head_dim", "capacity"], inputs: &["steps"], outputs: &["lens", "keys", "values", "trimmed"], error_outputs: &["failed_step"] },
         // GLUE-1 .. GLUE-5: `params.dtype` picks the upload of float-or-id inputs.
         Op::Reshape => f(&["dtype", "shape"], &["t"], &["out"]),
         Op::GatherRows => f(&["dtype"], &["t", "rows"], &["out"]),
@@ -397,9 +382,7 @@ fn kv_cache<B: Backend>(backend: &B, case: &Case) -> Result<Observed, CaseError>
     let mut failed = None;
     for (i, step) in script.iter().enumerate() {
         let r = match step {
-            Step::Append(k, v, c) => (|| {
-                backend.kv_append(&mut cache, &backend.upload_f64(k)?, &backend.upload_f64(v)?, &backend.upload_i64(c)?)
-            })(),
+            Step::Append(k, v, c) => (|| backend.kv_append(&mut cache, &backend.upload_f64(k)?, &backend.upload_f64(v)?, &backend.upload_i64(c)?))(),
             Step::Trim(a, mode) => (|| {
                 let t = backend.kv_trim(&mut cache, &backend.upload_i64(a)?, *mode)?;
                 trimmed.extend(backend.download_i64(&t)?.into_data());

@@ -43,11 +43,7 @@ pub fn host_fields(case: &Case) -> Result<OpFields, CaseError> {
         "lossy_typical_verify" => f(&["epsilon", "delta"], &["target_probs", "draft_tokens", "proposal_lens", "draw_uniforms"], VERIFY_OUT),
         "ngram_lookup" => f(&["prompt_lookup", "vocab", "config"], &["prompt", "generated"], &["proposal"]),
         "ngram_index" => f(&["vocab", "config"], &["chunks"], &["index_proposals", "linear_proposals"]),
-        "controller" => f(
-            &["config"],
-            &["events"],
-            &["should_speculate", "k", "ema_after_updates", "acceptance_rate", "tokens_per_sequence_step", "counters"],
-        ),
+        "controller" => f(&["config"], &["events"], &["should_speculate", "k", "ema_after_updates", "acceptance_rate", "tokens_per_sequence_step", "counters"]),
         "spec_config" => f(&["config"], &[], &["valid"]),
         "unmask_order" => f(&["positions", "steps", "schedule"], &[], &["order"]),
         "mask_ratio" => f(&["schedule", "t"], &[], &["ratio"]),
@@ -104,15 +100,13 @@ pub fn execute_host(case: &Case) -> Result<Observed, CaseError> {
         "lossy_threshold_verify" => {
             let (p, d, l) = (case.input_f("target_probs")?, case.input_i("draft_tokens")?, case.input_i("proposal_lens")?);
             let t: f64 = case.param("threshold", None)?;
-            lossy::lossy_threshold_verify(&p, &d, &l, t)
-                .map(|o| vec![("tokens", OutValue::Ints(o.tokens)), ("num_accepted", usizes(&o.num_accepted))])
+            lossy::lossy_threshold_verify(&p, &d, &l, t).map(|o| vec![("tokens", OutValue::Ints(o.tokens)), ("num_accepted", usizes(&o.num_accepted))])
         }
         "lossy_typical_verify" => {
             let (p, d, l) = (case.input_f("target_probs")?, case.input_i("draft_tokens")?, case.input_i("proposal_lens")?);
             let u = case.input_f("draw_uniforms")?;
             let (eps, delta): (f64, f64) = (case.param("epsilon", None)?, case.param("delta", None)?);
-            lossy::lossy_typical_verify(&p, &d, &l, eps, delta, &u)
-                .map(|o| vec![("tokens", OutValue::Ints(o.tokens)), ("num_accepted", usizes(&o.num_accepted))])
+            lossy::lossy_typical_verify(&p, &d, &l, eps, delta, &u).map(|o| vec![("tokens", OutValue::Ints(o.tokens)), ("num_accepted", usizes(&o.num_accepted))])
         }
         "ngram_lookup" => {
             let (prompt, generated) = (case.input_i("prompt")?, case.input_i("generated")?);
@@ -124,10 +118,7 @@ pub fn execute_host(case: &Case) -> Result<Observed, CaseError> {
         "ngram_index" => {
             let chunks = case.inputs.get("chunks").and_then(Value::as_array).ok_or_else(|| case.error("inputs", "chunks", "must be an array of id arrays"))?;
             let (vocab, cfg): (usize, NgramConfig) = (case.param("vocab", None)?, case.param("config", None)?);
-            let chunks: Vec<Vec<i64>> = chunks
-                .iter()
-                .map(|c| serde_json::from_value(c.clone()).map_err(|e| case.error("inputs", "chunks", e)))
-                .collect::<Result<_, _>>()?;
+            let chunks: Vec<Vec<i64>> = chunks.iter().map(|c| serde_json::from_value(c.clone()).map_err(|e| case.error("inputs", "chunks", e))).collect::<Result<_, _>>()?;
             ngram_index(&chunks, vocab, cfg)
         }
         "controller" => controller(case)?,
@@ -151,8 +142,7 @@ pub fn execute_host(case: &Case) -> Result<Observed, CaseError> {
         }
         "block_input" => {
             let v = case.input_i("verified")?;
-            let (block, mask, vocab, rows): (usize, i64, usize, usize) =
-                (case.param("block", None)?, case.param("mask_id", None)?, case.param("vocab", None)?, case.param("embed_rows", None)?);
+            let (block, mask, vocab, rows): (usize, i64, usize, usize) = (case.param("block", None)?, case.param("mask_id", None)?, case.param("vocab", None)?, case.param("embed_rows", None)?);
             dflash::block_input(v.data(), block, mask, vocab, rows).map(|t| vec![("block", OutValue::Ints(t))])
         }
         "rollback_amounts" => {
@@ -190,10 +180,7 @@ fn ngram_index(chunks: &[Vec<i64>], vocab: usize, cfg: NgramConfig) -> Result<Ve
         linear.extend(pad(ngram::propose(index.context(), vocab, &cfg)?));
     }
     let shape = vec![chunks.len(), cfg.k];
-    Ok(vec![
-        ("index_proposals", OutValue::Ints(HostTensor::new(shape.clone(), rows)?)),
-        ("linear_proposals", OutValue::Ints(HostTensor::new(shape, linear)?)),
-    ])
+    Ok(vec![("index_proposals", OutValue::Ints(HostTensor::new(shape.clone(), rows)?)), ("linear_proposals", OutValue::Ints(HostTensor::new(shape, linear)?))])
 }
 
 /// Drives a controller through `events`: `{"update": {...}}`,
@@ -256,15 +243,12 @@ fn theory_case(case: &Case) -> HostResult {
         "expected_tokens" => theory::expected_tokens(&case.param::<Vec<f64>>("betas", None)?).map(|v| vec![("value", floats(vec![v]))]),
         "expected_tokens_geometric" => theory::expected_tokens_geometric(beta()?, gamma()?).map(|v| vec![("value", floats(vec![v]))]),
         "expected_speedup" => theory::expected_speedup(beta()?, gamma()?, case.param("cost_ratio", None)?).map(|v| vec![("value", floats(vec![v]))]),
-        "seed003_speedup_approximation" => {
-            theory::seed003_speedup_approximation(beta()?, gamma()?, case.param("rho", None)?).map(|v| vec![("value", floats(vec![v]))])
+        "seed003_speedup_approximation" => theory::seed003_speedup_approximation(beta()?, gamma()?, case.param("rho", None)?).map(|v| vec![("value", floats(vec![v]))]),
+        "best_draft_length" => {
+            theory::best_draft_length(beta()?, case.param("cost_ratio", None)?, case.param("max_gamma", None)?).map(|(g, s)| vec![("gamma", ints(vec![g as i64])), ("speedup", floats(vec![s]))])
         }
-        "best_draft_length" => theory::best_draft_length(beta()?, case.param("cost_ratio", None)?, case.param("max_gamma", None)?)
-            .map(|(g, s)| vec![("gamma", ints(vec![g as i64])), ("speedup", floats(vec![s]))]),
         "pinsker_acceptance_bound" => theory::pinsker_acceptance_bound(case.param("kl", None)?).map(|v| vec![("value", floats(vec![v]))]),
-        "bretagnolle_huber_acceptance_bound" => {
-            theory::bretagnolle_huber_acceptance_bound(case.param("kl", None)?).map(|v| vec![("value", floats(vec![v]))])
-        }
+        "bretagnolle_huber_acceptance_bound" => theory::bretagnolle_huber_acceptance_bound(case.param("kl", None)?).map(|v| vec![("value", floats(vec![v]))]),
         other => return Err(case.error("params", "fn", format!("unknown theory function \"{other}\""))),
     })
 }

@@ -8,9 +8,7 @@
 
 use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg64;
-use specdec_backend::{
-    Backend, BackendError, Comparator, DrawNoiseArg, HostTensor, ReferenceBackend, RejectionArgs, RejectionNoise, SamplingParams,
-};
+use specdec_backend::{Backend, BackendError, Comparator, DrawNoiseArg, HostTensor, ReferenceBackend, RejectionArgs, RejectionNoise, SamplingParams};
 use specdec_stats::{Decision, TestReport, judge_holm, total_variation};
 
 use crate::model::{TableModel, shipped_models};
@@ -99,12 +97,7 @@ pub fn lossless_checks() -> Vec<Check> {
     let mut out = Vec::new();
     for s in scenarios() {
         out.push(Check { name: format!("step/{}/first-token", s.name), rules: vec!["REJECT-7", "STAT-3"], target: Target::FirstToken(s.name), options: Options::default() });
-        out.push(Check {
-            name: format!("step/{}/accepted-and-next", s.name),
-            rules: vec!["REJECT-7", "REJECT-4", "THEORY-5"],
-            target: Target::AcceptedAndNext(s.name),
-            options: Options::default(),
-        });
+        out.push(Check { name: format!("step/{}/accepted-and-next", s.name), rules: vec!["REJECT-7", "REJECT-4", "THEORY-5"], target: Target::AcceptedAndNext(s.name), options: Options::default() });
     }
     // With 4-bit accept uniforms the strict rule stays exact here (every p/q is
     // a multiple of 1/16 or the draft is impossible): the `<=` control below
@@ -136,12 +129,7 @@ pub struct Control {
 
 /// The negative controls (STAT-5).
 pub fn controls() -> Vec<Control> {
-    let first = |s: &'static str, options: Options| Check {
-        name: format!("step/{s}/first-token"),
-        rules: vec!["STAT-5"],
-        target: Target::FirstToken(s),
-        options,
-    };
+    let first = |s: &'static str, options: Options| Check { name: format!("step/{s}/first-token"), rules: vec!["STAT-5"], target: Target::FirstToken(s), options };
     let seq = Check { name: "sequence/bigram-v4/k2/len4".into(), rules: vec!["STAT-5"], target: Target::Sequence { model: "bigram-v4".into(), k: 2, m: 4 }, options: Options::default() };
     let coarse = Options { coarse_uniforms: true, ..Options::default() };
     let mut out: Vec<Control> = vec![
@@ -151,11 +139,7 @@ pub fn controls() -> Vec<Control> {
         Control { name: "residual-is-target".into(), defect: Some(Defect::ResidualIsTarget), check: first("overlap", Options::default()) },
         Control { name: "residual-not-renormalised".into(), defect: Some(Defect::ResidualNotRenormalised), check: first("overlap", Options::default()) },
         Control { name: "bonus-from-wrong-row".into(), defect: Some(Defect::BonusFromWrongRow), check: seq.clone() },
-        Control {
-            name: "draft-at-other-temperature".into(),
-            defect: None,
-            check: first("overlap", Options { drafts: DraftMode::WrongTemperature, ..Options::default() }),
-        },
+        Control { name: "draft-at-other-temperature".into(), defect: None, check: first("overlap", Options { drafts: DraftMode::WrongTemperature, ..Options::default() }) },
         Control {
             name: "iterative-unmasking-q".into(),
             defect: None,
@@ -236,15 +220,7 @@ fn sample_step<B: Backend>(backend: &B, s: &Scenario, n: usize, rng: &mut Pcg64,
 
 /// Generates `n` sequences of at least `m` tokens by speculative decoding
 /// with `k` drafts per step, all sequences stepping together as one batch.
-fn sample_generation<B: Backend>(
-    backend: &B,
-    model: &TableModel,
-    k: usize,
-    m: usize,
-    n: usize,
-    rng: &mut Pcg64,
-    mode: DraftMode,
-) -> Result<Vec<Vec<i64>>, BackendError> {
+fn sample_generation<B: Backend>(backend: &B, model: &TableModel, k: usize, m: usize, n: usize, rng: &mut Pcg64, mode: DraftMode) -> Result<Vec<Vec<i64>>, BackendError> {
     let v = model.vocab;
     let mut out: Vec<Vec<i64>> = vec![Vec::new(); n];
     loop {

@@ -70,12 +70,7 @@ pub struct ModelItem {
     pub rules: &'static [&'static str],
 }
 
-const COMMON: [(&str, &[&str]); 4] = [
-    ("forward", &["MODEL-8", "MODEL-10", "MODEL-11"]),
-    ("verify-window", &["MODEL-13"]),
-    ("kv-trim", &["MODEL-8", "KV-3"]),
-    ("hidden", &["MODEL-9"]),
-];
+const COMMON: [(&str, &[&str]); 4] = [("forward", &["MODEL-8", "MODEL-10", "MODEL-11"]), ("verify-window", &["MODEL-13"]), ("kv-trim", &["MODEL-8", "KV-3"]), ("hidden", &["MODEL-9"])];
 const SMOLLM2_ONLY: [(&str, &[&str]); 3] = [("tokenizer", &["MODEL-6"]), ("export", &["MODEL-4", "MODEL-5"]), ("greedy", &["MODEL-14"])];
 
 /// Every model check, before selection.

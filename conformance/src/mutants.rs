@@ -3,10 +3,7 @@
 //! explicit-noise `rejection_verify` has one defect; everything else is the
 //! reference. Test fixtures only: never used to produce tokens.
 
-use specdec_backend::{
-    Backend, Comparator, DrawNoiseArg, HostTensor, Precision, RefTensor, ReferenceBackend, RejectionArgs, RejectionNoise,
-    Result, Verified,
-};
+use specdec_backend::{Backend, Comparator, DrawNoiseArg, HostTensor, Precision, RefTensor, ReferenceBackend, RejectionArgs, RejectionNoise, Result, Verified};
 use specdec_reference::kvcache::BatchKvCache;
 use specdec_reference::{PAD, lossy};
 
@@ -28,14 +25,7 @@ pub enum Defect {
 }
 
 impl Defect {
-    pub const ALL: [Defect; 6] = [
-        Defect::LossyThreshold,
-        Defect::LossyTypical,
-        Defect::LessEqComparator,
-        Defect::ResidualIsTarget,
-        Defect::ResidualNotRenormalised,
-        Defect::BonusFromWrongRow,
-    ];
+    pub const ALL: [Defect; 6] = [Defect::LossyThreshold, Defect::LossyTypical, Defect::LessEqComparator, Defect::ResidualIsTarget, Defect::ResidualNotRenormalised, Defect::BonusFromWrongRow];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -101,10 +91,7 @@ impl Mutant {
             tokens[b * (k + 1) + n] = next as i64;
             accepted.push(n as i64);
         }
-        Verified {
-            tokens: RefTensor::I64(HostTensor::new(vec![batch, k + 1], tokens).expect("shape")),
-            num_accepted: RefTensor::I64(HostTensor::from_vec(accepted)),
-        }
+        Verified { tokens: RefTensor::I64(HostTensor::new(vec![batch, k + 1], tokens).expect("shape")), num_accepted: RefTensor::I64(HostTensor::from_vec(accepted)) }
     }
 }
 
@@ -143,10 +130,8 @@ impl Backend for Mutant {
         // A mutant breaks the algorithm, not the validation: bad input gets the reference's error.
         ReferenceBackend.rejection_verify(a, n, cmp)?;
         let (p, d, l) = (f(a.target_probs), i(a.draft_tokens), i(a.proposal_lens));
-        let wrap = |o: specdec_reference::VerifyOutput| Verified {
-            tokens: RefTensor::I64(o.tokens),
-            num_accepted: RefTensor::I64(HostTensor::from_vec(o.num_accepted.iter().map(|&x| x as i64).collect())),
-        };
+        let wrap =
+            |o: specdec_reference::VerifyOutput| Verified { tokens: RefTensor::I64(o.tokens), num_accepted: RefTensor::I64(HostTensor::from_vec(o.num_accepted.iter().map(|&x| x as i64).collect())) };
         match self.0 {
             Defect::LossyThreshold => Ok(wrap(lossy::lossy_threshold_verify(p, d, l, 0.1)?)),
             Defect::LossyTypical => Ok(wrap(lossy::lossy_typical_verify(p, d, l, 0.3, 0.09, f(v))?)),

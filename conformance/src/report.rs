@@ -43,15 +43,7 @@ impl Report {
             summary.max_abs_err = summary.max_abs_err.max(r.max_abs_err);
             summary.failed |= r.status.is_failure();
         }
-        Report {
-            backend: backend.name(),
-            device: backend.device(),
-            precision: backend.precision(),
-            seed,
-            specdec_version: env!("CARGO_PKG_VERSION"),
-            summary,
-            results,
-        }
+        Report { backend: backend.name(), device: backend.device(), precision: backend.precision(), seed, specdec_version: env!("CARGO_PKG_VERSION"), summary, results }
     }
 
     pub fn count(&self, status: Status) -> usize {

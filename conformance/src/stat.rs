@@ -72,12 +72,7 @@ fn norm(w: &[f64]) -> Vec<f64> {
 
 /// The scenarios every backend is checked on (V = 6, k = 3).
 pub fn scenarios() -> Vec<Scenario> {
-    let p = vec![
-        norm(&[5.0, 1.0, 3.0, 0.0, 2.0, 4.0]),
-        norm(&[1.0, 4.0, 1.0, 2.0, 0.0, 3.0]),
-        norm(&[2.0, 2.0, 5.0, 1.0, 1.0, 0.0]),
-        norm(&[3.0, 0.0, 1.0, 4.0, 2.0, 1.0]),
-    ];
+    let p = vec![norm(&[5.0, 1.0, 3.0, 0.0, 2.0, 4.0]), norm(&[1.0, 4.0, 1.0, 2.0, 0.0, 3.0]), norm(&[2.0, 2.0, 5.0, 1.0, 1.0, 0.0]), norm(&[3.0, 0.0, 1.0, 4.0, 2.0, 1.0])];
     vec![
         Scenario {
             name: "overlap",
@@ -256,13 +251,7 @@ pub(crate) struct ScenarioBatch<T> {
 
 /// Builds and uploads a [`ScenarioBatch`]; `draft(row, u)` draws a draft
 /// from a `q` row with uniform `u` (drafts without probabilities are fixed).
-pub(crate) fn scenario_batch<B: Backend>(
-    backend: &B,
-    s: &Scenario,
-    n: usize,
-    rng: &mut Pcg64,
-    draft: impl Fn(&[f64], f64) -> i64,
-) -> Result<ScenarioBatch<B::Tensor>, BackendError> {
+pub(crate) fn scenario_batch<B: Backend>(backend: &B, s: &Scenario, n: usize, rng: &mut Pcg64, draft: impl Fn(&[f64], f64) -> i64) -> Result<ScenarioBatch<B::Tensor>, BackendError> {
     let (k, v) = (s.p.len() - 1, s.p[0].len());
     let mut drafts = Vec::with_capacity(n * k);
     let mut lens = Vec::with_capacity(n);
@@ -345,7 +334,9 @@ pub fn judge_family(outcomes: Vec<(usize, Outcome)>) -> Vec<(usize, Verdict, Opt
             Err(verdict) => out.push((slot, verdict, None)),
         }
     }
-    if !reports.is_empty() && let Err(e) = judge_holm(&mut reports, FAMILY_ALPHA) {
+    if !reports.is_empty()
+        && let Err(e) = judge_holm(&mut reports, FAMILY_ALPHA)
+    {
         out.extend(slots.drain(..).map(|s| (s, Verdict::Fail(e.to_string()), None)));
         return out;
     }

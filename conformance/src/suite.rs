@@ -259,22 +259,10 @@ pub fn all_items(cfg: &SuiteConfig) -> Vec<Item> {
         }
     }
     for op in crate::unchecked::OPS {
-        items.push(Item {
-            name: format!("unchecked/{}", op.name()),
-            kind: Kind::Differential,
-            op: op.name().into(),
-            rules: vec!["GLUE-6".into()],
-            source: Source::Unchecked(op),
-        });
+        items.push(Item { name: format!("unchecked/{}", op.name()), kind: Kind::Differential, op: op.name().into(), rules: vec!["GLUE-6".into()], source: Source::Unchecked(op) });
     }
     for name in crate::exact::EXACT_SCENARIOS {
-        items.push(Item {
-            name: format!("exact/{name}"),
-            kind: Kind::Exact,
-            op: Op::RejectionVerify.name().into(),
-            rules: vec!["STAT-7".into(), "REJECT-7".into()],
-            source: Source::Exact(name),
-        });
+        items.push(Item { name: format!("exact/{name}"), kind: Kind::Exact, op: Op::RejectionVerify.name().into(), rules: vec!["STAT-7".into(), "REJECT-7".into()], source: Source::Exact(name) });
     }
     if cfg.statistical {
         for spec in stat::specs() {

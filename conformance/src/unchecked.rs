@@ -51,10 +51,7 @@ pub fn check<B: Backend>(backend: &B, op: Op, cfg: &SuiteConfig) -> Verdict {
             return Verdict::Fail(format!("case {}: the checked op succeeded, the unchecked one failed: {e}", case.id));
         }
         if unchecked.outputs != checked.outputs {
-            return Verdict::Fail(format!(
-                "case {}: unchecked outputs {:?} differ from checked outputs {:?}",
-                case.id, unchecked.outputs, checked.outputs
-            ));
+            return Verdict::Fail(format!("case {}: unchecked outputs {:?} differ from checked outputs {:?}", case.id, unchecked.outputs, checked.outputs));
         }
         compared += 1;
     }

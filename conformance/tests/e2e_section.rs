@@ -20,11 +20,7 @@ use specdec_stats::Decision;
 fn tiny_section(engine: &EngineConfig) -> Vec<(String, Status)> {
     let selection = Selection { exclude: vec!["e2e/*dflash*/sampled".into()], ..Selection::default() };
     let cfg = SuiteConfig { filter: Some(format!("e2e/{TINY}/")), selection, ..SuiteConfig::default() };
-    run_with(&ReferenceBackend, &cfg, &ModelFiles::default(), engine, &mut |_| {})
-        .into_iter()
-        .filter(|r| r.status != Status::Skipped)
-        .map(|r| (r.name, r.status))
-        .collect()
+    run_with(&ReferenceBackend, &cfg, &ModelFiles::default(), engine, &mut |_| {}).into_iter().filter(|r| r.status != Status::Skipped).map(|r| (r.name, r.status)).collect()
 }
 
 fn failed(results: &[(String, Status)], check: &str) -> Vec<String> {

@@ -5,12 +5,10 @@
 use proptest::prelude::*;
 use specdec_backend::{Comparator, ReferenceBackend};
 use specdec_conformance::compare::Verdict;
-use specdec_conformance::exact::{
-    accepted_count_law, check_scenario, first_token_law, fixed_row_instances, generation_law, max_abs_diff, step_law,
-};
+use specdec_conformance::exact::{accepted_count_law, check_scenario, first_token_law, fixed_row_instances, generation_law, max_abs_diff, step_law};
+use specdec_conformance::model::shipped_models;
 use specdec_conformance::mutants::{Defect, Mutant};
 use specdec_conformance::stat;
-use specdec_conformance::model::shipped_models;
 use specdec_reference::theory;
 
 const TOL: f64 = 1e-12;
@@ -53,24 +51,16 @@ fn relate(p: &[f64], q: &[f64], rel: Relation) -> Vec<f64> {
 }
 
 fn relation() -> impl Strategy<Value = Relation> {
-    prop_oneof![
-        Just(Relation::Independent),
-        Just(Relation::Equal),
-        Just(Relation::Disjoint),
-        (0usize..8).prop_map(Relation::OneHot),
-        Just(Relation::Partial),
-    ]
+    prop_oneof![Just(Relation::Independent), Just(Relation::Equal), Just(Relation::Disjoint), (0usize..8).prop_map(Relation::OneHot), Just(Relation::Partial),]
 }
 
 /// `(p rows [k+1], q rows [k])` with one relation per draft position.
 fn step() -> impl Strategy<Value = (Vec<Vec<f64>>, Vec<Vec<f64>>)> {
     (2usize..5, 1usize..4).prop_flat_map(|(v, k)| {
-        (prop::collection::vec(row(v), k + 1), prop::collection::vec(row(v), k), prop::collection::vec(relation(), k)).prop_map(
-            |(p, q, rel)| {
-                let q = q.iter().zip(&rel).enumerate().map(|(j, (q, r))| relate(&p[j], q, *r)).collect();
-                (p, q)
-            },
-        )
+        (prop::collection::vec(row(v), k + 1), prop::collection::vec(row(v), k), prop::collection::vec(relation(), k)).prop_map(|(p, q, rel)| {
+            let q = q.iter().zip(&rel).enumerate().map(|(j, (q, r))| relate(&p[j], q, *r)).collect();
+            (p, q)
+        })
     })
 }
 

@@ -3,9 +3,7 @@
 
 use std::path::Path;
 
-use specdec_backend::{
-    Backend, ErrorKind, HostTensor, Precision, RefTensor, ReferenceBackend, RejectionArgs, RejectionNoise, Result, Verified,
-};
+use specdec_backend::{Backend, ErrorKind, HostTensor, Precision, RefTensor, ReferenceBackend, RejectionArgs, RejectionNoise, Result, Verified};
 use specdec_conformance::case::{decode_f64, parse};
 use specdec_conformance::compare::Verdict;
 use specdec_conformance::mutants::{Defect, Mutant};
@@ -52,8 +50,10 @@ fn malformed_cases_fail_alone() {
     assert!(loaded.errors[0].location.contains("no-expect") && loaded.errors[0].message.contains("expect"), "{:?}", loaded.errors[0]);
 
     // A case whose input is ragged names the case and the field when run.
-    let text = file(r#"{"id": "ragged", "op": "draw", "expected_by": "hand",
-        "inputs": {"weights": [[0.5, 0.5], [1.0]], "draw_uniforms": [0.1, 0.2]}, "expect": {"tokens": [0, 0]}}"#);
+    let text = file(
+        r#"{"id": "ragged", "op": "draw", "expected_by": "hand",
+        "inputs": {"weights": [[0.5, 0.5], [1.0]], "draw_uniforms": [0.1, 0.2]}, "expect": {"tokens": [0, 0]}}"#,
+    );
     let case = parse(&text, Path::new("f.json")).unwrap().cases.remove(0);
     match check_case(&ReferenceBackend, &case) {
         Verdict::Fail(m) => assert!(m.contains("ragged") && m.contains("inputs.weights"), "{m}"),
@@ -89,7 +89,8 @@ fn judging() {
     let wrong = file(r#"{"id": "w", "op": "draw", "expected_by": "hand", "inputs": {"weights": [[0.5, 0.5]], "draw_uniforms": [0.75]}, "expect": {"tokens": [0]}}"#);
     let case = parse(&wrong, Path::new("f.json")).unwrap().cases.remove(0);
     assert!(matches!(check_case(&ReferenceBackend, &case), Verdict::Fail(m) if m.contains("expected 0, got 1")));
-    let wrong_arg = file(r#"{"id": "a", "op": "draw", "expected_by": "hand", "inputs": {"weights": [[0.5, 0.5]], "draw_uniforms": [1.0]}, "expect": {"error": "UniformOutOfRange", "arg": "weights"}}"#);
+    let wrong_arg =
+        file(r#"{"id": "a", "op": "draw", "expected_by": "hand", "inputs": {"weights": [[0.5, 0.5]], "draw_uniforms": [1.0]}, "expect": {"error": "UniformOutOfRange", "arg": "weights"}}"#);
     let case = parse(&wrong_arg, Path::new("f.json")).unwrap().cases.remove(0);
     assert!(matches!(check_case(&ReferenceBackend, &case), Verdict::Fail(m) if m.contains("draw_uniforms")));
 }
@@ -117,10 +118,12 @@ impl Backend for Nudged {
 fn near_boundary_differences_are_excused_and_counted() {
     // u q(x) = 0.5 * 0.8 = 0.4 lies 1e-9 below p(x) = 0.400000001: the
     // reference accepts, the nudged port rejects.
-    let text = file(r#"{"id": "edge", "op": "rejection_verify", "expected_by": "hand",
+    let text = file(
+        r#"{"id": "edge", "op": "rejection_verify", "expected_by": "hand",
         "inputs": {"target_probs": [[[0.400000001, 0.599999999], [1.0, 0.0]]], "draft_probs": [[[0.8, 0.2]]],
                    "draft_tokens": [[0]], "proposal_lens": [1], "accept_uniforms": [[0.5]], "draw_uniforms": [[0.5, 0.5]]},
-        "expect": {"tokens": [[0, 0]], "num_accepted": [1]}}"#);
+        "expect": {"tokens": [[0, 0]], "num_accepted": [1]}}"#,
+    );
     let case = parse(&text, Path::new("f.json")).unwrap().cases.remove(0);
     assert_eq!(check_case(&ReferenceBackend, &case), Verdict::Pass { excused: 0, max_abs_err: 0.0 });
     assert_eq!(check_case(&Nudged(1e-6), &case), Verdict::Pass { excused: 1, max_abs_err: 0.0 });
@@ -222,10 +225,12 @@ impl Backend for Counting {
 /// the accepted tokens and counts to the host (two downloads).
 #[test]
 fn a_verify_step_downloads_only_tokens_and_counts() {
-    let text = file(r#"{"id": "v", "op": "rejection_verify", "expected_by": "hand",
+    let text = file(
+        r#"{"id": "v", "op": "rejection_verify", "expected_by": "hand",
         "inputs": {"target_probs": [[[0.5, 0.5], [1.0, 0.0]]], "draft_probs": [[[0.5, 0.5]]], "draft_tokens": [[0]],
                    "proposal_lens": [1], "accept_uniforms": [[0.1]], "draw_uniforms": [[0.5, 0.5]]},
-        "expect": {"tokens": [[0, 0]], "num_accepted": [1]}}"#);
+        "expect": {"tokens": [[0, 0]], "num_accepted": [1]}}"#,
+    );
     let case = parse(&text, Path::new("f.json")).unwrap().cases.remove(0);
     let backend = Counting(std::cell::Cell::new(0));
     assert!(matches!(check_case(&backend, &case), Verdict::Pass { .. }));

@@ -108,12 +108,7 @@ fn an_untouched_wrapper_passes_every_tiny_check() {
 
 #[test]
 fn each_defect_fails_the_checks_aimed_at_it() {
-    for (defect, check) in [
-        (Defect::TrimOneTooMany, "kv-trim"),
-        (Defect::ShiftedWindow, "verify-window"),
-        (Defect::ShiftedWindow, "forward"),
-        (Defect::Perturbed, "forward"),
-    ] {
+    for (defect, check) in [(Defect::TrimOneTooMany, "kv-trim"), (Defect::ShiftedWindow, "verify-window"), (Defect::ShiftedWindow, "forward"), (Defect::Perturbed, "forward")] {
         assert!(statuses(defect, check).iter().all(|s| *s == Status::Fail), "{defect:?} passed {check}");
     }
 }

@@ -50,8 +50,10 @@ fn unknown_fields_are_errors() {
     assert!(e.contains("typo-top") && e.contains("descripton"), "{e}");
     let e = only_error(&format!(r#"{{"id": "typo-expect", "op": "draw", "expected_by": "hand", "inputs": {{{DRAW_INPUTS}}}, "expect": {{"tokens": [1], "token": [1]}}}}"#));
     assert!(e.contains("typo-expect") && e.contains("expect.token"), "{e}");
-    let loaded = load(r#"{"id": "typo-tensor", "op": "draw", "expected_by": "hand",
-        "inputs": {"weights": {"shape": [1, 2], "data": [0.5, 0.5], "dtype": "f32"}, "draw_uniforms": [0.75]}, "expect": {"tokens": [1]}}"#);
+    let loaded = load(
+        r#"{"id": "typo-tensor", "op": "draw", "expected_by": "hand",
+        "inputs": {"weights": {"shape": [1, 2], "data": [0.5, 0.5], "dtype": "f32"}, "draw_uniforms": [0.75]}, "expect": {"tokens": [1]}}"#,
+    );
     match check_case(&ReferenceBackend, &loaded.cases[0]) {
         Verdict::Fail(m) => assert!(m.contains("typo-tensor") && m.contains("inputs.weights") && m.contains("dtype"), "{m}"),
         other => panic!("{other:?}"),

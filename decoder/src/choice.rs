@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use specdec_backend::NgramConfig;
 use specdec_backend::model::{LlamaWeights, ModelBackend};
 
-use crate::proposer::{DraftModelProposer, NgramProposer, NoProposer, Proposer};
 use crate::DecodeError;
+use crate::proposer::{DraftModelProposer, NgramProposer, NoProposer, Proposer};
 
 /// A proposer named on a command line.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -36,9 +36,5 @@ pub(crate) fn draw<B: ModelBackend>(b: &B, probs: &B::Tensor, rngs: &mut [Pcg64]
 }
 
 pub(crate) fn download_ids<B: ModelBackend>(b: &B, t: &B::Tensor) -> Result<Vec<u32>, DecodeError> {
-    b.download_i64(t)?
-        .data()
-        .iter()
-        .map(|&x| u32::try_from(x).map_err(|_| DecodeError::Internal(format!("the backend returned token id {x}"))))
-        .collect()
+    b.download_i64(t)?.data().iter().map(|&x| u32::try_from(x).map_err(|_| DecodeError::Internal(format!("the backend returned token id {x}")))).collect()
 }

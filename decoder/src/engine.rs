@@ -20,11 +20,11 @@ use specdec_backend::model::{ForwardRequest, LogitRows, ModelBackend};
 use specdec_backend::{Comparator, DrawNoiseArg, PAD, RejectionArgs, RejectionNoise, Verified};
 use specdec_reference::controller::{DynamicController, SpecConfig, StepCounts};
 
+use crate::DecodeError;
 use crate::device;
 use crate::proposer::{Observed, ObservedSeq, Proposal, Proposer, SeqView, VerifyRule};
 use crate::request::{Acceptance, FinishReason, Output, Request, RunOutput, Timings};
 use crate::stop::{Appended, Detokenize, StopState};
-use crate::DecodeError;
 
 /// How the caches are rolled back after a verify step (KV-6, KV-7).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -240,10 +240,7 @@ impl<'a, B: ModelBackend> Engine<'a, B> {
                 None => self.config.k,
             };
             let t = Instant::now();
-            let views: Vec<SeqView<'_>> = active
-                .iter()
-                .map(|&i| SeqView { slot: i, context: &seqs[i].context, max_drafts: k.min(capacity - lens[i] - 1), sampling: seqs[i].req.sampling })
-                .collect();
+            let views: Vec<SeqView<'_>> = active.iter().map(|&i| SeqView { slot: i, context: &seqs[i].context, max_drafts: k.min(capacity - lens[i] - 1), sampling: seqs[i].req.sampling }).collect();
             let mut rngs: Vec<Pcg64> = active.iter().map(|&i| seqs[i].draft_rng.clone()).collect();
             let proposal = match (k, self.config.on_proposer_error) {
                 (0, _) => Ok(Proposal::none(active.len())),
@@ -300,8 +297,7 @@ impl<'a, B: ModelBackend> Engine<'a, B> {
             timings.rest_s += t.elapsed().as_secs_f64();
 
             let t = Instant::now();
-            let observed: Vec<ObservedSeq<'_>> =
-                active.iter().zip(&kept).map(|(&i, &kept)| ObservedSeq { slot: i, context: &seqs[i].context, kept, finished: seqs[i].finish.is_some() }).collect();
+            let observed: Vec<ObservedSeq<'_>> = active.iter().zip(&kept).map(|(&i, &kept)| ObservedSeq { slot: i, context: &seqs[i].context, kept, finished: seqs[i].finish.is_some() }).collect();
             proposer.observe(b, &Observed { seqs: &observed, plan: &step.plan, hidden: step.hidden.as_ref() })?;
             timings.propose_s += t.elapsed().as_secs_f64();
         }
@@ -424,8 +420,7 @@ impl<'a, B: ModelBackend> Engine<'a, B> {
             let v = device::upload_f64(b, vec![a, width + 1], v)?;
             let args = RejectionArgs { target_probs: &probs, draft_probs: q.as_ref(), draft_tokens: &drafts, proposal_lens: &lens };
             let noise = RejectionNoise { accept_uniforms: &u, draw: DrawNoiseArg::InverseCdf(&v) };
-            let out =
-                if self.config.checked { b.rejection_verify(args, noise, Comparator::Strict)? } else { b.rejection_verify_unchecked(args, noise, Comparator::Strict)? };
+            let out = if self.config.checked { b.rejection_verify(args, noise, Comparator::Strict)? } else { b.rejection_verify_unchecked(args, noise, Comparator::Strict)? };
             self.download(&out, a, width)?
         };
         Ok(StepResult { tokens: verified.0, num_accepted: verified.1, plan: out.plan, hidden: out.hidden })

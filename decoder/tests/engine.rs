@@ -7,9 +7,7 @@ use rand_pcg::Pcg64;
 use specdec_backend::model::{ForwardRequest, LlamaWeights, ModelBackend, RefModel};
 use specdec_backend::{NgramConfig, ReferenceBackend, SamplingParams};
 use specdec_decoder::proposer::{Observed, SeqView};
-use specdec_decoder::{
-    DecodeError, DraftModelProposer, Engine, EngineConfig, FinishReason, NgramProposer, NoProposer, NoSink, OnProposerError, Proposal, Proposer, Request, Rollback, RunOutput,
-};
+use specdec_decoder::{DecodeError, DraftModelProposer, Engine, EngineConfig, FinishReason, NgramProposer, NoProposer, NoSink, OnProposerError, Proposal, Proposer, Request, Rollback, RunOutput};
 use specdec_decoder::{DflashMode, DflashProposer};
 use specdec_models::DflashSpec;
 use specdec_models::tiny::TinySpec;
@@ -71,7 +69,8 @@ fn proposer(name: &str, w: &LlamaWeights) -> Box<dyn Proposer<ReferenceBackend>>
         "dflash" | "dflash-iter" => {
             let c = &w.config;
             let layers = (0..c.num_hidden_layers).rev().collect();
-            let spec = DflashSpec { layers: 1, heads: c.num_attention_heads, kv_heads: c.num_key_value_heads, intermediate: 2 * c.hidden_size, block_size: 5, target_layer_ids: layers, mask_token_id: 0 };
+            let spec =
+                DflashSpec { layers: 1, heads: c.num_attention_heads, kv_heads: c.num_key_value_heads, intermediate: 2 * c.hidden_size, block_size: 5, target_layer_ids: layers, mask_token_id: 0 };
             let draft = specdec_models::seeded_dflash(c, spec, 5).unwrap();
             let mode = if name == "dflash" { DflashMode::Parallel } else { DflashMode::Iterative { steps: 3, schedule: specdec_models::dflash::Schedule::Linear } };
             Box::new(DflashProposer::new(name, draft, std::sync::Arc::new(w.clone()), mode).unwrap())

@@ -90,18 +90,8 @@ fn default_rope_theta() -> f64 {
 
 /// HF fields a plain forward may ignore: anything not in this list and not a
 /// field above is an error, so a typo (`rms_norm_epsilon`) cannot pass.
-const IGNORABLE: &[&str] = &[
-    "initializer_range",
-    "use_cache",
-    "transformers_version",
-    "pretraining_tp",
-    "_name_or_path",
-    "attention_dropout",
-    "is_llama_config",
-    "rope_interleaved",
-    "torchscript",
-    "dtype",
-];
+const IGNORABLE: &[&str] =
+    &["initializer_range", "use_cache", "transformers_version", "pretraining_tp", "_name_or_path", "attention_dropout", "is_llama_config", "rope_interleaved", "torchscript", "dtype"];
 
 impl LlamaConfig {
     /// Parses and validates `config.json` text; `file` names it in errors.

@@ -173,10 +173,7 @@ impl DflashConfig {
             _ => unreachable!("a struct serialises to an object"),
         };
         map.insert("architectures".into(), serde_json::json!([DFLASH_ARCHITECTURE]));
-        map.insert(
-            "dflash_config".into(),
-            serde_json::json!({"block_size": self.block_size, "target_layer_ids": self.target_layer_ids, "mask_token_id": self.mask_token_id}),
-        );
+        map.insert("dflash_config".into(), serde_json::json!({"block_size": self.block_size, "target_layer_ids": self.target_layer_ids, "mask_token_id": self.mask_token_id}));
         serde_json::to_string_pretty(&Value::Object(map)).map_err(err)
     }
 
@@ -407,7 +404,12 @@ impl DflashDraft {
             return Err(ModelError::invalid(
                 file,
                 "fc.weight",
-                format!("fc contract violated: shape {:?}, expected [hidden, K·hidden] = [{h}, {}] with K = {k} target layers {:?} (fc.in_features must equal K·hidden)", weights.fc.shape, k * h, config.target_layer_ids),
+                format!(
+                    "fc contract violated: shape {:?}, expected [hidden, K·hidden] = [{h}, {}] with K = {k} target layers {:?} (fc.in_features must equal K·hidden)",
+                    weights.fc.shape,
+                    k * h,
+                    config.target_layer_ids
+                ),
             ));
         }
         let shapes: HashMap<String, Vec<usize>> = config.tensor_shapes().into_iter().collect();

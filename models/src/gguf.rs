@@ -334,12 +334,7 @@ pub struct GgufFile {
 
 impl std::fmt::Debug for GgufFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GgufFile")
-            .field("file", &self.file)
-            .field("version", &self.version)
-            .field("metadata", &self.metadata.len())
-            .field("tensors", &self.tensors.len())
-            .finish()
+        f.debug_struct("GgufFile").field("file", &self.file).field("version", &self.version).field("metadata", &self.metadata.len()).field("tensors", &self.tensors.len()).finish()
     }
 }
 
@@ -513,11 +508,7 @@ impl GgufFile {
     pub fn tensor_f32(&self, name: &str) -> Result<Matrix> {
         let t = self.tensor(name).ok_or_else(|| ModelError::MissingTensor { file: self.file.clone(), tensor: name.to_string() })?;
         if !t.ggml_type.is_supported() {
-            return Err(ModelError::UnsupportedTensorType {
-                file: self.file.clone(),
-                tensor: t.name.clone(),
-                dtype: t.ggml_type.name.to_string(),
-            });
+            return Err(ModelError::UnsupportedTensorType { file: self.file.clone(), tensor: t.name.clone(), dtype: t.ggml_type.name.to_string() });
         }
         let data = dequantize(t.ggml_type, self.tensor_bytes(t)?, t.n_elements());
         Matrix::new(t.shape(), data, name)
@@ -591,13 +582,7 @@ impl<'a> Reader<'a> {
     fn take(&mut self, n: usize, field: &str) -> Result<&'a [u8]> {
         let slice = self.pos.checked_add(n).and_then(|end| self.buf.get(self.pos..end));
         let Some(slice) = slice else {
-            return Err(ModelError::Truncated {
-                file: self.file.to_string(),
-                field: field.to_string(),
-                offset: self.pos as u64,
-                need: n as u64,
-                have: self.remaining() as u64,
-            });
+            return Err(ModelError::Truncated { file: self.file.to_string(), field: field.to_string(), offset: self.pos as u64, need: n as u64, have: self.remaining() as u64 });
         };
         self.pos += n;
         Ok(slice)
@@ -680,11 +665,14 @@ impl<'a> Reader<'a> {
     /// `n` fixed-size elements, `n` already bounded by the caller.
     fn fixed<T, const N: usize>(&mut self, n: usize, key: &str, conv: fn([u8; N]) -> T) -> Result<Vec<T>> {
         let bytes = self.take(n * N, key)?;
-        Ok(bytes.chunks_exact(N).map(|c| {
-            let mut a = [0u8; N];
-            a.copy_from_slice(c);
-            conv(a)
-        }).collect())
+        Ok(bytes
+            .chunks_exact(N)
+            .map(|c| {
+                let mut a = [0u8; N];
+                a.copy_from_slice(c);
+                conv(a)
+            })
+            .collect())
     }
 
     fn gguf_array(&mut self, key: &str, depth: usize) -> Result<GgufArray> {
@@ -725,11 +713,7 @@ fn parse_header(r: &mut Reader<'_>) -> Result<Header> {
     let file = r.file;
     let magic = r.take(4, "magic")?;
     if magic != GGUF_MAGIC {
-        return Err(ModelError::BadMagic {
-            file: file.to_string(),
-            found: magic.escape_ascii().to_string(),
-            expected: "GGUF".to_string(),
-        });
+        return Err(ModelError::BadMagic { file: file.to_string(), found: magic.escape_ascii().to_string(), expected: "GGUF".to_string() });
     }
     let version = r.u32("version")?;
     // v1 used 32-bit lengths and counts; a byte-swapped (big-endian) file
@@ -821,11 +805,7 @@ fn tensor_info(r: &mut Reader<'_>, name: String, alignment: u64) -> Result<GgufT
     };
     // Blocks run along the fastest dimension and may not straddle rows.
     if dims[0] % ggml_type.block_size != 0 {
-        return Err(ModelError::invalid(
-            file,
-            &field("dims"),
-            format!("first dimension {} is not a multiple of the {} block size {}", dims[0], ggml_type.name, ggml_type.block_size),
-        ));
+        return Err(ModelError::invalid(file, &field("dims"), format!("first dimension {} is not a multiple of the {} block size {}", dims[0], ggml_type.name, ggml_type.block_size)));
     }
     let n_bytes = (n_elements / ggml_type.block_size).checked_mul(ggml_type.type_size);
     let Some(n_bytes) = n_bytes else {
@@ -1012,11 +992,7 @@ pub fn llama_config(g: &GgufFile) -> Result<LlamaConfig> {
     if let Some(rot) = g.opt_u32(&key("rope.dimension_count"))?
         && rot as usize != config.head_dim()
     {
-        return Err(ModelError::invalid(
-            file,
-            &key("rope.dimension_count"),
-            format!("{rot} differs from head_dim {}: partial rotary is not supported", config.head_dim()),
-        ));
+        return Err(ModelError::invalid(file, &key("rope.dimension_count"), format!("{rot} differs from head_dim {}: partial rotary is not supported", config.head_dim())));
     }
     Ok(config)
 }

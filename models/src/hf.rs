@@ -121,12 +121,7 @@ impl SafetensorsFile {
         let header_len = u64::from_le_bytes(n);
         let remain = map.len() as u64 - 8;
         if header_len > remain {
-            return Err(ModelError::HeaderTooLarge {
-                file,
-                field: "header length".into(),
-                value: header_len,
-                limit: format!("{remain} bytes follow it"),
-            });
+            return Err(ModelError::HeaderTooLarge { file, field: "header length".into(), value: header_len, limit: format!("{remain} bytes follow it") });
         }
         // The crate checks the JSON, every tensor's offsets against the data
         // section, and that the tensors cover it exactly.
@@ -165,9 +160,7 @@ impl SafetensorsFile {
                 return Err(ModelError::UnsupportedTensorType { file: self.file.clone(), tensor: name.to_string(), dtype: format!("{other:?}") });
             }
         };
-        Matrix::new(info.shape.clone(), data, name)
-            .map(Some)
-            .map_err(|_| ModelError::invalid(&self.file, name, format!("data does not fill shape {:?}", info.shape)))
+        Matrix::new(info.shape.clone(), data, name).map(Some).map_err(|_| ModelError::invalid(&self.file, name, format!("data does not fill shape {:?}", info.shape)))
     }
 }
 
@@ -216,10 +209,7 @@ impl HfDir {
                 location.insert(tensor, i);
             }
         } else {
-            return Err(ModelError::Io {
-                file: dir.display().to_string(),
-                message: format!("neither {SINGLE_FILE} nor {INDEX_FILE} is in this directory"),
-            });
+            return Err(ModelError::Io { file: dir.display().to_string(), message: format!("neither {SINGLE_FILE} nor {INDEX_FILE} is in this directory") });
         }
         Ok(HfDir { dir, config, files, location })
     }

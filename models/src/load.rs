@@ -56,11 +56,7 @@ pub fn load(path: impl AsRef<Path>) -> Result<LoadedModel> {
     if let Some(t) = &tokenizer
         && t.vocab_size() > weights.config.vocab_size
     {
-        return Err(ModelError::invalid(
-            &source,
-            "vocab_size",
-            format!("the tokenizer has {} tokens but the embedding only {} rows", t.vocab_size(), weights.config.vocab_size),
-        ));
+        return Err(ModelError::invalid(&source, "vocab_size", format!("the tokenizer has {} tokens but the embedding only {} rows", t.vocab_size(), weights.config.vocab_size)));
     }
     Ok(LoadedModel { weights, tokenizer, source, format, file_dtypes })
 }

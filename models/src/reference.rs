@@ -107,7 +107,13 @@ impl RefModel {
     pub fn new_cache(&self, batch: usize, capacity: usize) -> Result<RefCache> {
         forward::check_cache_shape(self.config(), batch, capacity)?;
         let layers = self.config().num_hidden_layers;
-        Ok(RefCache { capacity, kv_width: self.config().num_key_value_heads * self.config().head_dim(), lens: vec![0; batch], keys: vec![vec![Vec::new(); batch]; layers], values: vec![vec![Vec::new(); batch]; layers] })
+        Ok(RefCache {
+            capacity,
+            kv_width: self.config().num_key_value_heads * self.config().head_dim(),
+            lens: vec![0; batch],
+            keys: vec![vec![Vec::new(); batch]; layers],
+            values: vec![vec![Vec::new(); batch]; layers],
+        })
     }
 
     /// One forward call (MODEL-8): runs every sequence's new tokens, appends

@@ -59,13 +59,7 @@ pub struct Tokenizer {
 
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tokenizer")
-            .field("source", &self.source)
-            .field("kind", &self.kind)
-            .field("vocab_size", &self.vocab_size())
-            .field("bos", &self.bos)
-            .field("eos", &self.eos)
-            .finish()
+        f.debug_struct("Tokenizer").field("source", &self.source).field("kind", &self.kind).field("vocab_size", &self.vocab_size()).field("bos", &self.bos).field("eos", &self.eos).finish()
     }
 }
 
@@ -117,15 +111,9 @@ impl Tokenizer {
         if g.get("tokenizer.ggml.token_type").is_some() {
             let types = g.get_int_array("tokenizer.ggml.token_type")?;
             if types.len() != tokens.len() {
-                return Err(ModelError::invalid(
-                    file,
-                    "tokenizer.ggml.token_type",
-                    format!("{} types for {} tokens", types.len(), tokens.len()),
-                ));
+                return Err(ModelError::invalid(file, "tokenizer.ggml.token_type", format!("{} types for {} tokens", types.len(), tokens.len())));
             }
-            let pick = |want: i128| -> Vec<AddedToken> {
-                tokens.iter().zip(&types).filter(|(_, t)| **t == want).map(|(s, _)| AddedToken::from(s.clone(), want == TOKEN_TYPE_CONTROL)).collect()
-            };
+            let pick = |want: i128| -> Vec<AddedToken> { tokens.iter().zip(&types).filter(|(_, t)| **t == want).map(|(s, _)| AddedToken::from(s.clone(), want == TOKEN_TYPE_CONTROL)).collect() };
             inner.add_special_tokens(pick(TOKEN_TYPE_CONTROL)).map_err(|e| tok_err(file, e))?;
             inner.add_tokens(pick(TOKEN_TYPE_USER_DEFINED)).map_err(|e| tok_err(file, e))?;
         }
@@ -164,18 +152,7 @@ impl Tokenizer {
             tokenizers::ModelWrapper::WordLevel(_) => "tokenizer.json (WordLevel)",
             tokenizers::ModelWrapper::Unigram(_) => "tokenizer.json (Unigram)",
         };
-        let mut t = Tokenizer {
-            inner,
-            source: file,
-            kind: kind.to_string(),
-            bos: None,
-            eos: None,
-            pad: None,
-            unk: None,
-            add_bos: false,
-            add_eos: false,
-            chat_template: None,
-        };
+        let mut t = Tokenizer { inner, source: file, kind: kind.to_string(), bos: None, eos: None, pad: None, unk: None, add_bos: false, add_eos: false, chat_template: None };
 
         let cfg_path = dir.join(TOKENIZER_CONFIG_FILE);
         if cfg_path.is_file() {

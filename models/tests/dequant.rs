@@ -82,14 +82,7 @@ fn q8_0_blocks() {
     let mut values = vec![-64.0, -0.5, 0.0, 0.5, 63.5];
     values.extend([1.0; 27]);
     values.extend((0..32).map(|q| q as f32 * -0.25));
-    check(vec![Case {
-        name: "Q8_0",
-        ty: Q8_0,
-        dims: vec![64],
-        bytes: cat(&[&h(0x3800), &qs1, &h(0xB400), &qs2]),
-        shape: vec![64],
-        values,
-    }]);
+    check(vec![Case { name: "Q8_0", ty: Q8_0, dims: vec![64], bytes: cat(&[&h(0x3800), &qs1, &h(0xB400), &qs2]), shape: vec![64], values }]);
 }
 
 #[test]

@@ -310,31 +310,47 @@ fn draft_8_invalid_inputs_are_typed_errors() {
     add("block of 5", &["block_tokens"], Box::new(|s| s.draft.block_logits(&s.target, &s.context(2), &[1, 2, 3, 4, 5]).map(|_| ())));
     add("token = vocab", &["block_tokens", "16"], Box::new(|s| s.draft.block_logits(&s.target, &s.context(2), &[1, 16, 15, 15]).map(|_| ())));
     add("empty context", &["ctx", "empty"], Box::new(|s| s.draft.block_logits(&s.target, &s.draft.new_context(), &[1, 15, 15, 15]).map(|_| ())));
-    add("block beyond max positions", &["ctx", "64"], Box::new(move |s| {
-        let mut ctx = s.draft.new_context();
-        s.draft.extend(&mut ctx, &vec![0.5; 61 * w])?;
-        s.draft.block_logits(&s.target, &ctx, &[1, 15, 15, 15]).map(|_| ())
-    }));
+    add(
+        "block beyond max positions",
+        &["ctx", "64"],
+        Box::new(move |s| {
+            let mut ctx = s.draft.new_context();
+            s.draft.extend(&mut ctx, &vec![0.5; 61 * w])?;
+            s.draft.block_logits(&s.target, &ctx, &[1, 15, 15, 15]).map(|_| ())
+        }),
+    );
     add("context beyond max positions", &["rows", "max_position_embeddings"], Box::new(move |s| s.draft.extend(&mut s.draft.new_context(), &vec![0.5; 65 * w])));
     add("rows not a multiple of K·hidden", &["rows", "K·hidden"], Box::new(move |s| s.draft.extend(&mut s.draft.new_context(), &vec![0.5; w + 1])));
     add("no rows", &["rows"], Box::new(|s| s.draft.extend(&mut s.draft.new_context(), &[])));
-    add("NaN row value", &["rows", "row 1, column 3"], Box::new(move |s| {
-        let mut rows = vec![0.5; 2 * w];
-        rows[w + 3] = f64::NAN;
-        s.draft.extend(&mut s.draft.new_context(), &rows)
-    }));
+    add(
+        "NaN row value",
+        &["rows", "row 1, column 3"],
+        Box::new(move |s| {
+            let mut rows = vec![0.5; 2 * w];
+            rows[w + 3] = f64::NAN;
+            s.draft.extend(&mut s.draft.new_context(), &rows)
+        }),
+    );
     add("truncate beyond the length", &["n", "3"], Box::new(|s| s.context(2).truncate(3)));
     add("verified id = vocab", &["verified"], Box::new(|s| s.draft.draft_parallel(&s.target, &s.context(2), 16).map(|_| ())));
     add("zero steps", &["steps"], Box::new(|s| s.draft.draft_iterative(&s.target, &s.context(2), 1, 0, Schedule::Cosine).map(|_| ())));
     add("more steps than positions", &["steps", "3"], Box::new(|s| s.draft.draft_iterative(&s.target, &s.context(2), 1, 4, Schedule::Cosine).map(|_| ())));
-    add("another target", &["target", "hidden_size"], Box::new(|s| {
-        let other = TinySpec::preset("tiny-v32-l2").unwrap().weights().unwrap();
-        s.draft.block_logits(&other, &s.context(2), &[1, 15, 15, 15]).map(|_| ())
-    }));
-    add("a context of another drafter", &["ctx"], Box::new(|s| {
-        let other = setup_with("tiny-v16-l1", 1, 4, None, 2, 5);
-        s.draft.block_logits(&s.target, &other.context(2), &[1, 15, 15, 15]).map(|_| ())
-    }));
+    add(
+        "another target",
+        &["target", "hidden_size"],
+        Box::new(|s| {
+            let other = TinySpec::preset("tiny-v32-l2").unwrap().weights().unwrap();
+            s.draft.block_logits(&other, &s.context(2), &[1, 15, 15, 15]).map(|_| ())
+        }),
+    );
+    add(
+        "a context of another drafter",
+        &["ctx"],
+        Box::new(|s| {
+            let other = setup_with("tiny-v16-l1", 1, 4, None, 2, 5);
+            s.draft.block_logits(&s.target, &other.context(2), &[1, 15, 15, 15]).map(|_| ())
+        }),
+    );
     check(cases);
 }
 

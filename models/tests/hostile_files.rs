@@ -104,9 +104,7 @@ fn hostile_gguf_headers() {
         case("array count beyond the file", "HeaderTooLarge", &["tokenizer.ggml.tokens"], || {
             parse(GgufBuilder::default().kv("tokenizer.ggml.tokens", Val::Raw(9, [8u32.to_le_bytes().as_slice(), &(1u64 << 40).to_le_bytes()].concat())).build())
         }),
-        case("unknown value type", "InvalidField", &["general.x", "type 13"], || {
-            parse(GgufBuilder::default().kv("general.x", Val::Raw(13, vec![0; 8])).build())
-        }),
+        case("unknown value type", "InvalidField", &["general.x", "type 13"], || parse(GgufBuilder::default().kv("general.x", Val::Raw(13, vec![0; 8])).build())),
         case("bool byte 2", "InvalidField", &["general.flag"], || parse(GgufBuilder::default().kv("general.flag", Val::Raw(7, vec![2])).build())),
         case("arrays nested 9 deep", "InvalidField", &["general.deep", "nested"], || {
             let mut v = [0u32.to_le_bytes().as_slice(), &0u64.to_le_bytes()].concat();
@@ -123,22 +121,12 @@ fn hostile_gguf_headers() {
         case("string not UTF-8", "InvalidField", &["general.name", "UTF-8"], || {
             parse(GgufBuilder::default().kv("general.name", Val::Raw(8, [2u64.to_le_bytes().as_slice(), &[0xff, 0xfe]].concat())).build())
         }),
-        case("alignment not a power of two", "InvalidField", &["general.alignment"], || {
-            parse(GgufBuilder::default().kv("general.alignment", Val::U32(24)).build())
-        }),
-        case("five dimensions", "InvalidField", &["tensor `t` n_dims", "5"], || {
-            parse(GgufBuilder::default().tensor("t", &[1, 1, 1, 1, 1], 0, vec![0; 4]).build())
-        }),
+        case("alignment not a power of two", "InvalidField", &["general.alignment"], || parse(GgufBuilder::default().kv("general.alignment", Val::U32(24)).build())),
+        case("five dimensions", "InvalidField", &["tensor `t` n_dims", "5"], || parse(GgufBuilder::default().tensor("t", &[1, 1, 1, 1, 1], 0, vec![0; 4]).build())),
         case("zero dimension", "InvalidField", &["tensor `t` dims"], || parse(GgufBuilder::default().tensor("t", &[4, 0], 0, vec![]).build())),
-        case("element count overflows", "InvalidField", &["tensor `t` dims", "overflows"], || {
-            parse(GgufBuilder::default().tensor("t", &[1 << 32, 1 << 32, 1 << 32], 0, vec![]).build())
-        }),
-        case("row not a whole number of blocks", "InvalidField", &["tensor `t` dims", "Q8_0"], || {
-            parse(GgufBuilder::default().tensor("t", &[16], 8, vec![0; 34]).build())
-        }),
-        case("unknown ggml type id", "UnsupportedTensorType", &["`t`", "unknown ggml type 99"], || {
-            parse(GgufBuilder::default().tensor("t", &[4], 99, vec![0; 16]).build())
-        }),
+        case("element count overflows", "InvalidField", &["tensor `t` dims", "overflows"], || parse(GgufBuilder::default().tensor("t", &[1 << 32, 1 << 32, 1 << 32], 0, vec![]).build())),
+        case("row not a whole number of blocks", "InvalidField", &["tensor `t` dims", "Q8_0"], || parse(GgufBuilder::default().tensor("t", &[16], 8, vec![0; 34]).build())),
+        case("unknown ggml type id", "UnsupportedTensorType", &["`t`", "unknown ggml type 99"], || parse(GgufBuilder::default().tensor("t", &[4], 99, vec![0; 16]).build())),
         case("tensor data runs past the end", "Truncated", &["tensor `t` data"], || {
             let mut b = GgufBuilder::default().tensor("t", &[8], 0, vec![0; 32]);
             b.tensors[0].data.truncate(16);
@@ -159,9 +147,7 @@ fn hostile_gguf_headers() {
             b.tensors[0].offset = Some(4);
             parse(b.build())
         }),
-        case("duplicate tensor", "InvalidField", &["`t`", "duplicate"], || {
-            parse(GgufBuilder::default().tensor("t", &[8], 0, vec![0; 32]).tensor("t", &[8], 0, vec![0; 32]).build())
-        }),
+        case("duplicate tensor", "InvalidField", &["`t`", "duplicate"], || parse(GgufBuilder::default().tensor("t", &[8], 0, vec![0; 32]).tensor("t", &[8], 0, vec![0; 32]).build())),
         // The llama loader (MODEL-3, MODEL-4).
         case("Q6_K tensor", "UnsupportedTensorType", &["blk.0.ffn_up.weight", "Q6_K"], move || {
             let mut b = q6k.clone();
@@ -228,9 +214,7 @@ fn hostile_gguf_headers() {
     cases.push(case("empty file", "Truncated", &["empty.gguf", "magic"], move || GgufFile::open(&empty).map(|_| ())));
     let empty_st = dir.join("empty.safetensors");
     std::fs::write(&empty_st, b"").unwrap();
-    cases.push(case("empty safetensors", "Truncated", &["empty.safetensors"], move || {
-        specdec_models::hf::SafetensorsFile::open(&empty_st).map(|_| ())
-    }));
+    cases.push(case("empty safetensors", "Truncated", &["empty.safetensors"], move || specdec_models::hf::SafetensorsFile::open(&empty_st).map(|_| ())));
     check(cases);
 }
 
@@ -423,27 +407,17 @@ fn hostile_tokenizers() {
         case("sentencepiece model", "Tokenizer", &["tok.gguf", "llama"], move || tok(base().kv("tokenizer.ggml.model", s("llama")))),
         case("unknown pre-tokenizer", "Tokenizer", &["qwen2"], move || tok(base().kv("tokenizer.ggml.pre", s("qwen2")))),
         case("missing tokens", "MissingField", &["tokenizer.ggml.tokens"], move || tok(base().without_kv("tokenizer.ggml.tokens"))),
-        case("tokens not strings", "InvalidField", &["tokenizer.ggml.tokens", "array<i32>"], move || {
-            tok(base().kv("tokenizer.ggml.tokens", Val::I32Arr(vec![1, 2])))
-        }),
-        case("bos outside the vocabulary", "InvalidField", &["bos_token_id", "9999"], move || {
-            tok(base().kv("tokenizer.ggml.bos_token_id", Val::U32(9999)))
-        }),
-        case("merge without a space", "InvalidField", &["tokenizer.ggml.merges", "#0"], move || {
-            tok(base().kv("tokenizer.ggml.merges", Val::StrArr(vec!["he".into()])))
-        }),
+        case("tokens not strings", "InvalidField", &["tokenizer.ggml.tokens", "array<i32>"], move || tok(base().kv("tokenizer.ggml.tokens", Val::I32Arr(vec![1, 2])))),
+        case("bos outside the vocabulary", "InvalidField", &["bos_token_id", "9999"], move || tok(base().kv("tokenizer.ggml.bos_token_id", Val::U32(9999)))),
+        case("merge without a space", "InvalidField", &["tokenizer.ggml.merges", "#0"], move || tok(base().kv("tokenizer.ggml.merges", Val::StrArr(vec!["he".into()])))),
         case("merge of unknown tokens", "Tokenizer", &["BPE"], move || tok(base().kv("tokenizer.ggml.merges", Val::StrArr(vec!["x yz".into()])))),
-        case("token types of the wrong length", "InvalidField", &["tokenizer.ggml.token_type"], move || {
-            tok(base().kv("tokenizer.ggml.token_type", Val::I32Arr(vec![1])))
-        }),
+        case("token types of the wrong length", "InvalidField", &["tokenizer.ggml.token_type"], move || tok(base().kv("tokenizer.ggml.token_type", Val::I32Arr(vec![1])))),
         case("duplicate token", "InvalidField", &["tokenizer.ggml.tokens", "twice"], move || {
             let (mut tokens, _, _) = common::small_vocab();
             tokens[5] = tokens[6].clone();
             tok(base().kv("tokenizer.ggml.tokens", Val::StrArr(tokens)))
         }),
-        case("add_bos without a bos id", "Tokenizer", &["add_bos_token"], move || {
-            tok(base().without_kv("tokenizer.ggml.bos_token_id").kv("tokenizer.ggml.add_bos_token", Val::Bool(true)))
-        }),
+        case("add_bos without a bos id", "Tokenizer", &["add_bos_token"], move || tok(base().without_kv("tokenizer.ggml.bos_token_id").kv("tokenizer.ggml.add_bos_token", Val::Bool(true)))),
         case("tokenizer larger than the embedding", "InvalidField", &["vocab_size", "265 tokens"], || {
             let mut small = tiny_config(true);
             small.vocab_size = 200;

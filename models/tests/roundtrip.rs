@@ -80,10 +80,7 @@ fn gguf_q_k_rows_are_unpermuted() {
 #[test]
 fn half_precision_exports_round() {
     let original = random_weights(tiny_config(false), 9);
-    for (dtype, round) in [
-        (SaveDtype::F16, (|x: f32| half::f16::from_f32(x).to_f32()) as fn(f32) -> f32),
-        (SaveDtype::BF16, |x: f32| half::bf16::from_f32(x).to_f32()),
-    ] {
+    for (dtype, round) in [(SaveDtype::F16, (|x: f32| half::f16::from_f32(x).to_f32()) as fn(f32) -> f32), (SaveDtype::BF16, |x: f32| half::bf16::from_f32(x).to_f32())] {
         let dir = scratch_dir("rt-half");
         export_hf(&original, None, &dir, dtype).unwrap();
         let back = load(&dir).unwrap();

@@ -36,10 +36,7 @@ fn smollm2_file_and_config() {
     assert!(g.tensor("output.weight").is_none());
 
     let c = gguf::llama_config(&g).unwrap();
-    assert_eq!(
-        (c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim()),
-        (30, 576, 1536, 9, 3, 64)
-    );
+    assert_eq!((c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim()), (30, 576, 1536, 9, 3, 64));
     assert_eq!((c.vocab_size, c.max_position_embeddings), (49152, 8192));
     assert_eq!(c.rope_theta, 100_000.0);
     // The file stores f32 1e-5; it is widened exactly.

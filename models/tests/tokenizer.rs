@@ -115,19 +115,14 @@ fn save_and_reload() {
 fn chat_prompt_renders_chatml_only() {
     let t = small();
     assert_eq!(t.default_system().as_deref(), Some("Be brief."));
-    assert_eq!(
-        t.chat_prompt("What is 2+2?").unwrap(),
-        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
-    );
+    assert_eq!(t.chat_prompt("What is 2+2?").unwrap(), "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n");
     let ids = t.encode(&t.chat_prompt("hi").unwrap(), false).unwrap();
     assert_eq!(ids.first(), Some(&1));
     assert_eq!(ids.iter().filter(|&&i| i == 1).count(), 3);
 
     // ChatML without a default system message has no system turn.
-    let plain = from(with_small_tokenizer(GgufBuilder::default()).kv(
-        "tokenizer.chat_template",
-        s("{% for m in messages %}{{'<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n'}}{% endfor %}"),
-    ));
+    let plain =
+        from(with_small_tokenizer(GgufBuilder::default()).kv("tokenizer.chat_template", s("{% for m in messages %}{{'<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n'}}{% endfor %}")));
     assert_eq!(plain.chat_prompt("hi").unwrap(), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
 
     let llama2 = from(with_small_tokenizer(GgufBuilder::default()).kv("tokenizer.chat_template", s("[INST] {{ messages[0]['content'] }} [/INST]")));
@@ -146,11 +141,13 @@ fn pre_tokenizer_decides_digit_merges() {
     types.push(1);
     merges.push("Ġ 1".into());
     let with = |pre: &str| {
-        from(with_small_tokenizer(GgufBuilder::default())
-            .kv("tokenizer.ggml.tokens", Val::StrArr(tokens.clone()))
-            .kv("tokenizer.ggml.token_type", Val::I32Arr(types.clone()))
-            .kv("tokenizer.ggml.merges", Val::StrArr(merges.clone()))
-            .kv("tokenizer.ggml.pre", s(pre)))
+        from(
+            with_small_tokenizer(GgufBuilder::default())
+                .kv("tokenizer.ggml.tokens", Val::StrArr(tokens.clone()))
+                .kv("tokenizer.ggml.token_type", Val::I32Arr(types.clone()))
+                .kv("tokenizer.ggml.merges", Val::StrArr(merges.clone()))
+                .kv("tokenizer.ggml.pre", s(pre)),
+        )
     };
     let g1 = tokens.len() as u32 - 1;
     assert_eq!(with("gpt2").encode("a 12", true).unwrap(), vec![byte('a'), g1, byte('2')]);

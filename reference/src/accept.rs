@@ -41,13 +41,7 @@ pub fn accept_test(comparator: Comparator, u: f64, p_x: f64, q_x: f64) -> (bool,
 ///
 /// * `draft_tokens` `[L]`, `L >= 1`; `p`, `q` `[L, V]` target and draft rows;
 ///   `r` `[L]` uniforms in [0, 1). All rows are validated (CONV-2).
-pub fn speculative_accept(
-    draft_tokens: &[i64],
-    p: &Tensor<f64>,
-    q: &Tensor<f64>,
-    r: &[f64],
-    comparator: Comparator,
-) -> Result<Vec<i64>> {
+pub fn speculative_accept(draft_tokens: &[i64], p: &Tensor<f64>, q: &Tensor<f64>, r: &[f64], comparator: Comparator) -> Result<Vec<i64>> {
     let len = draft_tokens.len();
     if len == 0 {
         return Err(SpecError::EmptyDraft { arg: "draft_tokens" });

@@ -105,11 +105,7 @@ impl SpecStats {
     /// added the bonus tokens on top (k + 2) and counted +1 per batch step
     /// instead of per sequence (erratum E6).
     pub fn tokens_per_sequence_step(&self) -> f64 {
-        if self.sequence_steps == 0 {
-            1.0
-        } else {
-            (self.accepted + self.sequence_steps) as f64 / self.sequence_steps as f64
-        }
+        if self.sequence_steps == 0 { 1.0 } else { (self.accepted + self.sequence_steps) as f64 / self.sequence_steps as f64 }
     }
 }
 

@@ -156,9 +156,7 @@ impl SpecError {
             | E::InvalidNoise { arg, .. }
             | E::AllMasked { arg, .. } => Some(arg),
             E::InvalidParameter { name, .. } => Some(name),
-            E::TrimBeyondLength { .. } | E::CapacityExceeded { .. } | E::InvalidBlock { .. } => {
-                None
-            }
+            E::TrimBeyondLength { .. } | E::CapacityExceeded { .. } | E::InvalidBlock { .. } => None,
         }
     }
 

@@ -1,10 +1,10 @@
 //! Greedy verification (GREEDY-1 .. GREEDY-5) and the DFlash accept rule
 //! (DFLASH-1 .. DFLASH-4).
 
+use crate::PAD;
 use crate::error::{Result, SpecError};
 use crate::tensor::Tensor;
 use crate::validate;
-use crate::PAD;
 
 /// The result of verifying a padded batch of drafts.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,11 +33,7 @@ impl VerifyOutput {
     }
 
     pub(crate) fn new(batch: usize, k: usize) -> Self {
-        VerifyOutput {
-            tokens: Tensor::full(vec![batch, k + 1], PAD),
-            num_accepted: vec![0; batch],
-            margins: vec![f64::INFINITY; batch],
-        }
+        VerifyOutput { tokens: Tensor::full(vec![batch, k + 1], PAD), num_accepted: vec![0; batch], margins: vec![f64::INFINITY; batch] }
     }
 
     /// Writes one sequence's result: `accepted` drafts then `next`.
@@ -60,12 +56,7 @@ pub(crate) fn argmax(row: &[f64]) -> (usize, f64) {
             best = i;
         }
     }
-    let runner_up = row
-        .iter()
-        .enumerate()
-        .filter(|&(i, _)| i != best)
-        .map(|(_, &x)| x)
-        .fold(f64::NEG_INFINITY, f64::max);
+    let runner_up = row.iter().enumerate().filter(|&(i, _)| i != best).map(|(_, &x)| x).fold(f64::NEG_INFINITY, f64::max);
     let scale = row[best].abs().max(1.0);
     (best, (row[best] - runner_up) / scale)
 }
@@ -76,11 +67,7 @@ pub(crate) fn argmax(row: &[f64]) -> (usize, f64) {
 ///   each verify position; only rows `0..=proposal_lens[b]` are read (CONV-7).
 /// * `draft_tokens` `[B, k]`: PAD beyond each proposal length (CONV-5).
 /// * `proposal_lens` `[B]`: in `[0, k]`; 0 means a plain decode step.
-pub fn greedy_verify(
-    target_scores: &Tensor<f64>,
-    draft_tokens: &Tensor<i64>,
-    proposal_lens: &Tensor<i64>,
-) -> Result<VerifyOutput> {
+pub fn greedy_verify(target_scores: &Tensor<f64>, draft_tokens: &Tensor<i64>, proposal_lens: &Tensor<i64>) -> Result<VerifyOutput> {
     let (layout, _) = validate::verify_batch("target_scores", target_scores, draft_tokens, proposal_lens, validate::score_row)?;
     let (batch, k) = (layout.batch, layout.k);
 

@@ -149,14 +149,7 @@ impl BatchKvCache {
 
     fn trim_amounts(&self, amounts: &Tensor<i64>) -> Result<Vec<u64>> {
         validate::shape("amounts", amounts.shape(), &[self.batch], "[B]")?;
-        amounts
-            .data()
-            .iter()
-            .enumerate()
-            .map(|(b, &a)| {
-                if a < 0 { Err(SpecError::TrimBeyondLength { seq: b, len: self.lens[b], trim: a }) } else { Ok(a as u64) }
-            })
-            .collect()
+        amounts.data().iter().enumerate().map(|(b, &a)| if a < 0 { Err(SpecError::TrimBeyondLength { seq: b, len: self.lens[b], trim: a }) } else { Ok(a as u64) }).collect()
     }
 }
 
@@ -171,13 +164,7 @@ pub fn rollback_amounts(proposal_lens: &[usize], num_accepted: &[usize]) -> Resu
         .iter()
         .zip(num_accepted)
         .enumerate()
-        .map(|(b, (&len, &n))| {
-            if n > len {
-                Err(SpecError::LengthOutOfRange { arg: "num_accepted", seq: b, len: n as i64, max: len })
-            } else {
-                Ok(len - n)
-            }
-        })
+        .map(|(b, (&len, &n))| if n > len { Err(SpecError::LengthOutOfRange { arg: "num_accepted", seq: b, len: n as i64, max: len }) } else { Ok(len - n) })
         .collect()
 }
 

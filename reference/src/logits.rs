@@ -106,11 +106,7 @@ fn process_row(logits: &[f64], params: SamplingParams) -> Vec<f64> {
     // LOGITS-3/6: softmax of logits / T over the kept set, max-subtracted so
     // that a tiny T cannot overflow: exp((l - max) / T) lies in [0, 1].
     let weights = |keep: &[bool]| -> Vec<f64> {
-        let w: Vec<f64> = logits
-            .iter()
-            .zip(keep)
-            .map(|(&l, &k)| if k { ((l - max) / params.temperature).exp() } else { 0.0 })
-            .collect();
+        let w: Vec<f64> = logits.iter().zip(keep).map(|(&l, &k)| if k { ((l - max) / params.temperature).exp() } else { 0.0 }).collect();
         let total: f64 = w.iter().sum();
         w.into_iter().map(|x| x / total).collect()
     };

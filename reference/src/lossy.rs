@@ -14,13 +14,7 @@ fn validate_common(target_probs: &Tensor<f64>, draft_tokens: &Tensor<i64>, propo
 }
 
 /// Runs the accept-prefix loop shared by both lossy rules.
-fn verify_prefix(
-    target_probs: &Tensor<f64>,
-    draft_tokens: &Tensor<i64>,
-    lens: &[usize],
-    accept: impl Fn(&[f64], usize) -> bool,
-    next: impl Fn(&[f64], usize, usize) -> usize,
-) -> VerifyOutput {
+fn verify_prefix(target_probs: &Tensor<f64>, draft_tokens: &Tensor<i64>, lens: &[usize], accept: impl Fn(&[f64], usize) -> bool, next: impl Fn(&[f64], usize, usize) -> usize) -> VerifyOutput {
     let k = draft_tokens.shape()[1];
     let mut out = VerifyOutput::new(lens.len(), k);
     for (b, &len) in lens.iter().enumerate() {
@@ -36,12 +30,7 @@ fn verify_prefix(
 /// LOSSY-1, seed 001's threshold mode: accept a draft iff the target gives
 /// it probability `>= threshold`; the next token is the argmax of the target
 /// row at the stop position.
-pub fn lossy_threshold_verify(
-    target_probs: &Tensor<f64>,
-    draft_tokens: &Tensor<i64>,
-    proposal_lens: &Tensor<i64>,
-    threshold: f64,
-) -> Result<VerifyOutput> {
+pub fn lossy_threshold_verify(target_probs: &Tensor<f64>, draft_tokens: &Tensor<i64>, proposal_lens: &Tensor<i64>, threshold: f64) -> Result<VerifyOutput> {
     if !(0.0..=1.0).contains(&threshold) {
         return Err(SpecError::param("threshold", threshold, "must be in [0, 1]"));
     }
@@ -53,14 +42,7 @@ pub fn lossy_threshold_verify(
 /// `p(x) > min(epsilon, delta * exp(-H(p)))` with `H` the natural-log entropy
 /// (`0 ln 0 = 0`); the next token is drawn from the target row by inverse CDF
 /// with `draw_uniforms` `[B, k+1]`.
-pub fn lossy_typical_verify(
-    target_probs: &Tensor<f64>,
-    draft_tokens: &Tensor<i64>,
-    proposal_lens: &Tensor<i64>,
-    epsilon: f64,
-    delta: f64,
-    draw_uniforms: &Tensor<f64>,
-) -> Result<VerifyOutput> {
+pub fn lossy_typical_verify(target_probs: &Tensor<f64>, draft_tokens: &Tensor<i64>, proposal_lens: &Tensor<i64>, epsilon: f64, delta: f64, draw_uniforms: &Tensor<f64>) -> Result<VerifyOutput> {
     if !(epsilon.is_finite() && epsilon > 0.0) {
         return Err(SpecError::param("epsilon", epsilon, "must be finite and > 0"));
     }

@@ -6,10 +6,10 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::PAD;
 use crate::error::{Result, SpecError};
 use crate::tensor::Tensor;
 use crate::validate;
-use crate::PAD;
 
 /// Which occurrence of the matched n-gram is used (NGRAM-2). Both prefer
 /// the largest n first.
@@ -140,12 +140,7 @@ pub fn propose(context: &[i64], vocab: usize, cfg: &NgramConfig) -> Result<Vec<i
 /// * `contexts` `[B, L]`, PAD beyond each length; `context_lens` `[B]` in `[1, L]`.
 ///
 /// Returns the drafts `[B, k]` (PAD-padded) and the proposal lengths `[B]`.
-pub fn propose_batch(
-    contexts: &Tensor<i64>,
-    context_lens: &Tensor<i64>,
-    vocab: usize,
-    cfg: &NgramConfig,
-) -> Result<(Tensor<i64>, Vec<usize>)> {
+pub fn propose_batch(contexts: &Tensor<i64>, context_lens: &Tensor<i64>, vocab: usize, cfg: &NgramConfig) -> Result<(Tensor<i64>, Vec<usize>)> {
     cfg.validate()?;
     let dims = validate::rank("contexts", contexts.shape(), 2, "[B, L]")?;
     let (batch, width) = (dims[0], dims[1]);
@@ -165,12 +160,7 @@ pub fn propose_batch(
         let len = len as usize;
         validate_context("contexts", b, &row[..len], vocab)?;
         if let Some(j) = row[len..].iter().position(|&t| t != PAD) {
-            return Err(SpecError::PaddingMismatch {
-                arg: "contexts",
-                index: vec![b, len + j],
-                token: row[len + j],
-                expected: "PAD (-1) beyond the context length",
-            });
+            return Err(SpecError::PaddingMismatch { arg: "contexts", index: vec![b, len + j], token: row[len + j], expected: "PAD (-1) beyond the context length" });
         }
         cfg.capped_k("contexts", b, len)?;
         lens.push(len);
@@ -240,10 +230,7 @@ impl NgramIndex {
                 // The start len-1-n became admissible: it is < len - n.
                 let start = len - 1 - n;
                 let key = self.tokens[start..start + n].to_vec();
-                self.tables[n - self.cfg.ngram_min]
-                    .entry(key)
-                    .and_modify(|o| o.last = start)
-                    .or_insert(Occurrences { first: start, last: start });
+                self.tables[n - self.cfg.ngram_min].entry(key).and_modify(|o| o.last = start).or_insert(Occurrences { first: start, last: start });
             }
         }
         Ok(())

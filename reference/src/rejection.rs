@@ -97,11 +97,7 @@ impl Residual {
 ///
 /// * `target_probs`, `draft_probs`: `[R, V]`; with `draft_probs = None`,
 ///   `drafted` `[R]` gives the one-hot draft of each row (RESID-2).
-pub fn residual_distribution(
-    target_probs: &Tensor<f64>,
-    draft_probs: Option<&Tensor<f64>>,
-    drafted: &Tensor<i64>,
-) -> Result<Tensor<f64>> {
+pub fn residual_distribution(target_probs: &Tensor<f64>, draft_probs: Option<&Tensor<f64>>, drafted: &Tensor<i64>) -> Result<Tensor<f64>> {
     let dims = validate::rank("target_probs", target_probs.shape(), 2, "[R, V]")?;
     let (rows, vocab) = (dims[0], dims[1]);
     if rows == 0 {

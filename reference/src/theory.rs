@@ -108,11 +108,7 @@ pub fn one_position_output_law(p: &[f64], q: &[f64]) -> Result<Vec<f64>> {
 /// `KL(p || q)` in nats; `+inf` when `p` puts mass where `q` has none.
 pub fn kl_divergence(p: &[f64], q: &[f64]) -> Result<f64> {
     rows(p, q)?;
-    Ok(p.iter()
-        .zip(q)
-        .filter(|&(&a, _)| a > 0.0)
-        .map(|(&a, &b)| if b > 0.0 { a * (a / b).ln() } else { f64::INFINITY })
-        .sum())
+    Ok(p.iter().zip(q).filter(|&(&a, _)| a > 0.0).map(|(&a, &b)| if b > 0.0 { a * (a / b).ln() } else { f64::INFINITY }).sum())
 }
 
 /// THEORY-7: Pinsker's bound `beta >= 1 - sqrt(KL / 2)` (clamped at 0).

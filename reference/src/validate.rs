@@ -3,9 +3,9 @@
 //! Validation always completes before any computation or mutation starts, so
 //! an `Err` never leaves partial results behind.
 
+use crate::PAD;
 use crate::error::{Result, SpecError};
 use crate::tensor::{Tensor, unravel};
-use crate::PAD;
 
 /// Absolute tolerance on the sum of a probability row (CONV-2).
 ///
@@ -17,20 +17,12 @@ pub const SUM_TOLERANCE: f64 = 1e-4;
 /// CONV-4: checks that `actual` equals `expected`; `names` spells the symbolic shape
 /// (e.g. `"[B, k+1, V]"`) for the error message.
 pub(crate) fn shape(arg: &'static str, actual: &[usize], expected: &[usize], names: &str) -> Result<()> {
-    if actual == expected {
-        Ok(())
-    } else {
-        Err(SpecError::ShapeMismatch { arg, expected: format!("{names} = {expected:?}"), actual: actual.to_vec() })
-    }
+    if actual == expected { Ok(()) } else { Err(SpecError::ShapeMismatch { arg, expected: format!("{names} = {expected:?}"), actual: actual.to_vec() }) }
 }
 
 /// Checks only the rank; returns the dims.
 pub(crate) fn rank<'a>(arg: &'static str, actual: &'a [usize], rank: usize, names: &str) -> Result<&'a [usize]> {
-    if actual.len() == rank {
-        Ok(actual)
-    } else {
-        Err(SpecError::ShapeMismatch { arg, expected: format!("{names} (rank {rank})"), actual: actual.to_vec() })
-    }
+    if actual.len() == rank { Ok(actual) } else { Err(SpecError::ShapeMismatch { arg, expected: format!("{names} (rank {rank})"), actual: actual.to_vec() }) }
 }
 
 /// Validates one probability row: finite, non-negative, sums to 1 (CONV-2).
@@ -105,11 +97,7 @@ pub(crate) fn exponentials(arg: &'static str, t: &Tensor<f64>) -> Result<()> {
 
 /// Validates a token id against the vocabulary (CONV-1).
 pub(crate) fn token(arg: &'static str, index: impl FnOnce() -> Vec<usize>, t: i64, vocab: usize) -> Result<usize> {
-    if t >= 0 && (t as u64) < vocab as u64 {
-        Ok(t as usize)
-    } else {
-        Err(SpecError::TokenOutOfRange { arg, index: index(), token: t, vocab })
-    }
+    if t >= 0 && (t as u64) < vocab as u64 { Ok(t as usize) } else { Err(SpecError::TokenOutOfRange { arg, index: index(), token: t, vocab }) }
 }
 
 /// The layout of a padded draft batch, validated (CONV-5).
@@ -142,12 +130,7 @@ pub(crate) fn draft_layout(draft: &Tensor<i64>, lens: &Tensor<i64>, vocab: usize
             if j < len {
                 token("draft_tokens", || vec![b, j], t, vocab)?;
             } else if t != PAD {
-                return Err(SpecError::PaddingMismatch {
-                    arg: "draft_tokens",
-                    index: vec![b, j],
-                    token: t,
-                    expected: "PAD (-1) beyond the proposal length",
-                });
+                return Err(SpecError::PaddingMismatch { arg: "draft_tokens", index: vec![b, j], token: t, expected: "PAD (-1) beyond the proposal length" });
             }
         }
         out.push(len);
@@ -158,13 +141,7 @@ pub(crate) fn draft_layout(draft: &Tensor<i64>, lens: &Tensor<i64>, vocab: usize
 /// A verify batch (CONV-4, CONV-5, CONV-7): `target` `[B, k+1, V]` against
 /// the padded drafts, and every target row a sequence reads (rows
 /// `0..=len_b`) checked with `row`. Returns the layout and `V`.
-pub(crate) fn verify_batch(
-    arg: &'static str,
-    target: &Tensor<f64>,
-    draft: &Tensor<i64>,
-    lens: &Tensor<i64>,
-    row: fn(&'static str, &[usize], &[f64]) -> Result<()>,
-) -> Result<(DraftLayout, usize)> {
+pub(crate) fn verify_batch(arg: &'static str, target: &Tensor<f64>, draft: &Tensor<i64>, lens: &Tensor<i64>, row: fn(&'static str, &[usize], &[f64]) -> Result<()>) -> Result<(DraftLayout, usize)> {
     let vocab = *rank(arg, target.shape(), 3, "[B, k+1, V]")?.last().unwrap_or(&0);
     if vocab == 0 {
         return Err(SpecError::EmptyVocab { arg });

@@ -4,10 +4,7 @@
 use proptest::prelude::*;
 use specdec_reference::kvcache::{self, BatchKvCache};
 use specdec_reference::ngram::{self, NgramConfig, NgramIndex, NgramPolicy};
-use specdec_reference::{
-    Comparator, DrawNoise, PAD, RejectionInputs, SamplingParams, Tensor, dflash_accept, greedy_verify,
-    process_logits, rejection_verify, sampling, theory,
-};
+use specdec_reference::{Comparator, DrawNoise, PAD, RejectionInputs, SamplingParams, Tensor, dflash_accept, greedy_verify, process_logits, rejection_verify, sampling, theory};
 
 /// A probability row over `v` ids, with some exact zeros.
 fn prob_row(v: usize) -> impl Strategy<Value = Vec<f64>> {

@@ -4,8 +4,7 @@ use proptest::prelude::*;
 use specdec_reference::kvcache::{self, BatchKvCache};
 use specdec_reference::ngram::{self, NgramConfig};
 use specdec_reference::{
-    Comparator, DrawNoise, PAD, RejectionInputs, SamplingParams, Tensor, dflash_accept, greedy_verify,
-    process_logits_batch, rejection_verify, residual_distribution, speculative_accept,
+    Comparator, DrawNoise, PAD, RejectionInputs, SamplingParams, Tensor, dflash_accept, greedy_verify, process_logits_batch, rejection_verify, residual_distribution, speculative_accept,
 };
 
 /// Any small shape (rank 0 to 4, dims 0 to 3).
@@ -108,10 +107,7 @@ fn padding_rows_are_never_read() {
     let draw = DrawNoise::InverseCdf(Tensor::new(vec![b, k + 1], vec![0.5; b * (k + 1)]).unwrap());
     let run = |fill: f64| {
         let (p, q) = build(fill);
-        let inputs = RejectionInputs {
-            target_probs: &p, draft_probs: Some(&q), draft_tokens: &drafts, proposal_lens: &lens,
-            accept_uniforms: &u, draw: &draw,
-        };
+        let inputs = RejectionInputs { target_probs: &p, draft_probs: Some(&q), draft_tokens: &drafts, proposal_lens: &lens, accept_uniforms: &u, draw: &draw };
         (rejection_verify(&inputs, Comparator::Strict).unwrap(), greedy_verify(&p, &drafts, &lens).unwrap())
     };
     assert_eq!(run(f64::NAN), run(0.25));

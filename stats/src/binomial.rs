@@ -60,11 +60,7 @@ impl BinomialTestResult {
 
 fn max_n(n: u64) -> Result<(), StatsError> {
     if n > MAX_BINOMIAL_N {
-        return Err(StatsError::TooLarge {
-            arg: "n",
-            value: n as f64,
-            max: MAX_BINOMIAL_N as f64,
-        });
+        return Err(StatsError::TooLarge { arg: "n", value: n as f64, max: MAX_BINOMIAL_N as f64 });
     }
     Ok(())
 }
@@ -77,21 +73,14 @@ fn max_n(n: u64) -> Result<(), StatsError> {
 /// null gets p-value 0 and `impossible_outcome = true`.
 ///
 /// Errors: `n` = 0 or above [`MAX_BINOMIAL_N`]; `k > n`; `p0` NaN/infinite or outside `[0, 1]`.
-pub fn binomial_test(
-    k: u64,
-    n: u64,
-    p0: f64,
-    alternative: Alternative,
-) -> Result<BinomialTestResult, StatsError> {
+pub fn binomial_test(k: u64, n: u64, p0: f64, alternative: Alternative) -> Result<BinomialTestResult, StatsError> {
     validate::positive_n("n", n)?;
     max_n(n)?;
     if k > n {
         return Err(StatsError::KExceedsN { k, n });
     }
     validate::closed_unit("p0", None, p0)?;
-    let b = Binomial::new(p0, n).map_err(|_| StatsError::Numerical {
-        context: "Binomial::new in binomial_test",
-    })?;
+    let b = Binomial::new(p0, n).map_err(|_| StatsError::Numerical { context: "Binomial::new in binomial_test" })?;
 
     let impossible_outcome = b.pmf(k) == 0.0 && (p0 == 0.0 || p0 == 1.0);
     let p_value = if impossible_outcome {
@@ -99,20 +88,11 @@ pub fn binomial_test(
     } else {
         match alternative {
             Alternative::Less => PValue::from_tail(b.cdf(k), || ln_tail(&b, k, Direction::Down)),
-            Alternative::Greater => {
-                PValue::from_tail(upper_tail(&b, k), || ln_tail(&b, k, Direction::Up))
-            }
+            Alternative::Greater => PValue::from_tail(upper_tail(&b, k), || ln_tail(&b, k, Direction::Up)),
             Alternative::TwoSided => two_sided(&b, k, n, p0),
         }
     };
-    Ok(BinomialTestResult {
-        k,
-        n,
-        p0,
-        alternative,
-        p_value,
-        impossible_outcome,
-    })
+    Ok(BinomialTestResult { k, n, p0, alternative, p_value, impossible_outcome })
 }
 
 /// `P(X >= k)`.
@@ -136,11 +116,7 @@ fn two_sided(b: &Binomial, k: u64, n: u64, p0: f64) -> PValue {
         let other = if j > n { 0.0 } else { upper_tail(b, j) };
         PValue::from_tail(b.cdf(k) + other, || {
             let own = ln_tail(b, k, Direction::Down);
-            if j > n {
-                own
-            } else {
-                ln_add(own, ln_tail(b, j, Direction::Up))
-            }
+            if j > n { own } else { ln_add(own, ln_tail(b, j, Direction::Up)) }
         })
     } else {
         // Other side: [0, floor(mean)], where the pmf is non-decreasing. Find the last
@@ -199,11 +175,7 @@ fn ln_tail(b: &Binomial, start: u64, dir: Direction) -> f64 {
 
 fn ln_add(a: f64, b: f64) -> f64 {
     let (hi, lo) = if a >= b { (a, b) } else { (b, a) };
-    if lo == f64::NEG_INFINITY {
-        hi
-    } else {
-        hi + (lo - hi).exp().ln_1p()
-    }
+    if lo == f64::NEG_INFINITY { hi } else { hi + (lo - hi).exp().ln_1p() }
 }
 
 /// A two-sided confidence interval `[lower, upper]` for a proportion.
@@ -232,10 +204,7 @@ pub fn wilson_interval(k: u64, n: u64, alpha: f64) -> Result<Interval, StatsErro
     let z2 = z * z;
     let center = (k + z2 / 2.0) / (n + z2);
     let half = z / (n + z2) * (k * (n - k) / n + z2 / 4.0).sqrt();
-    Ok(Interval {
-        lower: (center - half).max(0.0),
-        upper: (center + half).min(1.0),
-    })
+    Ok(Interval { lower: (center - half).max(0.0), upper: (center + half).min(1.0) })
 }
 
 /// Clopper–Pearson exact interval with confidence `1 - alpha`:
@@ -251,16 +220,8 @@ pub fn clopper_pearson_interval(k: u64, n: u64, alpha: f64) -> Result<Interval, 
     max_n(n)?;
     let (kf, nf) = (k as f64, n as f64);
     let q = alpha / 2.0;
-    let lower = if k == 0 {
-        0.0
-    } else {
-        beta_lower_quantile(kf, nf - kf + 1.0, q)?
-    };
-    let upper = if k == n {
-        1.0
-    } else {
-        1.0 - beta_lower_quantile(nf - kf, kf + 1.0, q)?
-    };
+    let lower = if k == 0 { 0.0 } else { beta_lower_quantile(kf, nf - kf + 1.0, q)? };
+    let upper = if k == n { 1.0 } else { 1.0 - beta_lower_quantile(nf - kf, kf + 1.0, q)? };
     Ok(Interval { lower, upper })
 }
 
@@ -275,9 +236,7 @@ const STATRS_BETA_QUANTILE_MIN: f64 = 1e-15;
 /// 1e-15 relative, returning the end with `cdf < q` (the interval is widened, never
 /// narrowed).
 fn beta_lower_quantile(a: f64, b: f64, q: f64) -> Result<f64, StatsError> {
-    let d = Beta::new(a, b).map_err(|_| StatsError::Numerical {
-        context: "Beta::new in clopper_pearson_interval",
-    })?;
+    let d = Beta::new(a, b).map_err(|_| StatsError::Numerical { context: "Beta::new in clopper_pearson_interval" })?;
     if q >= STATRS_BETA_QUANTILE_MIN {
         return Ok(d.inverse_cdf(q));
     }
@@ -288,11 +247,7 @@ fn beta_lower_quantile(a: f64, b: f64, q: f64) -> Result<f64, StatsError> {
         if mid <= lo || mid >= hi {
             break;
         }
-        if d.cdf(mid.exp()) < q {
-            lo = mid
-        } else {
-            hi = mid
-        }
+        if d.cdf(mid.exp()) < q { lo = mid } else { hi = mid }
     }
     Ok(lo.exp())
 }

@@ -13,10 +13,6 @@ pub fn total_variation(observed: &[u64], expected: &[f64]) -> Result<f64, StatsE
     validate::probabilities("expected", expected)?;
     validate::same_len("observed", observed.len(), "expected", expected.len())?;
     let n = n as f64;
-    let l1: f64 = observed
-        .iter()
-        .zip(expected)
-        .map(|(&c, &p)| (c as f64 / n - p).abs())
-        .sum();
+    let l1: f64 = observed.iter().zip(expected).map(|(&c, &p)| (c as f64 / n - p).abs()).sum();
     Ok((0.5 * l1).min(1.0))
 }

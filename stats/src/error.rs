@@ -14,36 +14,19 @@ pub enum StatsError {
 
     /// Two slices that must be parallel have different lengths.
     #[error("length mismatch: `{left}` has {left_len} entries but `{right}` has {right_len}")]
-    LengthMismatch {
-        left: &'static str,
-        left_len: usize,
-        right: &'static str,
-        right_len: usize,
-    },
+    LengthMismatch { left: &'static str, left_len: usize, right: &'static str, right_len: usize },
 
     /// A float argument (or element) is NaN or infinite.
     #[error("`{arg}{}` is {value}, which is not finite", index_suffix(.index))]
-    NotFinite {
-        arg: &'static str,
-        index: Option<usize>,
-        value: f64,
-    },
+    NotFinite { arg: &'static str, index: Option<usize>, value: f64 },
 
     /// A probability, count-like float or parameter is negative.
     #[error("`{arg}{}` is {value}, which is negative", index_suffix(.index))]
-    Negative {
-        arg: &'static str,
-        index: Option<usize>,
-        value: f64,
-    },
+    Negative { arg: &'static str, index: Option<usize>, value: f64 },
 
     /// Probabilities do not sum to 1 within `tolerance`.
     #[error("`{arg}` sums to {sum}, which differs from 1 by more than the tolerance {tolerance:e}")]
-    NotNormalized {
-        arg: &'static str,
-        sum: f64,
-        tolerance: f64,
-    },
+    NotNormalized { arg: &'static str, sum: f64, tolerance: f64 },
 
     /// A level or effect size (alpha, beta, delta) is outside the open interval (0, 1).
     #[error("`{arg}` is {value}, which is outside the open interval (0, 1)")]
@@ -51,11 +34,7 @@ pub enum StatsError {
 
     /// A probability (p-value, null proportion) is outside the closed interval [0, 1].
     #[error("`{arg}{}` is {value}, which is outside the closed interval [0, 1]", index_suffix(.index))]
-    NotInClosedUnitInterval {
-        arg: &'static str,
-        index: Option<usize>,
-        value: f64,
-    },
+    NotInClosedUnitInterval { arg: &'static str, index: Option<usize>, value: f64 },
 
     /// A sample size (`n`, or the total of the observed counts) is zero.
     #[error("`{arg}` is 0; at least one observation is required")]
@@ -67,28 +46,18 @@ pub enum StatsError {
 
     /// An integer parameter is below its minimum (e.g. fewer than 2 cells).
     #[error("`{arg}` is {value}, which is below the minimum {min}")]
-    TooSmall {
-        arg: &'static str,
-        value: u64,
-        min: u64,
-    },
+    TooSmall { arg: &'static str, value: u64, min: u64 },
 
     /// A parameter exceeds the range where this crate's numerics are validated.
     #[error("`{arg}` is {value:e}, above the supported maximum {max:e}")]
-    TooLarge {
-        arg: &'static str,
-        value: f64,
-        max: f64,
-    },
+    TooLarge { arg: &'static str, value: f64, max: f64 },
 
     /// Summing the counts in `arg` overflows `u64`.
     #[error("the counts in `{arg}` sum past u64::MAX")]
     CountOverflow { arg: &'static str },
 
     /// Power 1 - beta at or below the size alpha is what a coin flip achieves.
-    #[error(
-        "`alpha` + `beta` is {sum}, which is not below 1: power 1 - beta would not exceed the size alpha"
-    )]
+    #[error("`alpha` + `beta` is {sum}, which is not below 1: power 1 - beta would not exceed the size alpha")]
     PowerNotAboveSize { sum: f64 },
 
     /// The required sample size does not fit in the exactly representable integers.

@@ -86,11 +86,7 @@ impl Pooling {
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum GofOutcome {
     /// The statistic was computed and referred to chi-squared(df).
-    Tested {
-        statistic: f64,
-        df: u64,
-        p_value: PValue,
-    },
+    Tested { statistic: f64, df: u64, p_value: PValue },
     /// Counts fell in cells whose null probability is 0: p-value exactly 0.
     ImpossibleOutcome { cells: Vec<usize> },
     /// Fewer than 2 cells after pooling: no test is possible at this `n`.
@@ -148,12 +144,7 @@ fn plan(n: u64, expected: &[f64], sum: f64) -> (Pooling, Vec<f64>) {
         }
     }
     let cells_after_pooling = order.len() - pooled.len() + usize::from(!pooled.is_empty());
-    let pooling = Pooling {
-        cells: expected.len(),
-        structural_zeros,
-        pooled,
-        cells_after_pooling,
-    };
+    let pooling = Pooling { cells: expected.len(), structural_zeros, pooled, cells_after_pooling };
     (pooling, e)
 }
 
@@ -179,54 +170,27 @@ fn gof(kind: TestKind, observed: &[u64], expected: &[f64]) -> Result<GofResult, 
     validate::same_len("observed", observed.len(), "expected", expected.len())?;
 
     let (pooling, e) = plan(n, expected, sum);
-    let impossible: Vec<usize> = pooling
-        .structural_zeros
-        .iter()
-        .copied()
-        .filter(|&i| observed[i] > 0)
-        .collect();
+    let impossible: Vec<usize> = pooling.structural_zeros.iter().copied().filter(|&i| observed[i] > 0).collect();
     let outcome = if !impossible.is_empty() {
         GofOutcome::ImpossibleOutcome { cells: impossible }
     } else if let Some(df) = pooling.df() {
         // (observed, expected) per tested cell: the pool first, then unpooled cells.
         let mut in_pool = vec![false; expected.len()];
         pooling.pooled.iter().for_each(|&i| in_pool[i] = true);
-        let pool = pooling
-            .pooled
-            .iter()
-            .fold((0.0, 0.0), |(o, x), &i| (o + observed[i] as f64, x + e[i]));
-        let cells = (!pooling.pooled.is_empty())
-            .then_some(pool)
-            .into_iter()
-            .chain(
-                (0..expected.len())
-                    .filter(|&i| expected[i] > 0.0 && !in_pool[i])
-                    .map(|i| (observed[i] as f64, e[i])),
-            );
+        let pool = pooling.pooled.iter().fold((0.0, 0.0), |(o, x), &i| (o + observed[i] as f64, x + e[i]));
+        let cells = (!pooling.pooled.is_empty()).then_some(pool).into_iter().chain((0..expected.len()).filter(|&i| expected[i] > 0.0 && !in_pool[i]).map(|i| (observed[i] as f64, e[i])));
         let statistic = match kind {
             TestKind::GTest => {
-                let g: f64 = cells
-                    .filter(|&(o, _)| o > 0.0)
-                    .map(|(o, x)| o * (o / x).ln())
-                    .sum();
+                let g: f64 = cells.filter(|&(o, _)| o > 0.0).map(|(o, x)| o * (o / x).ln()).sum();
                 // Rounding can make a perfect fit slightly negative.
                 (2.0 * g).max(0.0)
             }
             _ => cells.map(|(o, x)| (o - x) * (o - x) / x).sum(),
         };
         let p_value = chi_squared_p_value(statistic, df)?;
-        GofOutcome::Tested {
-            statistic,
-            df,
-            p_value,
-        }
+        GofOutcome::Tested { statistic, df, p_value }
     } else {
         GofOutcome::Degenerate
     };
-    Ok(GofResult {
-        kind,
-        n,
-        pooling,
-        outcome,
-    })
+    Ok(GofResult { kind, n, pooling, outcome })
 }

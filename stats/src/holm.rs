@@ -37,25 +37,12 @@ pub fn holm(p_values: &[f64], alpha: f64) -> Result<Vec<HolmDecision>, StatsErro
     let mut order: Vec<usize> = (0..m).collect();
     order.sort_by(|&a, &b| p_values[a].total_cmp(&p_values[b]).then(a.cmp(&b)));
 
-    let mut out = vec![
-        HolmDecision {
-            p_value: 0.0,
-            rank: 0,
-            alpha: 0.0,
-            rejected: false
-        };
-        m
-    ];
+    let mut out = vec![HolmDecision { p_value: 0.0, rank: 0, alpha: 0.0, rejected: false }; m];
     let mut still_rejecting = true;
     for (rank, &i) in order.iter().enumerate() {
         let per_test = alpha / (m - rank) as f64;
         still_rejecting = still_rejecting && p_values[i] <= per_test;
-        out[i] = HolmDecision {
-            p_value: p_values[i],
-            rank,
-            alpha: per_test,
-            rejected: still_rejecting,
-        };
+        out[i] = HolmDecision { p_value: p_values[i], rank, alpha: per_test, rejected: still_rejecting };
     }
     Ok(out)
 }

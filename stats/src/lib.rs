@@ -20,21 +20,12 @@ mod report;
 mod tail;
 mod validate;
 
-pub use binomial::{
-    Alternative, BINOMIAL_RELATIVE_TOLERANCE, BinomialTestResult, Interval, MAX_BINOMIAL_N,
-    binomial_test, clopper_pearson_interval, wilson_interval,
-};
+pub use binomial::{Alternative, BINOMIAL_RELATIVE_TOLERANCE, BinomialTestResult, Interval, MAX_BINOMIAL_N, binomial_test, clopper_pearson_interval, wilson_interval};
 pub use distance::total_variation;
 pub use error::StatsError;
-pub use gof::{
-    GofOutcome, GofResult, MIN_EXPECTED_COUNT, Pooling, TestKind, chi_squared_gof, g_test_gof,
-    plan_pooling,
-};
+pub use gof::{GofOutcome, GofResult, MIN_EXPECTED_COUNT, Pooling, TestKind, chi_squared_gof, g_test_gof, plan_pooling};
 pub use holm::{HolmDecision, holm};
-pub use power::{
-    MAX_NONCENTRALITY, NONCENTRAL_TRUNCATION, detectable_delta, gof_power, min_samples,
-    noncentral_chi_squared_cdf, noncentral_chi_squared_sf, noncentrality_for_power,
-};
+pub use power::{MAX_NONCENTRALITY, NONCENTRAL_TRUNCATION, detectable_delta, gof_power, min_samples, noncentral_chi_squared_cdf, noncentral_chi_squared_sf, noncentrality_for_power};
 pub use report::{Decision, GofPlan, PowerClaim, TestReport, judge_holm, plan_gof};
 pub use tail::{PValue, chi_squared_p_value};
 pub use validate::{MAX_DF, PROBABILITY_SUM_TOLERANCE};

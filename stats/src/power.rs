@@ -75,58 +75,34 @@ enum Tail {
 
 fn mixture(x: f64, df: f64, lambda: f64, tail: Tail) -> Result<f64, StatsError> {
     if x.is_nan() {
-        return Err(StatsError::NotFinite {
-            arg: "x",
-            index: None,
-            value: x,
-        });
+        return Err(StatsError::NotFinite { arg: "x", index: None, value: x });
     }
     validate::df(df)?;
     if !lambda.is_finite() {
-        return Err(StatsError::NotFinite {
-            arg: "lambda",
-            index: None,
-            value: lambda,
-        });
+        return Err(StatsError::NotFinite { arg: "lambda", index: None, value: lambda });
     }
     if lambda < 0.0 {
-        return Err(StatsError::Negative {
-            arg: "lambda",
-            index: None,
-            value: lambda,
-        });
+        return Err(StatsError::Negative { arg: "lambda", index: None, value: lambda });
     }
     if lambda > MAX_NONCENTRALITY {
-        return Err(StatsError::TooLarge {
-            arg: "lambda",
-            value: lambda,
-            max: MAX_NONCENTRALITY,
-        });
+        return Err(StatsError::TooLarge { arg: "lambda", value: lambda, max: MAX_NONCENTRALITY });
     }
     if x <= 0.0 || x == f64::INFINITY {
         let cdf = if x <= 0.0 { 0.0 } else { 1.0 };
         return Ok(if tail == Tail::Cdf { cdf } else { 1.0 - cdf });
     }
     let central = |j: u64| {
-        ChiSquared::new(df + 2.0 * j as f64)
-            .map(|d| if tail == Tail::Cdf { d.cdf(x) } else { d.sf(x) })
-            .map_err(|_| StatsError::Numerical {
-                context: "ChiSquared::new in noncentral mixture",
-            })
+        ChiSquared::new(df + 2.0 * j as f64).map(|d| if tail == Tail::Cdf { d.cdf(x) } else { d.sf(x) }).map_err(|_| StatsError::Numerical { context: "ChiSquared::new in noncentral mixture" })
     };
     let mu = lambda / 2.0;
     if mu == 0.0 {
         return central(0);
     }
-    let pois = Poisson::new(mu).map_err(|_| StatsError::Numerical {
-        context: "Poisson::new in noncentral mixture",
-    })?;
+    let pois = Poisson::new(mu).map_err(|_| StatsError::Numerical { context: "Poisson::new in noncentral mixture" })?;
     // F_j(x) falls and S_j(x) rises with j, so the largest central value among the
     // omitted terms is F_0 (cdf, downward) or at most 1 (cdf upward: F_j; sf upward: 1).
     let down_cap = if tail == Tail::Cdf { central(0)? } else { 1.0 };
-    let done = |omitted: f64, sum: f64| {
-        omitted <= NONCENTRAL_TRUNCATION * sum || omitted < f64::MIN_POSITIVE
-    };
+    let done = |omitted: f64, sum: f64| omitted <= NONCENTRAL_TRUNCATION * sum || omitted < f64::MIN_POSITIVE;
     let mode = mu.floor() as u64;
 
     let mut sum = 0.0;
@@ -162,9 +138,7 @@ fn mixture(x: f64, df: f64, lambda: f64, tail: Tail) -> Result<f64, StatsError> 
 /// `c` with `P(χ²(df) >= c) <= alpha`, the smallest such up to bisection precision,
 /// found on `statrs`'s `sf` directly (`inverse_cdf(1 - alpha)` loses digits of alpha).
 fn critical_value(df: f64, alpha: f64) -> Result<f64, StatsError> {
-    let dist = ChiSquared::new(df).map_err(|_| StatsError::Numerical {
-        context: "ChiSquared::new in critical_value",
-    })?;
+    let dist = ChiSquared::new(df).map_err(|_| StatsError::Numerical { context: "ChiSquared::new in critical_value" })?;
     let (mut lo, mut hi) = (0.0, df.max(1.0));
     while dist.sf(hi) > alpha {
         lo = hi;
@@ -175,11 +149,7 @@ fn critical_value(df: f64, alpha: f64) -> Result<f64, StatsError> {
         if mid <= lo || mid >= hi {
             break;
         }
-        if dist.sf(mid) > alpha {
-            lo = mid
-        } else {
-            hi = mid
-        }
+        if dist.sf(mid) > alpha { lo = mid } else { hi = mid }
     }
     Ok(hi)
 }
@@ -212,11 +182,7 @@ pub fn noncentrality_for_power(df: u64, alpha: f64, beta: f64) -> Result<f64, St
     }
     while hi - lo > 1e-12 * hi {
         let mid = 0.5 * (lo + hi);
-        if power(mid)? < target {
-            lo = mid
-        } else {
-            hi = mid
-        }
+        if power(mid)? < target { lo = mid } else { hi = mid }
     }
     // `hi` always satisfies the target, so guarantees built on it hold.
     Ok(hi)
@@ -259,9 +225,7 @@ pub fn min_samples(m: usize, delta: f64, alpha: f64, beta: f64) -> Result<u64, S
     // Settle rounding in `lam` and `n * per_sample` against the power itself.
     let c = critical_value(df, alpha)?;
     let target = 1.0 - beta;
-    let reaches = |n: u64| -> Result<bool, StatsError> {
-        Ok(noncentral_chi_squared_sf(c, df, n as f64 * per_sample)? >= target)
-    };
+    let reaches = |n: u64| -> Result<bool, StatsError> { Ok(noncentral_chi_squared_sf(c, df, n as f64 * per_sample)? >= target) };
     let mut n = (required.ceil() as u64).max(1);
     while !reaches(n)? {
         n += 1;

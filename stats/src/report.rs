@@ -66,11 +66,7 @@ impl GofResult {
     /// The report for this result, with decision [`Decision::Pending`] unless degenerate.
     pub fn to_report(&self, label: impl Into<String>) -> TestReport {
         let (statistic, df, p, impossible) = match &self.outcome {
-            GofOutcome::Tested {
-                statistic,
-                df,
-                p_value,
-            } => (Some(*statistic), Some(*df), Some(*p_value), false),
+            GofOutcome::Tested { statistic, df, p_value } => (Some(*statistic), Some(*df), Some(*p_value), false),
             GofOutcome::ImpossibleOutcome { .. } => (None, None, None, true),
             GofOutcome::Degenerate => (None, None, None, false),
         };
@@ -89,11 +85,7 @@ impl GofResult {
             impossible_outcome: impossible,
             alpha: None,
             power: None,
-            decision: if degenerate {
-                Decision::Degenerate
-            } else {
-                Decision::Pending
-            },
+            decision: if degenerate { Decision::Degenerate } else { Decision::Pending },
         }
     }
 }
@@ -147,12 +139,7 @@ impl TestReport {
     }
 }
 
-fn power_claim(
-    cells: usize,
-    n: u64,
-    alpha: f64,
-    beta: f64,
-) -> Result<Option<PowerClaim>, StatsError> {
+fn power_claim(cells: usize, n: u64, alpha: f64, beta: f64) -> Result<Option<PowerClaim>, StatsError> {
     // Validate even when degenerate, so bad levels never pass silently.
     validate::open_unit("alpha", alpha)?;
     validate::open_unit("beta", beta)?;
@@ -160,11 +147,7 @@ fn power_claim(
         return Ok(None);
     }
     let detectable_delta = detectable_delta(cells, n, alpha, beta)?;
-    Ok(Some(PowerClaim {
-        alpha,
-        beta,
-        detectable_delta,
-    }))
+    Ok(Some(PowerClaim { alpha, beta, detectable_delta }))
 }
 
 /// Judges a family of reports with Holm's step-down procedure at family-wise level
@@ -181,10 +164,7 @@ pub fn judge_holm(reports: &mut [TestReport], family_alpha: f64) -> Result<(), S
     // degenerate report (ranked as p = 1) never takes a rank from a real p = 1.
     let mut order: Vec<usize> = (0..reports.len()).collect();
     order.sort_by_key(|&i| reports[i].p_value.is_none());
-    let p: Vec<f64> = order
-        .iter()
-        .map(|&i| reports[i].p_value.unwrap_or(1.0))
-        .collect();
+    let p: Vec<f64> = order.iter().map(|&i| reports[i].p_value.unwrap_or(1.0)).collect();
     let decisions = holm(&p, family_alpha)?;
     for (&i, d) in order.iter().zip(decisions) {
         let r = &mut reports[i];
@@ -222,14 +202,7 @@ impl fmt::Display for TestReport {
     /// `good [chi2] n=100 cells=4 (2 pooled) stat=1.2000 df=3 p=7.530e-1 alpha=5.00e-2 TV>=0.1874@0.80 -> not rejected`
     /// (`TV>=d@0.80`: any departure of TV distance `d` is caught with probability 0.80).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} [{}] n={} cells={}",
-            self.label,
-            self.kind.short_name(),
-            self.n,
-            self.cells
-        )?;
+        write!(f, "{} [{}] n={} cells={}", self.label, self.kind.short_name(), self.n, self.cells)?;
         if self.cells_pooled > 0 {
             write!(f, " ({} pooled)", self.cells_pooled)?;
         }
@@ -245,12 +218,7 @@ impl fmt::Display for TestReport {
         match (self.p_value, self.impossible_outcome) {
             (_, true) => write!(f, " p=0 (impossible outcome)")?,
             (None, _) => write!(f, " p=n/a")?,
-            (Some(_), false) if self.p_value_floored => write!(
-                f,
-                " p<{:.1e} (log10 p<={:.1})",
-                f64::MIN_POSITIVE,
-                self.log10_p_value.unwrap_or(f64::NAN)
-            )?,
+            (Some(_), false) if self.p_value_floored => write!(f, " p<{:.1e} (log10 p<={:.1})", f64::MIN_POSITIVE, self.log10_p_value.unwrap_or(f64::NAN))?,
             (Some(p), false) => write!(f, " p={p:.3e}")?,
         }
         if let Some(a) = self.alpha {

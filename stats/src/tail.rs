@@ -30,17 +30,9 @@ pub struct PValue {
 }
 
 impl PValue {
-    pub(crate) const ONE: PValue = PValue {
-        value: 1.0,
-        log10: 0.0,
-        floored: false,
-    };
+    pub(crate) const ONE: PValue = PValue { value: 1.0, log10: 0.0, floored: false };
     /// Used only for outcomes with probability exactly 0 under the null.
-    pub(crate) const IMPOSSIBLE: PValue = PValue {
-        value: 0.0,
-        log10: f64::NEG_INFINITY,
-        floored: false,
-    };
+    pub(crate) const IMPOSSIBLE: PValue = PValue { value: 0.0, log10: f64::NEG_INFINITY, floored: false };
 
     /// Wraps a computed tail probability, flooring it when it underflowed. `ln_bound`
     /// is evaluated only then, and must return an upper bound on the natural log of
@@ -48,19 +40,11 @@ impl PValue {
     pub(crate) fn from_tail(p: f64, ln_bound: impl FnOnce() -> f64) -> PValue {
         if p >= f64::MIN_POSITIVE {
             let value = p.min(1.0);
-            PValue {
-                value,
-                log10: value.log10(),
-                floored: false,
-            }
+            PValue { value, log10: value.log10(), floored: false }
         } else {
             // Both the bound and MIN_POSITIVE are upper bounds on the truth; keep the tighter.
             let log10 = (ln_bound() / std::f64::consts::LN_10).min(f64::MIN_POSITIVE.log10());
-            PValue {
-                value: f64::MIN_POSITIVE,
-                log10,
-                floored: true,
-            }
+            PValue { value: f64::MIN_POSITIVE, log10, floored: true }
         }
     }
 }
@@ -71,30 +55,18 @@ impl PValue {
 /// Errors: `statistic` NaN/infinite or negative; `df` = 0 or above [`crate::MAX_DF`].
 pub fn chi_squared_p_value(statistic: f64, df: u64) -> Result<PValue, StatsError> {
     if !statistic.is_finite() {
-        return Err(StatsError::NotFinite {
-            arg: "statistic",
-            index: None,
-            value: statistic,
-        });
+        return Err(StatsError::NotFinite { arg: "statistic", index: None, value: statistic });
     }
     if statistic < 0.0 {
-        return Err(StatsError::Negative {
-            arg: "statistic",
-            index: None,
-            value: statistic,
-        });
+        return Err(StatsError::Negative { arg: "statistic", index: None, value: statistic });
     }
     validate::df(df as f64)?;
     if statistic == 0.0 {
         return Ok(PValue::ONE);
     }
-    let dist = ChiSquared::new(df as f64).map_err(|_| StatsError::Numerical {
-        context: "ChiSquared::new in chi_squared_p_value",
-    })?;
+    let dist = ChiSquared::new(df as f64).map_err(|_| StatsError::Numerical { context: "ChiSquared::new in chi_squared_p_value" })?;
     let sf = dist.sf(statistic);
-    Ok(PValue::from_tail(sf, || {
-        ln_upper_gamma_bound(df as f64 / 2.0, statistic / 2.0)
-    }))
+    Ok(PValue::from_tail(sf, || ln_upper_gamma_bound(df as f64 / 2.0, statistic / 2.0)))
 }
 
 /// Upper bound on `ln Q(a, x)`, used only where `statrs` underflows (`x >> a`).

@@ -14,27 +14,15 @@ pub(crate) fn probabilities(arg: &'static str, p: &[f64]) -> Result<f64, StatsEr
     let mut sum = 0.0;
     for (i, &v) in p.iter().enumerate() {
         if !v.is_finite() {
-            return Err(StatsError::NotFinite {
-                arg,
-                index: Some(i),
-                value: v,
-            });
+            return Err(StatsError::NotFinite { arg, index: Some(i), value: v });
         }
         if v < 0.0 {
-            return Err(StatsError::Negative {
-                arg,
-                index: Some(i),
-                value: v,
-            });
+            return Err(StatsError::Negative { arg, index: Some(i), value: v });
         }
         sum += v;
     }
     if (sum - 1.0).abs() > PROBABILITY_SUM_TOLERANCE {
-        return Err(StatsError::NotNormalized {
-            arg,
-            sum,
-            tolerance: PROBABILITY_SUM_TOLERANCE,
-        });
+        return Err(StatsError::NotNormalized { arg, sum, tolerance: PROBABILITY_SUM_TOLERANCE });
     }
     Ok(sum)
 }
@@ -44,29 +32,16 @@ pub(crate) fn counts(arg: &'static str, counts: &[u64]) -> Result<u64, StatsErro
     if counts.is_empty() {
         return Err(StatsError::Empty { arg });
     }
-    let total = counts
-        .iter()
-        .try_fold(0u64, |acc, &c| acc.checked_add(c))
-        .ok_or(StatsError::CountOverflow { arg })?;
+    let total = counts.iter().try_fold(0u64, |acc, &c| acc.checked_add(c)).ok_or(StatsError::CountOverflow { arg })?;
     if total == 0 {
         return Err(StatsError::ZeroSamples { arg });
     }
     Ok(total)
 }
 
-pub(crate) fn same_len(
-    left: &'static str,
-    left_len: usize,
-    right: &'static str,
-    right_len: usize,
-) -> Result<(), StatsError> {
+pub(crate) fn same_len(left: &'static str, left_len: usize, right: &'static str, right_len: usize) -> Result<(), StatsError> {
     if left_len != right_len {
-        return Err(StatsError::LengthMismatch {
-            left,
-            left_len,
-            right,
-            right_len,
-        });
+        return Err(StatsError::LengthMismatch { left, left_len, right, right_len });
     }
     Ok(())
 }
@@ -74,11 +49,7 @@ pub(crate) fn same_len(
 /// Checks `value` is in the open interval (0, 1) (levels and effect sizes).
 pub(crate) fn open_unit(arg: &'static str, value: f64) -> Result<(), StatsError> {
     if !value.is_finite() {
-        return Err(StatsError::NotFinite {
-            arg,
-            index: None,
-            value,
-        });
+        return Err(StatsError::NotFinite { arg, index: None, value });
     }
     if !(value > 0.0 && value < 1.0) {
         return Err(StatsError::NotInOpenUnitInterval { arg, value });
@@ -87,11 +58,7 @@ pub(crate) fn open_unit(arg: &'static str, value: f64) -> Result<(), StatsError>
 }
 
 /// Checks `value` is a probability in [0, 1].
-pub(crate) fn closed_unit(
-    arg: &'static str,
-    index: Option<usize>,
-    value: f64,
-) -> Result<(), StatsError> {
+pub(crate) fn closed_unit(arg: &'static str, index: Option<usize>, value: f64) -> Result<(), StatsError> {
     if !value.is_finite() {
         return Err(StatsError::NotFinite { arg, index, value });
     }
@@ -115,25 +82,13 @@ pub const MAX_DF: f64 = 1e9;
 
 pub(crate) fn df(value: f64) -> Result<(), StatsError> {
     if !value.is_finite() {
-        return Err(StatsError::NotFinite {
-            arg: "df",
-            index: None,
-            value,
-        });
+        return Err(StatsError::NotFinite { arg: "df", index: None, value });
     }
     if value <= 0.0 {
-        return Err(StatsError::TooSmall {
-            arg: "df",
-            value: 0,
-            min: 1,
-        });
+        return Err(StatsError::TooSmall { arg: "df", value: 0, min: 1 });
     }
     if value > MAX_DF {
-        return Err(StatsError::TooLarge {
-            arg: "df",
-            value,
-            max: MAX_DF,
-        });
+        return Err(StatsError::TooLarge { arg: "df", value, max: MAX_DF });
     }
     Ok(())
 }
@@ -142,18 +97,10 @@ pub(crate) fn df(value: f64) -> Result<(), StatsError> {
 /// `MAX_DF + 1`.
 pub(crate) fn cells(arg: &'static str, m: usize) -> Result<(), StatsError> {
     if m < 2 {
-        return Err(StatsError::TooSmall {
-            arg,
-            value: m as u64,
-            min: 2,
-        });
+        return Err(StatsError::TooSmall { arg, value: m as u64, min: 2 });
     }
     if (m - 1) as f64 > MAX_DF {
-        return Err(StatsError::TooLarge {
-            arg,
-            value: m as f64,
-            max: MAX_DF + 1.0,
-        });
+        return Err(StatsError::TooLarge { arg, value: m as f64, max: MAX_DF + 1.0 });
     }
     Ok(())
 }

@@ -12,9 +12,7 @@ fn normalised(weights: Vec<f64>) -> Vec<f64> {
 
 /// Weights in [0, 1] with some exact zeros, at least one positive.
 fn null_distribution(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<f64>> {
-    prop::collection::vec(prop_oneof![1 => Just(0.0), 4 => 0.001f64..1.0], len)
-        .prop_filter("some mass", |w| w.iter().any(|&x| x > 0.0))
-        .prop_map(normalised)
+    prop::collection::vec(prop_oneof![1 => Just(0.0), 4 => 0.001f64..1.0], len).prop_filter("some mass", |w| w.iter().any(|&x| x > 0.0)).prop_map(normalised)
 }
 
 proptest! {

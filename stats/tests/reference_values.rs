@@ -7,19 +7,12 @@ use specdec_stats::*;
 
 fn close(actual: f64, expected: f64, rel: f64) {
     let err = ((actual - expected) / expected).abs();
-    assert!(
-        err <= rel,
-        "actual {actual:e}, expected {expected:e}, rel err {err:e} > {rel:e}"
-    );
+    assert!(err <= rel, "actual {actual:e}, expected {expected:e}, rel err {err:e} > {rel:e}");
 }
 
 fn tested(r: &GofResult) -> (f64, u64, PValue) {
     match &r.outcome {
-        GofOutcome::Tested {
-            statistic,
-            df,
-            p_value,
-        } => (*statistic, *df, *p_value),
+        GofOutcome::Tested { statistic, df, p_value } => (*statistic, *df, *p_value),
         other => panic!("expected a tested outcome, got {other:?}"),
     }
 }
@@ -112,14 +105,8 @@ fn structural_zero_is_dropped_not_counted() {
 
 #[test]
 fn observed_zero_probability_cell_is_impossible() {
-    for r in [
-        chi_squared_gof(&[10, 12, 1, 3], &[0.5, 0.5, 0.0, 0.0]).unwrap(),
-        g_test_gof(&[10, 12, 1, 3], &[0.5, 0.5, 0.0, 0.0]).unwrap(),
-    ] {
-        assert_eq!(
-            r.outcome,
-            GofOutcome::ImpossibleOutcome { cells: vec![2, 3] }
-        );
+    for r in [chi_squared_gof(&[10, 12, 1, 3], &[0.5, 0.5, 0.0, 0.0]).unwrap(), g_test_gof(&[10, 12, 1, 3], &[0.5, 0.5, 0.0, 0.0]).unwrap()] {
+        assert_eq!(r.outcome, GofOutcome::ImpossibleOutcome { cells: vec![2, 3] });
         assert_eq!(r.p_value(), Some(0.0));
         let mut rep = r.to_report("impossible");
         assert!(rep.impossible_outcome);
@@ -138,10 +125,7 @@ fn too_few_cells_after_pooling_is_degenerate() {
     assert_eq!(r.pooling.cells_after_pooling, 1);
     assert_eq!(r.p_value(), None);
     // A single-cell null is degenerate at any n.
-    assert_eq!(
-        g_test_gof(&[1000], &[1.0]).unwrap().outcome,
-        GofOutcome::Degenerate
-    );
+    assert_eq!(g_test_gof(&[1000], &[1.0]).unwrap().outcome, GofOutcome::Degenerate);
     let mut rep = r.to_report("degenerate").with_power(0.05, 0.2).unwrap();
     assert_eq!(rep.power, None);
     rep.judge(0.05).unwrap();
@@ -151,17 +135,9 @@ fn too_few_cells_after_pooling_is_degenerate() {
 #[test]
 fn chi_squared_survival_values() {
     // scipy.stats.chi2.sf(3.5, 2) -> 0.1737739434504451
-    close(
-        chi_squared_p_value(3.5, 2).unwrap().value,
-        0.1737739434504451,
-        1e-12,
-    );
+    close(chi_squared_p_value(3.5, 2).unwrap().value, 0.1737739434504451, 1e-12);
     // scipy.stats.chi2.sf(100, 5) -> 5.285148360943219e-20 (1 - cdf would give 0)
-    close(
-        chi_squared_p_value(100.0, 5).unwrap().value,
-        5.285148360943219e-20,
-        1e-12,
-    );
+    close(chi_squared_p_value(100.0, 5).unwrap().value, 5.285148360943219e-20, 1e-12);
     // scipy.stats.chi2.sf(1000, 5) -> 6.0100776879208495e-214
     let p = chi_squared_p_value(1000.0, 5).unwrap();
     close(p.value, 6.0100776879208495e-214, 1e-12);
@@ -177,22 +153,14 @@ fn underflowing_p_values_are_tiny_and_positive() {
     assert!(p.value > 0.0);
     assert_eq!(p.value, f64::MIN_POSITIVE);
     assert!(p.floored);
-    assert!(
-        p.log10 >= -429.91746682429,
-        "log10 must be an upper bound: {}",
-        p.log10
-    );
+    assert!(p.log10 >= -429.91746682429, "log10 must be an upper bound: {}", p.log10);
     assert!(p.log10 - -429.91746682429 < 1e-3, "{}", p.log10);
 
     // df = 1 (shape <= 1 branch of the bound). scipy.stats.chi2.sf(1600, 1) -> 0.0;
     // mpmath.log10(mpmath.gammainc(0.5, 800, mpmath.inf, regularized=True)) -> -349.135976463682
     let p = chi_squared_p_value(1600.0, 1).unwrap();
     assert_eq!(p.value, f64::MIN_POSITIVE);
-    assert!(
-        p.log10 >= -349.135976463682 && p.log10 - -349.135976463682 < 1e-3,
-        "{}",
-        p.log10
-    );
+    assert!(p.log10 >= -349.135976463682 && p.log10 - -349.135976463682 < 1e-3, "{}", p.log10);
 
     // Through a whole test: a wildly wrong histogram still gets a positive p-value.
     let r = chi_squared_gof(&[100_000, 0, 0, 0, 0, 0], &[1.0 / 6.0; 6]).unwrap();
@@ -207,66 +175,17 @@ fn binomial_tests_match_scipy() {
     // scipy.stats.binomtest(k, n, p, alternative=a).pvalue for a in
     // ("two-sided", "less", "greater")
     let cases: [(u64, u64, f64, [f64; 3]); 6] = [
-        (
-            7,
-            20,
-            0.5,
-            [0.26317596435546875, 0.13158798217773438, 0.9423408508300781],
-        ),
-        (
-            3,
-            50,
-            0.2,
-            [
-                0.011917135597017944,
-                0.005656361012155322,
-                0.9987145850467567,
-            ],
-        ),
-        (
-            16,
-            50,
-            0.2,
-            [
-                0.04929943784225706,
-                0.9855583426827423,
-                0.030803422782047694,
-            ],
-        ),
-        (
-            682,
-            925,
-            0.75,
-            [0.3824915595748517, 0.19600926705388308, 0.8240891223524226],
-        ),
-        (
-            1,
-            1000,
-            0.01,
-            [
-                0.0011310695918519608,
-                0.0004792444535789191,
-                0.9999568287525893,
-            ],
-        ),
+        (7, 20, 0.5, [0.26317596435546875, 0.13158798217773438, 0.9423408508300781]),
+        (3, 50, 0.2, [0.011917135597017944, 0.005656361012155322, 0.9987145850467567]),
+        (16, 50, 0.2, [0.04929943784225706, 0.9855583426827423, 0.030803422782047694]),
+        (682, 925, 0.75, [0.3824915595748517, 0.19600926705388308, 0.8240891223524226]),
+        (1, 1000, 0.01, [0.0011310695918519608, 0.0004792444535789191, 0.9999568287525893]),
         // statrs's capped continued fraction: ~1e-9 relative error at n = 1e6.
-        (
-            299_500,
-            1_000_000,
-            0.3,
-            [0.27571383835807006, 0.13785089222411243, 0.8626293017097364],
-        ),
+        (299_500, 1_000_000, 0.3, [0.27571383835807006, 0.13785089222411243, 0.8626293017097364]),
     ];
     for (k, n, p0, expected) in cases {
         let tol = if n >= 1_000_000 { 1e-8 } else { 1e-10 };
-        for (alt, want) in [
-            Alternative::TwoSided,
-            Alternative::Less,
-            Alternative::Greater,
-        ]
-        .into_iter()
-        .zip(expected)
-        {
+        for (alt, want) in [Alternative::TwoSided, Alternative::Less, Alternative::Greater].into_iter().zip(expected) {
             let r = binomial_test(k, n, p0, alt).unwrap();
             assert!(!r.impossible_outcome);
             close(r.p_value.value, want, tol);
@@ -281,20 +200,12 @@ fn binomial_extreme_tails_stay_positive() {
     let r = binomial_test(0, 10_000, 0.5, Alternative::TwoSided).unwrap();
     assert_eq!(r.p_value.value, f64::MIN_POSITIVE);
     assert!(r.p_value.floored);
-    assert!(
-        (r.p_value.log10 - -3009.99892664415).abs() < 1e-6,
-        "{}",
-        r.p_value.log10
-    );
+    assert!((r.p_value.log10 - -3009.99892664415).abs() < 1e-6, "{}", r.p_value.log10);
     // scipy.stats.binomtest(0, 3000, 0.3, alternative="less").pvalue -> 0.0;
     // exact: 3000 * mpmath.log10(mpmath.mpf("0.7")) -> -464.70587995723
     let r = binomial_test(0, 3000, 0.3, Alternative::Less).unwrap();
     assert!(r.p_value.value > 0.0);
-    assert!(
-        (r.p_value.log10 - -464.70587995723).abs() < 1e-6,
-        "{}",
-        r.p_value.log10
-    );
+    assert!((r.p_value.log10 - -464.70587995723).abs() < 1e-6, "{}", r.p_value.log10);
 }
 
 #[test]
@@ -317,48 +228,14 @@ fn proportion_intervals_match_scipy() {
     // m = "wilson" and m = "exact" (Clopper-Pearson): (k, n, cl, wilson, exact)
     type Case = (u64, u64, f64, [f64; 2], [f64; 2]);
     let cases: [Case; 5] = [
-        (
-            7,
-            20,
-            0.95,
-            [0.1811918241010821, 0.5671457233147637],
-            [0.1539092047845412, 0.5921885345328283],
-        ),
-        (
-            0,
-            20,
-            0.95,
-            [0.0, 0.16112515805281935],
-            [0.0, 0.16843347098308548],
-        ),
-        (
-            20,
-            20,
-            0.95,
-            [0.8388748419471808, 1.0],
-            [0.8315665290169145, 1.0],
-        ),
-        (
-            1,
-            1000,
-            0.99,
-            [0.00011741635361832165, 0.008460566219981695],
-            [5.0125292607668415e-06, 0.007406286938353162],
-        ),
-        (
-            500,
-            1000,
-            0.9,
-            [0.4740276914784201, 0.5259723085215798],
-            [0.473517731235899, 0.5264822687641009],
-        ),
+        (7, 20, 0.95, [0.1811918241010821, 0.5671457233147637], [0.1539092047845412, 0.5921885345328283]),
+        (0, 20, 0.95, [0.0, 0.16112515805281935], [0.0, 0.16843347098308548]),
+        (20, 20, 0.95, [0.8388748419471808, 1.0], [0.8315665290169145, 1.0]),
+        (1, 1000, 0.99, [0.00011741635361832165, 0.008460566219981695], [5.0125292607668415e-06, 0.007406286938353162]),
+        (500, 1000, 0.9, [0.4740276914784201, 0.5259723085215798], [0.473517731235899, 0.5264822687641009]),
     ];
     let near = |a: f64, b: f64| {
-        if b == 0.0 {
-            assert!(a.abs() < 1e-15, "{a} vs 0")
-        } else {
-            close(a, b, 1e-9)
-        }
+        if b == 0.0 { assert!(a.abs() < 1e-15, "{a} vs 0") } else { close(a, b, 1e-9) }
     };
     for (k, n, cl, w, e) in cases {
         let alpha = 1.0 - cl;
@@ -404,30 +281,16 @@ fn noncentral_chi_squared_matches_scipy() {
         (20.0, 5.0, 12.8, 0.6521145962986875, 0.3478854037013125),
         (0.5, 1.0, 0.1, 0.49898181968631766, 0.5010181803136823),
         (100.0, 10.0, 50.0, 0.9917074559129733, 0.008292544087026642),
-        (
-            1000.0,
-            50.0,
-            800.0,
-            0.9941272635741245,
-            0.005872736425876262,
-        ),
+        (1000.0, 50.0, 800.0, 0.9941272635741245, 0.005872736425876262),
     ];
     for (x, df, nc, cdf, sf) in cases {
         close(noncentral_chi_squared_cdf(x, df, nc).unwrap(), cdf, 1e-9);
         close(noncentral_chi_squared_sf(x, df, nc).unwrap(), sf, 1e-9);
     }
     // scipy.stats.ncx2.sf(200, 4, 10) -> 2.2611866690046293e-27 (sf summed directly, not 1 - cdf)
-    close(
-        noncentral_chi_squared_sf(200.0, 4.0, 10.0).unwrap(),
-        2.2611866690046293e-27,
-        1e-8,
-    );
+    close(noncentral_chi_squared_sf(200.0, 4.0, 10.0).unwrap(), 2.2611866690046293e-27, 1e-8);
     // lambda = 0 is central: scipy.stats.chi2.sf(11.070497693516351, 5) -> 0.05000000000000007
-    close(
-        noncentral_chi_squared_sf(11.070497693516351, 5.0, 0.0).unwrap(),
-        0.05,
-        1e-12,
-    );
+    close(noncentral_chi_squared_sf(11.070497693516351, 5.0, 0.0).unwrap(), 0.05, 1e-12);
 }
 
 #[test]
@@ -442,31 +305,15 @@ fn power_and_sample_size_match_scipy() {
         (6, 0.1, 0.05 / 20.0, 0.2, 21.896062832743816, 548),
     ];
     for (m, delta, alpha, beta, lam, n) in cases {
-        close(
-            noncentrality_for_power(m as u64 - 1, alpha, beta).unwrap(),
-            lam,
-            1e-9,
-        );
-        assert_eq!(
-            min_samples(m, delta, alpha, beta).unwrap(),
-            n,
-            "m={m} delta={delta}"
-        );
+        close(noncentrality_for_power(m as u64 - 1, alpha, beta).unwrap(), lam, 1e-9);
+        assert_eq!(min_samples(m, delta, alpha, beta).unwrap(), n, "m={m} delta={delta}");
     }
     // sqrt(lam* / (4 n)): (m, n, alpha, beta, delta)
-    for (m, n, alpha, beta, delta) in [
-        (6, 321, 0.05, 0.2, 0.09995172733747851),
-        (2, 10000, 0.01, 0.2, 0.017087252667244923),
-        (50, 100000, 1e-4, 0.05, 0.013885067525558233),
-    ] {
+    for (m, n, alpha, beta, delta) in [(6, 321, 0.05, 0.2, 0.09995172733747851), (2, 10000, 0.01, 0.2, 0.017087252667244923), (50, 100000, 1e-4, 0.05, 0.013885067525558233)] {
         close(detectable_delta(m, n, alpha, beta).unwrap(), delta, 1e-9);
     }
     // scipy.stats.ncx2.sf(chi2.isf(a, m-1), m-1, 4*n*d*d): (m, n, delta, alpha, power)
-    for (m, n, d, a, power) in [
-        (6, 321, 0.1, 0.05, 0.8004433355626149),
-        (6, 100, 0.1, 0.05, 0.29175638956773375),
-        (3, 1000, 0.05, 0.01, 0.6147822057650297),
-    ] {
+    for (m, n, d, a, power) in [(6, 321, 0.1, 0.05, 0.8004433355626149), (6, 100, 0.1, 0.05, 0.29175638956773375), (3, 1000, 0.05, 0.01, 0.6147822057650297)] {
         close(gof_power(m, n, d, a).unwrap(), power, 1e-9);
     }
 }
@@ -483,12 +330,7 @@ fn holm_step_down() {
     let alphas: Vec<f64> = d.iter().map(|x| x.alpha).collect();
     assert_eq!(alphas, [0.05 / 3.0, 0.05, 0.025, 0.0125]);
     // First fails (0.02 > 0.05/3), so nothing is rejected, not even 0.04 <= 0.05.
-    assert!(
-        holm(&[0.02, 0.021, 0.04], 0.05)
-            .unwrap()
-            .iter()
-            .all(|x| !x.rejected)
-    );
+    assert!(holm(&[0.02, 0.021, 0.04], 0.05).unwrap().iter().all(|x| !x.rejected));
     // Ties are ranked by input index; equality with the threshold rejects.
     let d = holm(&[0.025, 0.025], 0.05).unwrap();
     assert_eq!((d[0].rank, d[1].rank), (0, 1));

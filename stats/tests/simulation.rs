@@ -21,10 +21,7 @@ fn draw(rng: &mut Pcg64, cumulative: &[f64], n: u64, counts: &mut [u64]) {
     counts.iter_mut().for_each(|c| *c = 0);
     for _ in 0..n {
         let u: f64 = rng.random();
-        let cell = cumulative
-            .iter()
-            .position(|&c| u < c)
-            .unwrap_or(cumulative.len() - 1);
+        let cell = cumulative.iter().position(|&c| u < c).unwrap_or(cumulative.len() - 1);
         counts[cell] += 1;
     }
 }
@@ -67,11 +64,7 @@ fn worst_case_power_and_size_hold_by_simulation() {
     // Cauchy–Schwarz-tight: p1 - p0 = 2 delta p0 s with s = ±1 on the two halves,
     // so w² = 4 delta² exactly — the alternative the bound is built on.
     let signs = [1.0, -1.0, 1.0, -1.0, -1.0, -1.0];
-    let tight: Vec<f64> = P0
-        .iter()
-        .zip(signs)
-        .map(|(p, s)| p * (1.0 + 2.0 * DELTA * s))
-        .collect();
+    let tight: Vec<f64> = P0.iter().zip(signs).map(|(p, s)| p * (1.0 + 2.0 * DELTA * s)).collect();
     for alt in [&shifted[..], &tight[..]] {
         assert!((alt.iter().sum::<f64>() - 1.0).abs() < 1e-12);
         assert!((tv(alt, &P0) - DELTA).abs() < 1e-12);
@@ -87,14 +80,7 @@ fn worst_case_power_and_size_hold_by_simulation() {
          size = {size:.4} over {EXPERIMENTS} experiments each"
     );
     for power in [power_shifted, power_tight] {
-        assert!(
-            power >= 1.0 - BETA - power_margin,
-            "power {power} < {} - {power_margin}",
-            1.0 - BETA
-        );
+        assert!(power >= 1.0 - BETA - power_margin, "power {power} < {} - {power_margin}", 1.0 - BETA);
     }
-    assert!(
-        size <= ALPHA + size_margin,
-        "size {size} > {ALPHA} + {size_margin}"
-    );
+    assert!(size <= ALPHA + size_margin, "size {size} > {ALPHA} + {size_margin}");
 }

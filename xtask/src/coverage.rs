@@ -41,11 +41,7 @@ impl Coverage {
         for (id, files) in &self.undefined {
             problems.push(format!("{id} is not defined in spec/SPEC.md but is named in {files:?}"));
         }
-        if problems.is_empty() {
-            Ok(format!("{} spec rules, each implemented and tested", self.defined.len()))
-        } else {
-            Err(problems.join("\n"))
-        }
+        if problems.is_empty() { Ok(format!("{} spec rules, each implemented and tested", self.defined.len())) } else { Err(problems.join("\n")) }
     }
 }
 
@@ -83,12 +79,7 @@ fn rule_ids(text: &str) -> Vec<String> {
 
 /// Rules defined in the spec text: `**AREA-N**` opening a paragraph.
 pub fn defined_rules(spec: &str) -> BTreeSet<String> {
-    spec.lines()
-        .filter_map(|l| l.strip_prefix("**"))
-        .filter_map(|l| l.split_once("**"))
-        .map(|(id, _)| id.to_string())
-        .filter(|id| rule_ids(id).len() == 1)
-        .collect()
+    spec.lines().filter_map(|l| l.strip_prefix("**")).filter_map(|l| l.split_once("**")).map(|(id, _)| id.to_string()).filter(|id| rule_ids(id).len() == 1).collect()
 }
 
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) {

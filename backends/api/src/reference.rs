@@ -10,8 +10,7 @@ use specdec_reference::{DrawNoise, Tensor};
 
 use crate::glue;
 use crate::{
-    Backend, BackendError, Comparator, DflashAccepted, DrawMethod, DrawNoiseArg, LogitsParams, NgramConfig,
-    Precision, RejectionArgs, RejectionNoise, Result, SamplingParams, TrimMode, Verified,
+    Backend, BackendError, Comparator, DflashAccepted, DrawMethod, DrawNoiseArg, LogitsParams, NgramConfig, Precision, RejectionArgs, RejectionNoise, Result, SamplingParams, TrimMode, Verified,
 };
 
 /// A host tensor of either dtype.
@@ -84,10 +83,12 @@ pub fn seeded_noise(seed: u64, batch: usize, k: usize, vocab: usize, method: Dra
         DrawMethod::ExponentialRace => {
             // -ln(1 - u) is Exp(1); u = 0 would give 0, which SAMPLE-2 forbids.
             let e = (0..batch * (k + 1) * vocab)
-                .map(|_| loop {
-                    let u: f64 = rng.random();
-                    if u > 0.0 {
-                        break -(-u).ln_1p();
+                .map(|_| {
+                    loop {
+                        let u: f64 = rng.random();
+                        if u > 0.0 {
+                            break -(-u).ln_1p();
+                        }
                     }
                 })
                 .collect();

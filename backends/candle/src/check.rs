@@ -52,11 +52,7 @@ pub fn draft_masks(drafts: &Tensor, lens: &Tensor, vocab: usize) -> Result<Vec<T
     let k = drafts.dim(1)?;
     let len_ok = and(&lens.ge(0i64)?, &lens.le(k as i64)?)?;
     let active = active_slots(k, lens)?;
-    Ok(vec![
-        not(&len_ok)?,
-        and(&active, &bad_id(drafts, vocab)?)?,
-        and(&not(&active)?, &drafts.ne(PAD)?)?,
-    ])
+    Ok(vec![not(&len_ok)?, and(&active, &bad_id(drafts, vocab)?)?, and(&not(&active)?, &drafts.ne(PAD)?)?])
 }
 
 /// GREEDY-1: the draft batch and the readable score rows `j <= len_b`.
@@ -91,12 +87,7 @@ pub fn weight_masks(w: &Tensor) -> Result<Vec<Tensor>> {
 
 /// LOGITS-1 parameters and CONV-8 score rows.
 pub fn logits_masks(z: &Tensor, t: &Tensor, k: &Tensor, p: &Tensor) -> Result<Vec<Tensor>> {
-    Ok(vec![
-        or(&non_finite(t)?, &t.lt(0.0)?)?,
-        k.lt(0i64)?,
-        not(&and(&p.gt(0.0)?, &p.le(1.0)?)?)?,
-        bad_score_rows(z)?,
-    ])
+    Ok(vec![or(&non_finite(t)?, &t.lt(0.0)?)?, k.lt(0i64)?, not(&and(&p.gt(0.0)?, &p.le(1.0)?)?)?, bad_score_rows(z)?])
 }
 
 /// NGRAM-4/5/7: lengths in `[1, L]`, valid ids before, PAD after, and no
@@ -104,11 +95,7 @@ pub fn logits_masks(z: &Tensor, t: &Tensor, k: &Tensor, p: &Tensor) -> Result<Ve
 pub fn ngram_masks(ctx: &Tensor, lens: &Tensor, vocab: usize, cfg: &NgramConfig) -> Result<Vec<Tensor>> {
     let width = ctx.dim(1)?;
     let active = active_slots(width, lens)?;
-    let mut masks = vec![
-        not(&and(&lens.ge(1i64)?, &lens.le(width as i64)?)?)?,
-        and(&active, &bad_id(ctx, vocab)?)?,
-        and(&not(&active)?, &ctx.ne(PAD)?)?,
-    ];
+    let mut masks = vec![not(&and(&lens.ge(1i64)?, &lens.le(width as i64)?)?)?, and(&active, &bad_id(ctx, vocab)?)?, and(&not(&active)?, &ctx.ne(PAD)?)?];
     if let Some(max) = cfg.max_model_len {
         masks.push(lens.gt(max as i64)?);
     }
@@ -137,9 +124,5 @@ pub fn paged_masks(pages: &Tensor, table: &Tensor, lens: &Tensor) -> Result<Vec<
     // huge length cannot overflow (it is flagged by the first mask anyway).
     let clamped = lens.clamp(0i64, (slots * page) as i64)?;
     let needed = clamped.broadcast_add(&scalar(page as i64 - 1, dev)?)?.broadcast_div(&scalar(page as i64, dev)?)?;
-    Ok(vec![
-        not(&and(&lens.ge(1i64)?, &lens.le((slots * page) as i64)?)?)?,
-        and(&active_slots(slots, &needed)?, &bad_id(table, num_pages)?)?,
-        non_finite(pages)?,
-    ])
+    Ok(vec![not(&and(&lens.ge(1i64)?, &lens.le((slots * page) as i64)?)?)?, and(&active_slots(slots, &needed)?, &bad_id(table, num_pages)?)?, non_finite(pages)?])
 }

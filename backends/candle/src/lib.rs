@@ -50,8 +50,8 @@ pub use model::{CandleModel, CandleModelCache};
 
 use candle_core::{DType, Device, Tensor};
 use specdec_backend::{
-    Backend, BackendError, Comparator, DflashAccepted, DrawMethod, DrawNoiseArg, HostTensor, LogitsParams,
-    NgramConfig, Precision, RefTensor, ReferenceBackend, RejectionArgs, RejectionNoise, Result, TrimMode, Verified,
+    Backend, BackendError, Comparator, DflashAccepted, DrawMethod, DrawNoiseArg, HostTensor, LogitsParams, NgramConfig, Precision, RefTensor, ReferenceBackend, RejectionArgs, RejectionNoise, Result,
+    TrimMode, Verified,
 };
 use specdec_reference::kvcache::BatchKvCache;
 
@@ -59,8 +59,7 @@ use crate::kernels::{any_of, read_flags};
 use crate::verify::{Draw, RejectInputs};
 
 /// See the crate documentation for the numbers.
-const PRECISION: Precision =
-    Precision { float_dtype: "f32", accumulate_dtype: "f64", margin_epsilon: 1e-6, value_tolerance: 1e-5 };
+const PRECISION: Precision = Precision { float_dtype: "f32", accumulate_dtype: "f64", margin_epsilon: 1e-6, value_tolerance: 1e-5 };
 
 /// specdec on a candle device.
 #[derive(Debug, Clone)]
@@ -97,9 +96,7 @@ impl CandleBackend {
             return Err("built without the `cuda` feature".to_string());
         }
         // A driver that fails inside cudarc must read as "no GPU", not abort the caller.
-        let device = std::panic::catch_unwind(|| Device::new_cuda(ordinal))
-            .map_err(|_| format!("opening CUDA device {ordinal} panicked"))?
-            .map_err(|e| format!("no CUDA device {ordinal}: {e}"))?;
+        let device = std::panic::catch_unwind(|| Device::new_cuda(ordinal)).map_err(|_| format!("opening CUDA device {ordinal} panicked"))?.map_err(|e| format!("no CUDA device {ordinal}: {e}"))?;
         Ok(CandleBackend { device, name: "candle-cuda" })
     }
 
@@ -386,7 +383,13 @@ impl Backend for CandleBackend {
             DrawNoiseArg::ExponentialRace(e) => (self.float(e, "draw_exponentials")?, false),
         };
         let dims_ok = match *w.dims() {
-            [r, v] if r >= 1 && v >= 1 => if uniform { n.dims() == [r] } else { n.dims() == [r, v] },
+            [r, v] if r >= 1 && v >= 1 => {
+                if uniform {
+                    n.dims() == [r]
+                } else {
+                    n.dims() == [r, v]
+                }
+            }
             _ => false,
         };
         let masks = || {
@@ -470,8 +473,7 @@ impl Backend for CandleBackend {
 
     fn paged_gather(&self, pages: &Tensor, table: &Tensor, lens: &Tensor) -> Result<Tensor> {
         let (p, t, l) = (self.float(pages, "pages")?, self.int(table, "block_table")?, self.int(lens, "context_lens")?);
-        let dims_ok = matches!(*p.dims(), [_, s, h, d] if s >= 1 && h >= 1 && d >= 1)
-            && matches!(*t.dims(), [b, m] if b >= 1 && m >= 1 && l.dims() == [b]);
+        let dims_ok = matches!(*p.dims(), [_, s, h, d] if s >= 1 && h >= 1 && d >= 1) && matches!(*t.dims(), [b, m] if b >= 1 && m >= 1 && l.dims() == [b]);
         if !dims_ok || self.invalid(check::paged_masks(&p, &t, &l))? {
             return self.defect(ReferenceBackend.paged_gather(&self.host(&p)?, &self.host(&t)?, &self.host(&l)?));
         }

@@ -34,8 +34,8 @@
 //!   [`CandleBackend::model_precision`].
 
 use candle_core::{D, DType, Device, Tensor};
-use specdec_backend::model::{ForwardOutput, ForwardRequest, LlamaConfig, LlamaWeights, LogitRows, ModelBackend, ModelPrecision, check_cache_index};
 use specdec_backend::Result;
+use specdec_backend::model::{ForwardOutput, ForwardRequest, LlamaConfig, LlamaWeights, LogitRows, ModelBackend, ModelPrecision, check_cache_index};
 use specdec_models::ModelError;
 use specdec_models::forward::{self, ForwardPlan, SeqRows};
 use specdec_models::weights::Matrix;

@@ -67,12 +67,7 @@ impl DrawNoise {
 
 /// Accept uniforms `[B, k]` and draw noise (`[B, k+1]` uniforms or
 /// `[B, k+1, V]` exponentials) for one seeded verify.
-pub fn rejection_noise(
-    dev: &Device,
-    seed_value: u64,
-    (batch, k, vocab): (usize, usize, usize),
-    method: specdec_backend::DrawMethod,
-) -> Result<(Tensor, DrawNoise)> {
+pub fn rejection_noise(dev: &Device, seed_value: u64, (batch, k, vocab): (usize, usize, usize), method: specdec_backend::DrawMethod) -> Result<(Tensor, DrawNoise)> {
     if dev.is_cpu() {
         return host_noise(dev, seed_value, (batch, k, vocab), method);
     }
@@ -87,12 +82,7 @@ pub fn rejection_noise(
 
 /// CPU noise from PCG64 seeded with `seed`: f32 uniforms in [0, 1), and
 /// Exp(1) values from f64 uniforms through the same transform as on CUDA.
-fn host_noise(
-    dev: &Device,
-    seed_value: u64,
-    (batch, k, vocab): (usize, usize, usize),
-    method: specdec_backend::DrawMethod,
-) -> Result<(Tensor, DrawNoise)> {
+fn host_noise(dev: &Device, seed_value: u64, (batch, k, vocab): (usize, usize, usize), method: specdec_backend::DrawMethod) -> Result<(Tensor, DrawNoise)> {
     let mut rng = Pcg64::seed_from_u64(seed_value);
     let mut uniform = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random::<f32>()).collect() };
     let accept = Tensor::from_vec(uniform(batch * k), (batch, k), dev)?;

@@ -3,10 +3,7 @@
 
 use candle_core::{D, DType, Result, Tensor};
 
-use crate::kernels::{
-    and, argmax_lowest, exclusive_scan, first_true, gather_last, ids, inclusive_scan, last_true, not, or, scalar,
-    select,
-};
+use crate::kernels::{and, argmax_lowest, exclusive_scan, first_true, gather_last, ids, inclusive_scan, last_true, not, or, scalar, select};
 use crate::verify::residual_weights;
 
 /// SAMPLE-1 row-wise: `w [R, V]` (any float dtype), `v [R]` -> `[R]` i64,

@@ -7,9 +7,7 @@
 use candle_core::{D, DType, Result, Tensor};
 use specdec_backend::Comparator;
 
-use crate::kernels::{
-    PAD, and, argmax_lowest, first_false, gather_last, ids, row_select, scalar, select,
-};
+use crate::kernels::{PAD, and, argmax_lowest, first_false, gather_last, ids, row_select, scalar, select};
 use crate::sampling::{inverse_cdf, race};
 
 /// Draw noise of a verify, already validated.

@@ -27,8 +27,8 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use specdec_backend::model::{ForwardOutput, ForwardRequest, LlamaWeights, ModelPrecision};
 use specdec_backend::{
-    Backend, BackendError, Comparator, DflashAccepted, DrawMethod, DrawNoiseArg, LogitsParams, ModelBackend, NgramConfig, Op,
-    Precision, RefTensor, RejectionArgs, RejectionNoise, Result, TrimMode, Verified,
+    Backend, BackendError, Comparator, DflashAccepted, DrawMethod, DrawNoiseArg, LogitsParams, ModelBackend, NgramConfig, Op, Precision, RefTensor, RejectionArgs, RejectionNoise, Result, TrimMode,
+    Verified,
 };
 
 pub use protocol::{ExecError, Handshake, PROTOCOL};
@@ -227,12 +227,7 @@ fn noise_input(n: DrawNoiseArg<'_, RefTensor>) -> (&'static str, &RefTensor) {
 }
 
 fn rejection_inputs<'a>(args: &RejectionArgs<'a, RefTensor>) -> Vec<(&'a str, Option<&'a RefTensor>)> {
-    vec![
-        ("target_probs", Some(args.target_probs)),
-        ("draft_probs", args.draft_probs),
-        ("draft_tokens", Some(args.draft_tokens)),
-        ("proposal_lens", Some(args.proposal_lens)),
-    ]
+    vec![("target_probs", Some(args.target_probs)), ("draft_probs", args.draft_probs), ("draft_tokens", Some(args.draft_tokens)), ("proposal_lens", Some(args.proposal_lens))]
 }
 
 fn to_json<T: serde::Serialize>(v: &T) -> Value {
@@ -313,9 +308,10 @@ impl Backend for ExecBackend {
     fn kv_new(&self, batch: usize, heads: usize, head_dim: usize, capacity: usize) -> Result<ExecKvCache> {
         let params = json!({"batch": batch, "heads": heads, "head_dim": head_dim, "capacity": capacity});
         let (out, generation) = self.call(Op::KvCache, "kv_new", Map::new(), params, None)?;
-        let handle = out.get("cache").and_then(Value::as_i64).ok_or_else(|| {
-            self.fail(ExecError::Malformed { op: "kv_new".into(), field: "outputs.cache".into(), reason: "must be an integer handle".into() })
-        })?;
+        let handle = out
+            .get("cache")
+            .and_then(Value::as_i64)
+            .ok_or_else(|| self.fail(ExecError::Malformed { op: "kv_new".into(), field: "outputs.cache".into(), reason: "must be an integer handle".into() }))?;
         Ok(ExecKvCache { handle, generation })
     }
 

@@ -127,11 +127,7 @@ pub fn encode_tensor(t: &RefTensor) -> Value {
             json!({"shape": t.shape(), "dtype": "f64", "data": data})
         }
         RefTensor::I64(t) => {
-            let data = if t.len() <= INLINE_MAX {
-                json!(t.data())
-            } else {
-                Value::String(b64_encode(&t.data().iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()))
-            };
+            let data = if t.len() <= INLINE_MAX { json!(t.data()) } else { Value::String(b64_encode(&t.data().iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())) };
             json!({"shape": t.shape(), "dtype": "i64", "data": data})
         }
     }
@@ -148,11 +144,7 @@ fn shape_of(v: &Value, field: &str) -> FieldResult<Vec<usize>> {
     let arr = v.as_array().ok_or_else(|| FieldError::new(format!("{field}.shape"), "must be an array of non-negative integers"))?;
     arr.iter()
         .enumerate()
-        .map(|(i, d)| {
-            d.as_u64()
-                .and_then(|d| usize::try_from(d).ok())
-                .ok_or_else(|| FieldError::new(format!("{field}.shape[{i}]"), format!("{d} is not a non-negative integer")))
-        })
+        .map(|(i, d)| d.as_u64().and_then(|d| usize::try_from(d).ok()).ok_or_else(|| FieldError::new(format!("{field}.shape[{i}]"), format!("{d} is not a non-negative integer"))))
         .collect()
 }
 
@@ -178,21 +170,14 @@ fn plain_int(v: &Value, field: &str, i: usize) -> FieldResult<i64> {
 pub fn decode_tensor(v: &Value, field: &str, want: Want) -> FieldResult<RefTensor> {
     let obj = v.as_object().ok_or_else(|| FieldError::new(field, "must be an object {shape, dtype, data}"))?;
     let shape = shape_of(obj.get("shape").ok_or_else(|| FieldError::new(format!("{field}.shape"), "is missing"))?, field)?;
-    let dtype = obj
-        .get("dtype")
-        .ok_or_else(|| FieldError::new(format!("{field}.dtype"), "is missing"))?
-        .as_str()
-        .ok_or_else(|| FieldError::new(format!("{field}.dtype"), "must be a string"))?;
+    let dtype = obj.get("dtype").ok_or_else(|| FieldError::new(format!("{field}.dtype"), "is missing"))?.as_str().ok_or_else(|| FieldError::new(format!("{field}.dtype"), "must be a string"))?;
     let width = match (want, dtype) {
         (Want::Float, "f64") | (Want::Int, "i64") => 8,
         (Want::Float, "f32") | (Want::Int, "i32") => 4,
         (Want::Float, other) => return Err(FieldError::new(format!("{field}.dtype"), format!("{other:?}: a float tensor (f64 or f32) is required"))),
         (Want::Int, other) => return Err(FieldError::new(format!("{field}.dtype"), format!("{other:?}: an id tensor (i64 or i32) is required"))),
     };
-    let n = shape
-        .iter()
-        .try_fold(1usize, |n, &d| n.checked_mul(d))
-        .ok_or_else(|| FieldError::new(format!("{field}.shape"), "the element count overflows"))?;
+    let n = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| FieldError::new(format!("{field}.shape"), "the element count overflows"))?;
     let data = obj.get("data").ok_or_else(|| FieldError::new(format!("{field}.data"), "is missing"))?;
     let count_error = |len: usize| FieldError::new(format!("{field}.data"), format!("{len} values cannot fill shape {shape:?}"));
     let out = match data {
@@ -201,7 +186,9 @@ pub fn decode_tensor(v: &Value, field: &str, want: Want) -> FieldResult<RefTenso
                 return Err(count_error(items.len()));
             }
             match want {
-                Want::Float => RefTensor::F64(HostTensor::new(shape.clone(), items.iter().enumerate().map(|(i, x)| plain_float(x, field, i)).collect::<FieldResult<_>>()?).map_err(|_| count_error(n))?),
+                Want::Float => {
+                    RefTensor::F64(HostTensor::new(shape.clone(), items.iter().enumerate().map(|(i, x)| plain_float(x, field, i)).collect::<FieldResult<_>>()?).map_err(|_| count_error(n))?)
+                }
                 Want::Int => RefTensor::I64(HostTensor::new(shape.clone(), items.iter().enumerate().map(|(i, x)| plain_int(x, field, i)).collect::<FieldResult<_>>()?).map_err(|_| count_error(n))?),
             }
         }
@@ -239,19 +226,11 @@ pub struct Handshake {
 }
 
 fn field_str(obj: &Map<String, Value>, key: &str, path: &str) -> FieldResult<String> {
-    obj.get(key)
-        .ok_or_else(|| FieldError::new(format!("{path}{key}"), "is missing"))?
-        .as_str()
-        .map(str::to_string)
-        .ok_or_else(|| FieldError::new(format!("{path}{key}"), "must be a string"))
+    obj.get(key).ok_or_else(|| FieldError::new(format!("{path}{key}"), "is missing"))?.as_str().map(str::to_string).ok_or_else(|| FieldError::new(format!("{path}{key}"), "must be a string"))
 }
 
 fn field_tolerance(obj: &Map<String, Value>, key: &str) -> FieldResult<f64> {
-    let v = obj
-        .get(key)
-        .ok_or_else(|| FieldError::new(format!("precision.{key}"), "is missing"))?
-        .as_f64()
-        .ok_or_else(|| FieldError::new(format!("precision.{key}"), "must be a number"))?;
+    let v = obj.get(key).ok_or_else(|| FieldError::new(format!("precision.{key}"), "is missing"))?.as_f64().ok_or_else(|| FieldError::new(format!("precision.{key}"), "must be a number"))?;
     if v.is_finite() && v >= 0.0 { Ok(v) } else { Err(FieldError::new(format!("precision.{key}"), format!("{v} must be finite and >= 0"))) }
 }
 
@@ -261,11 +240,7 @@ pub fn parse_handshake(reply: &Map<String, Value>) -> FieldResult<Handshake> {
     if protocol != PROTOCOL {
         return Err(FieldError::new("protocol", format!("{protocol:?}; this host speaks {PROTOCOL:?}")));
     }
-    let ops = reply
-        .get("ops")
-        .ok_or_else(|| FieldError::new("ops", "is missing"))?
-        .as_array()
-        .ok_or_else(|| FieldError::new("ops", "must be an array of operation names"))?;
+    let ops = reply.get("ops").ok_or_else(|| FieldError::new("ops", "is missing"))?.as_array().ok_or_else(|| FieldError::new("ops", "must be an array of operation names"))?;
     let mut names = Vec::with_capacity(ops.len());
     for (i, op) in ops.iter().enumerate() {
         let name = op.as_str().ok_or_else(|| FieldError::new(format!("ops[{i}]"), "must be a string"))?;
@@ -274,11 +249,7 @@ pub fn parse_handshake(reply: &Map<String, Value>) -> FieldResult<Handshake> {
         }
         names.push(name.to_string());
     }
-    let p = reply
-        .get("precision")
-        .ok_or_else(|| FieldError::new("precision", "is missing"))?
-        .as_object()
-        .ok_or_else(|| FieldError::new("precision", "must be an object"))?;
+    let p = reply.get("precision").ok_or_else(|| FieldError::new("precision", "is missing"))?.as_object().ok_or_else(|| FieldError::new("precision", "must be an object"))?;
     Ok(Handshake {
         name: field_str(reply, "name", "")?,
         device: field_str(reply, "device", "")?,
@@ -312,12 +283,7 @@ pub fn intern(s: &str) -> &'static str {
 
 impl Handshake {
     pub fn precision(&self) -> Precision {
-        Precision {
-            float_dtype: intern(&self.float_dtype),
-            accumulate_dtype: intern(&self.accumulate_dtype),
-            margin_epsilon: self.margin_epsilon,
-            value_tolerance: self.value_tolerance,
-        }
+        Precision { float_dtype: intern(&self.float_dtype), accumulate_dtype: intern(&self.accumulate_dtype), margin_epsilon: self.margin_epsilon, value_tolerance: self.value_tolerance }
     }
 }
 
@@ -379,8 +345,7 @@ pub fn parse_error(v: &Value) -> FieldResult<ReplyError> {
         "Device" => return Ok(ReplyError::Device(message)),
         _ => {}
     }
-    let kind: ErrorKind = serde_json::from_value(Value::String(kind.clone()))
-        .map_err(|_| FieldError::new("error.kind", format!("{kind:?} is not a spec error kind, NotSupported or Device")))?;
+    let kind: ErrorKind = serde_json::from_value(Value::String(kind.clone())).map_err(|_| FieldError::new("error.kind", format!("{kind:?} is not a spec error kind, NotSupported or Device")))?;
     let arg = || -> FieldResult<&'static str> { Ok(intern(&field_str(obj, "arg", "error.")?)) };
     let index = index_field(obj)?;
     use SpecError as E;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use specdec_backend::{Backend, BackendError, HostTensor, RefTensor};
 use specdec_conformance::suite::{self, Status, SuiteConfig};
-use specdec_exec::protocol::{Want, b64_decode, b64_encode, decode_tensor, encode_tensor, parse_error, ReplyError};
+use specdec_exec::protocol::{ReplyError, Want, b64_decode, b64_encode, decode_tensor, encode_tensor, parse_error};
 use specdec_exec::{ExecBackend, ExecError};
 
 const FAKE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fake_adapter.py");

@@ -14,9 +14,9 @@
 use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn, Zip, concatenate};
 use specdec_backend::{Backend, PAD, RefTensor, ReferenceBackend, Result};
 
+use crate::NdarrayBackend;
 use crate::check::name_defect;
 use crate::tensor::{NdTensor, device};
-use crate::NdarrayBackend;
 
 /// The elementwise i64 operation of GLUE-4.
 #[derive(Clone, Copy)]

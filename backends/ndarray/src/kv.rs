@@ -71,8 +71,7 @@ impl NdKvCache {
         let Some(k) = d4(keys) else { return false };
         let t = k.dim().2;
         let shapes = k.dim() == (batch, heads, t, dim) && values.shape() == keys.shape();
-        let counts_ok = lens_in(counts, batch, 0, t)
-            .is_some_and(|c| Zip::from(&c).and(&self.lens).all(|&c, &len| len + c <= capacity));
+        let counts_ok = lens_in(counts, batch, 0, t).is_some_and(|c| Zip::from(&c).and(&self.lens).all(|&c, &len| len + c <= capacity));
         shapes && counts_ok && all_finite(keys) && all_finite(values)
     }
 
@@ -99,10 +98,7 @@ impl NdKvCache {
         let (batch, heads, capacity, _) = self.keys.dim();
         let pos = arange(capacity);
         let grid = pos.broadcast((batch, capacity)).expect("a row broadcasts to any number of rows");
-        let offset = Zip::from(grid)
-            .and_broadcast(self.lens.view().insert_axis(Axis(1)))
-            .and_broadcast(counts.insert_axis(Axis(1)))
-            .map_collect(|&p, &len, &c| p.checked_sub(len).filter(|&o| o < c));
+        let offset = Zip::from(grid).and_broadcast(self.lens.view().insert_axis(Axis(1))).and_broadcast(counts.insert_axis(Axis(1))).map_collect(|&p, &len, &c| p.checked_sub(len).filter(|&o| o < c));
         Array3::from_shape_fn((batch, heads, capacity), |(b, h, p)| offset[[b, p]].map(|o| (b * heads + h) * t + o))
     }
 
@@ -134,9 +130,7 @@ impl NdKvCache {
         let live = below(self.lens.view(), longest);
         let live = live.view().insert_axis(Axis(1));
         let live = live.insert_axis(Axis(3));
-        let take = |store: &Array4<f64>| {
-            Zip::from(store.slice(s![.., .., ..longest, ..])).and_broadcast(live).map_collect(|&x, &l| if l { x } else { 0.0 })
-        };
+        let take = |store: &Array4<f64>| Zip::from(store.slice(s![.., .., ..longest, ..])).and_broadcast(live).map_collect(|&x, &l| if l { x } else { 0.0 });
         (take(&self.keys), take(&self.values))
     }
 }
@@ -148,14 +142,11 @@ fn write(store: &mut Array4<f64>, new: ArrayView4<'_, f64>, src: &Array3<Option<
     let rows = new.to_shape((b * h * t, d)).expect("same element count");
     let index: Vec<usize> = src.iter().map(|s| s.unwrap_or(0)).collect();
     let gathered = rows.select(Axis(0), &index).into_shape_with_order((b, h, capacity, d)).expect("one row per position");
-    Zip::from(store)
-        .and(&gathered)
-        .and_broadcast(src.view().insert_axis(Axis(3)))
-        .for_each(|x, &g, s| {
-            if s.is_some() {
-                *x = g;
-            }
-        });
+    Zip::from(store).and(&gathered).and_broadcast(src.view().insert_axis(Axis(3))).for_each(|x, &g, s| {
+        if s.is_some() {
+            *x = g;
+        }
+    });
 }
 
 /// KV-8/9 fast check: returns the context lengths when valid.
@@ -183,10 +174,7 @@ pub(crate) fn paged_gather(pages: ArrayView4<'_, f64>, table: ArrayView2<'_, i64
     let slots = pos.mapv(|t| t / page).to_vec();
     let blocks = table.select(Axis(1), &slots);
     let live = below(lens, longest);
-    let rows = Zip::from(&blocks)
-        .and_broadcast(pos.view().insert_axis(Axis(0)))
-        .and(&live)
-        .map_collect(|&blk, &t, &l| if l { blk as usize * page + t % page } else { 0 });
+    let rows = Zip::from(&blocks).and_broadcast(pos.view().insert_axis(Axis(0))).and(&live).map_collect(|&blk, &t, &l| if l { blk as usize * page + t % page } else { 0 });
     let flat = pages.to_shape((num_pages * page, heads * dim)).expect("same element count");
     let index: Vec<usize> = rows.iter().copied().collect();
     let gathered = flat.select(Axis(0), &index).into_shape_with_order((batch, longest, heads, dim)).expect("one row per position");

@@ -41,8 +41,8 @@ pub use tensor::NdTensor;
 
 use ndarray::{ArrayD, ArrayView, Dimension};
 use specdec_backend::{
-    Backend, Comparator, DflashAccepted, DrawMethod, DrawNoiseArg, HostTensor, LogitsParams, NgramConfig, Precision,
-    ReferenceBackend, RefTensor, RejectionArgs, RejectionNoise, Result, TrimMode, Verified,
+    Backend, Comparator, DflashAccepted, DrawMethod, DrawNoiseArg, HostTensor, LogitsParams, NgramConfig, Precision, RefTensor, ReferenceBackend, RejectionArgs, RejectionNoise, Result, TrimMode,
+    Verified,
 };
 
 use crate::check::{d1, d2, d3, name_defect};
@@ -227,23 +227,14 @@ impl Backend for NdarrayBackend {
     }
 
     fn process_logits(&self, logits: &NdTensor, params: LogitsParams<'_, NdTensor>) -> Result<NdTensor> {
-        let input = sample::LogitsIn {
-            logits: logits.floats("logits")?,
-            temperature: params.temperature.floats("temperature")?,
-            top_k: params.top_k.ints("top_k")?,
-            top_p: params.top_p.floats("top_p")?,
-        };
+        let input =
+            sample::LogitsIn { logits: logits.floats("logits")?, temperature: params.temperature.floats("temperature")?, top_k: params.top_k.ints("top_k")?, top_p: params.top_p.floats("top_p")? };
         if !sample::logits_ok(&input) {
             let (t, k, p) = (params.temperature.to_ref(), params.top_k.to_ref(), params.top_p.to_ref());
             let named = ReferenceBackend.process_logits(&logits.to_ref(), LogitsParams { temperature: &t, top_k: &k, top_p: &p });
             return Err(name_defect(named));
         }
-        Ok(floats(sample::process_logits(
-            view(d2(input.logits), "logits")?,
-            view(d1(input.temperature), "temperature")?,
-            view(d1(input.top_k), "top_k")?,
-            view(d1(input.top_p), "top_p")?,
-        )))
+        Ok(floats(sample::process_logits(view(d2(input.logits), "logits")?, view(d1(input.temperature), "temperature")?, view(d1(input.top_k), "top_k")?, view(d1(input.top_p), "top_p")?)))
     }
 
     fn draw(&self, weights: &NdTensor, noise: DrawNoiseArg<'_, NdTensor>) -> Result<NdTensor> {
@@ -258,11 +249,7 @@ impl Backend for NdarrayBackend {
             return Err(name_defect(ReferenceBackend.draw(&weights.to_ref(), arg)));
         }
         let w = view(d2(w), "weights")?;
-        let ids = if uniforms {
-            sample::inverse_cdf(w, view(d1(n), "draw_uniforms")?)
-        } else {
-            sample::exponential_race(w, view(d2(n), "draw_exponentials")?)
-        };
+        let ids = if uniforms { sample::inverse_cdf(w, view(d1(n), "draw_uniforms")?) } else { sample::exponential_race(w, view(d2(n), "draw_exponentials")?) };
         Ok(ints(ids.mapv(|i| i as i64)))
     }
 

@@ -14,8 +14,8 @@
 //! [`NdarrayBackend::model_precision`]).
 
 use ndarray::{Array1, Array2, Array4, ArrayD, Axis, s};
-use specdec_backend::model::{ForwardOutput, ForwardRequest, LlamaConfig, LlamaWeights, LogitRows, ModelBackend, ModelPrecision, check_cache_index};
 use specdec_backend::Result;
+use specdec_backend::model::{ForwardOutput, ForwardRequest, LlamaConfig, LlamaWeights, LogitRows, ModelBackend, ModelPrecision, check_cache_index};
 use specdec_models::forward;
 use specdec_models::weights::Matrix;
 

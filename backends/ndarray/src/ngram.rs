@@ -30,10 +30,7 @@ fn suffix_matches(c: ArrayView2<'_, i64>, lens: ArrayView1<'_, usize>, n: usize)
     // One whole-array compare per offset of the n-gram (n <= ngram_max).
     for t in 0..n {
         let key = take_along_last(c, lens.mapv(|len| (len + t).saturating_sub(n)).view());
-        Zip::from(hit.slice_mut(s![.., ..width - t]))
-            .and(c.slice(s![.., t..]))
-            .and_broadcast(key.view().insert_axis(Axis(1)))
-            .for_each(|h, &x, &k| *h &= x == k);
+        Zip::from(hit.slice_mut(s![.., ..width - t])).and(c.slice(s![.., t..])).and_broadcast(key.view().insert_axis(Axis(1))).for_each(|h, &x, &k| *h &= x == k);
     }
     hit
 }
@@ -73,9 +70,6 @@ pub(crate) fn propose(c: ArrayView2<'_, i64>, lens: ArrayView1<'_, usize>, cfg: 
     let grid = pos.broadcast((batch, cfg.k)).expect("a row broadcasts to any number of rows");
     let idx = Zip::from(grid).and_broadcast(cont.view().insert_axis(Axis(1))).map_collect(|&j, &s| s + j);
     let tokens = take_along_last2(c, idx.view());
-    let drafts = Zip::from(&tokens)
-        .and_broadcast(pos.view().insert_axis(Axis(0)))
-        .and_broadcast(plen.view().insert_axis(Axis(1)))
-        .map_collect(|&t, &j, &n| if j < n { t } else { PAD });
+    let drafts = Zip::from(&tokens).and_broadcast(pos.view().insert_axis(Axis(0))).and_broadcast(plen.view().insert_axis(Axis(1))).map_collect(|&t, &j, &n| if j < n { t } else { PAD });
     (drafts, plen.mapv(|n| n as i64))
 }

@@ -70,9 +70,7 @@ pub(crate) fn take_along_last<T: Clone>(a: ArrayView2<'_, T>, idx: ArrayView1<'_
 pub(crate) fn take_along_last2<T: Clone>(a: ArrayView2<'_, T>, idx: ArrayView2<'_, usize>) -> Array2<T> {
     let (rows, v) = a.dim();
     let flat = a.to_shape(rows * v).expect("same element count");
-    let offsets = Zip::from(idx)
-        .and_broadcast(arange(rows).view().insert_axis(Axis(1)))
-        .map_collect(|&j, &r| r * v + j.min(v - 1));
+    let offsets = Zip::from(idx).and_broadcast(arange(rows).view().insert_axis(Axis(1))).map_collect(|&j, &r| r * v + j.min(v - 1));
     let picked = flat.select(Axis(0), &offsets.iter().copied().collect::<Vec<_>>());
     picked.into_shape_with_order(idx.dim()).expect("one value per index")
 }

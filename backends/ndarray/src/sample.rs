@@ -15,15 +15,9 @@ pub(crate) fn inverse_cdf(w: ArrayView2<'_, f64>, v: ArrayView1<'_, f64>) -> Arr
     // Weights are >= 0, so C is non-decreasing (rounding is monotone) and
     // the ids with `target < C_i` form a suffix, which starts at `n` minus
     // its size. (A NaN target, `0 * inf`, passes no id, as in the reference.)
-    let suffix = Zip::from(&cum)
-        .and_broadcast(target.view().insert_axis(Axis(1)))
-        .map_collect(|&c, &t| usize::from(t < c))
-        .fold_axis(Axis(1), 0, |a, &x| a + x);
+    let suffix = Zip::from(&cum).and_broadcast(target.view().insert_axis(Axis(1))).map_collect(|&c, &t| usize::from(t < c)).fold_axis(Axis(1), 0, |a, &x| a + x);
     let pos = arange(n);
-    let last_positive = Zip::from(&w)
-        .and_broadcast(pos.view().insert_axis(Axis(0)))
-        .map_collect(|&x, &j| if x > 0.0 { j } else { 0 })
-        .fold_axis(Axis(1), 0, |a, &j| (*a).max(j));
+    let last_positive = Zip::from(&w).and_broadcast(pos.view().insert_axis(Axis(0))).map_collect(|&x, &j| if x > 0.0 { j } else { 0 }).fold_axis(Axis(1), 0, |a, &j| (*a).max(j));
     Zip::from(&suffix).and(&last_positive).map_collect(|&s, &l| if s > 0 { n - s } else { l })
 }
 
@@ -36,11 +30,7 @@ pub(crate) fn inverse_cdf(w: ArrayView2<'_, f64>, v: ArrayView1<'_, f64>) -> Arr
 pub(crate) fn exponential_race(w: ArrayView2<'_, f64>, e: ArrayView2<'_, f64>) -> Array1<usize> {
     let ratio = Zip::from(&w).and(&e).map_collect(|&w, &e| if w > 0.0 { w / e } else { f64::NEG_INFINITY });
     let overflow = ratio.map(|&r| r == f64::INFINITY).fold_axis(Axis(1), false, |a, &x| *a || x);
-    let score = Zip::from(&ratio)
-        .and(&w)
-        .and(&e)
-        .and_broadcast(overflow.view().insert_axis(Axis(1)))
-        .map_collect(|&r, &w, &e, &o| if o && w > 0.0 { w.ln() - e.ln() } else { r });
+    let score = Zip::from(&ratio).and(&w).and(&e).and_broadcast(overflow.view().insert_axis(Axis(1))).map_collect(|&r, &w, &e, &o| if o && w > 0.0 { w.ln() - e.ln() } else { r });
     argmax_last(score.view())
 }
 
@@ -67,18 +57,12 @@ pub(crate) fn logits_ok(x: &LogitsIn<'_>) -> bool {
     let (rows, vocab) = z.dim();
     let (Some(t), Some(k), Some(p)) = (d1(x.temperature), d1(x.top_k), d1(x.top_p)) else { return false };
     let shapes = rows >= 1 && vocab >= 1 && t.len() == rows && k.len() == rows && p.len() == rows;
-    shapes
-        && Zip::from(&t).and(&k).and(&p).all(|&t, &k, &p| t.is_finite() && t >= 0.0 && k >= 0 && p > 0.0 && p <= 1.0)
-        && score_rows_ok(z, Array1::from_elem(rows, true).view())
+    shapes && Zip::from(&t).and(&k).and(&p).all(|&t, &k, &p| t.is_finite() && t >= 0.0 && k >= 0 && p > 0.0 && p <= 1.0) && score_rows_ok(z, Array1::from_elem(rows, true).view())
 }
 
 /// `softmax((z - max) / T)` over the kept ids, exactly 0 elsewhere (LOGITS-3/6).
 fn masked_softmax(z: ArrayView2<'_, f64>, keep: ArrayView2<'_, bool>, max: ArrayView1<'_, f64>, t: ArrayView1<'_, f64>) -> Array2<f64> {
-    let w = Zip::from(&z)
-        .and(&keep)
-        .and_broadcast(max.insert_axis(Axis(1)))
-        .and_broadcast(t.insert_axis(Axis(1)))
-        .map_collect(|&l, &k, &m, &t| if k { ((l - m) / t).exp() } else { 0.0 });
+    let w = Zip::from(&z).and(&keep).and_broadcast(max.insert_axis(Axis(1))).and_broadcast(t.insert_axis(Axis(1))).map_collect(|&l, &k, &m, &t| if k { ((l - m) / t).exp() } else { 0.0 });
     let total = sum_last(w.view());
     Zip::from(&w).and_broadcast(total.view().insert_axis(Axis(1))).map_collect(|&w, &s| w / s)
 }
@@ -91,10 +75,7 @@ fn top_k_keep(z: ArrayView2<'_, f64>, top_k: ArrayView1<'_, i64>) -> Array2<bool
     let kth_id = take_along_last(desc.view(), top_k.mapv(|k| (k.max(1) as usize) - 1).view());
     let kth = take_along_last(z, kth_id.view());
     let active = top_k.mapv(|k| k > 0 && (k as usize) < vocab);
-    Zip::from(&z)
-        .and_broadcast(kth.view().insert_axis(Axis(1)))
-        .and_broadcast(active.view().insert_axis(Axis(1)))
-        .map_collect(|&x, &kth, &a| !a || x >= kth)
+    Zip::from(&z).and_broadcast(kth.view().insert_axis(Axis(1))).and_broadcast(active.view().insert_axis(Axis(1))).map_collect(|&x, &kth, &a| !a || x >= kth)
 }
 
 /// LOGITS-5: in descending probability order (ties: lower id first), keep
@@ -131,16 +112,21 @@ pub(crate) fn process_logits(z: ArrayView2<'_, f64>, t: ArrayView1<'_, f64>, top
     let both = Zip::from(&keep).and(&keep_p).map_collect(|&a, &b| a && b);
     let nucleus = masked_softmax(z, both.view(), max.view(), t_safe.view());
     // Per row: greedy (LOGITS-2), nucleus (top_p < 1) or the top-k softmax.
-    let mode = Zip::from(&t).and(&top_p).map_collect(|&t, &p| if t == 0.0 { Mode::Greedy } else if p < 1.0 { Mode::Nucleus } else { Mode::Full });
+    let mode = Zip::from(&t).and(&top_p).map_collect(|&t, &p| {
+        if t == 0.0 {
+            Mode::Greedy
+        } else if p < 1.0 {
+            Mode::Nucleus
+        } else {
+            Mode::Full
+        }
+    });
     let pos = arange(z.ncols());
-    Zip::from(&probs)
-        .and(&nucleus)
-        .and_broadcast(pos.view().insert_axis(Axis(0)))
-        .and_broadcast(top.view().insert_axis(Axis(1)))
-        .and_broadcast(mode.view().insert_axis(Axis(1)))
-        .map_collect(|&all, &nucleus, &j, &top, &mode| match mode {
+    Zip::from(&probs).and(&nucleus).and_broadcast(pos.view().insert_axis(Axis(0))).and_broadcast(top.view().insert_axis(Axis(1))).and_broadcast(mode.view().insert_axis(Axis(1))).map_collect(
+        |&all, &nucleus, &j, &top, &mode| match mode {
             Mode::Greedy => f64::from(u8::from(j == top)),
             Mode::Nucleus => nucleus,
             Mode::Full => all,
-        })
+        },
+    )
 }

@@ -22,15 +22,13 @@ fn emit(drafts: ArrayView2<'_, i64>, next: ArrayView1<'_, i64>, n: ArrayView1<'_
     let pad = Array2::from_elem((batch, 1), PAD);
     let padded = concatenate(Axis(1), &[drafts, pad.view()]).expect("same number of rows");
     let pos = crate::prim::arange(padded.ncols());
-    let tokens = Zip::from(&padded)
-        .and_broadcast(pos.view().insert_axis(Axis(0)))
-        .and_broadcast(n.insert_axis(Axis(1)))
-        .and_broadcast(next.insert_axis(Axis(1)))
-        .map_collect(|&d, &j, &n, &t| match j.cmp(&n) {
-            Ordering::Less => d,
-            Ordering::Equal => t,
-            Ordering::Greater => PAD,
-        });
+    let tokens = Zip::from(&padded).and_broadcast(pos.view().insert_axis(Axis(0))).and_broadcast(n.insert_axis(Axis(1))).and_broadcast(next.insert_axis(Axis(1))).map_collect(|&d, &j, &n, &t| match j
+        .cmp(&n)
+    {
+        Ordering::Less => d,
+        Ordering::Equal => t,
+        Ordering::Greater => PAD,
+    });
     (tokens, n.mapv(|n| n as i64))
 }
 
@@ -71,15 +69,10 @@ pub(crate) fn greedy(scores: ArrayView3<'_, f64>, drafts: ArrayView2<'_, i64>, l
     let (batch, k1, _) = scores.dim();
     let live = live_flat((&layout.lens + 1).view(), k1);
     // CONV-7: padding rows are replaced (where, never multiplied: NaN * 0 is NaN).
-    let masked = Zip::from(&rows_of(&scores))
-        .and_broadcast(live.view().insert_axis(Axis(1)))
-        .map_collect(|&x, &l| if l { x } else { 0.0 });
+    let masked = Zip::from(&rows_of(&scores)).and_broadcast(live.view().insert_axis(Axis(1))).map_collect(|&x, &l| if l { x } else { 0.0 });
     let top = argmax_last(masked.view()).into_shape_with_order((batch, k1)).expect("one argmax per row");
     let live_drafts = below(layout.lens.view(), layout.k);
-    let matches = Zip::from(&drafts)
-        .and(top.slice(s![.., ..layout.k]))
-        .and(&live_drafts)
-        .map_collect(|&d, &t, &l| l && d == t as i64);
+    let matches = Zip::from(&drafts).and(top.slice(s![.., ..layout.k])).and(&live_drafts).map_collect(|&d, &t, &l| l && d == t as i64);
     let n = leading_run(matches.view());
     let next = take_along_last(top.view(), n.view()).mapv(|t| t as i64);
     emit(drafts, next.view(), n.view())
@@ -161,10 +154,7 @@ pub(crate) fn residual_weights(p: ArrayView2<'_, f64>, q: Option<ArrayView2<'_, 
         Some(q) => Zip::from(&p).and(&q).map_collect(|&p, &q| (p - q).max(0.0)),
         None => {
             let pos = crate::prim::arange(p.ncols());
-            Zip::from(&p)
-                .and_broadcast(pos.view().insert_axis(Axis(0)))
-                .and_broadcast(drafted.insert_axis(Axis(1)))
-                .map_collect(|&p, &j, &x| if j == x { 0.0 } else { p })
+            Zip::from(&p).and_broadcast(pos.view().insert_axis(Axis(0))).and_broadcast(drafted.insert_axis(Axis(1))).map_collect(|&p, &j, &x| if j == x { 0.0 } else { p })
         }
     }
 }
@@ -251,10 +241,12 @@ pub(crate) fn seeded_noise(seed: u64, batch: usize, k: usize, vocab: usize, meth
     let accept = filled(&[batch, k], || rng.random::<f64>());
     let draw = match method {
         DrawMethod::InverseCdf => filled(&[batch, k + 1], || rng.random::<f64>()),
-        DrawMethod::ExponentialRace => filled(&[batch, k + 1, vocab], || loop {
-            let u: f64 = rng.random();
-            if u > 0.0 {
-                break -(-u).ln_1p();
+        DrawMethod::ExponentialRace => filled(&[batch, k + 1, vocab], || {
+            loop {
+                let u: f64 = rng.random();
+                if u > 0.0 {
+                    break -(-u).ln_1p();
+                }
             }
         }),
     };

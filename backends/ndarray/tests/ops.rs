@@ -74,12 +74,8 @@ fn seeded_noise_matches_the_reference_backend() {
     let (rp, rq, rd, rl) = padded_batch(&r);
     for method in [DrawMethod::InverseCdf, DrawMethod::ExponentialRace] {
         for seed in 0..50 {
-            let ours = nd
-                .rejection_verify_seeded(RejectionArgs { target_probs: &p, draft_probs: Some(&q), draft_tokens: &d, proposal_lens: &l }, method, Comparator::Strict, seed)
-                .unwrap();
-            let theirs = r
-                .rejection_verify_seeded(RejectionArgs { target_probs: &rp, draft_probs: Some(&rq), draft_tokens: &rd, proposal_lens: &rl }, method, Comparator::Strict, seed)
-                .unwrap();
+            let ours = nd.rejection_verify_seeded(RejectionArgs { target_probs: &p, draft_probs: Some(&q), draft_tokens: &d, proposal_lens: &l }, method, Comparator::Strict, seed).unwrap();
+            let theirs = r.rejection_verify_seeded(RejectionArgs { target_probs: &rp, draft_probs: Some(&rq), draft_tokens: &rd, proposal_lens: &rl }, method, Comparator::Strict, seed).unwrap();
             assert_eq!(nd.download_i64(&ours.tokens).unwrap(), r.download_i64(&theirs.tokens).unwrap());
             assert_eq!(nd.download_i64(&ours.num_accepted).unwrap(), r.download_i64(&theirs.num_accepted).unwrap());
         }
@@ -105,24 +101,14 @@ fn draws_agree_with_the_reference_at_the_extremes() {
     let r = ReferenceBackend;
     // Finite weights whose total overflows to inf, with v = 0 (a NaN target)
     // and v near 1; tiny weights; exact zeros at both ends.
-    let rows = [
-        vec![1e308, 1e308, 0.0],
-        vec![0.0, 1e-320, 0.0, 1e-320],
-        vec![0.0, 0.25, 0.5, 0.25, 0.0],
-    ];
+    let rows = [vec![1e308, 1e308, 0.0], vec![0.0, 1e-320, 0.0, 1e-320], vec![0.0, 0.25, 0.5, 0.25, 0.0]];
     for w in rows {
         for v in [0.0, 0.5, 0.999_999_999_999_999_9] {
             let wt = host_f(vec![1, w.len()], w.clone());
             let vt = host_f(vec![1], vec![v]);
             // Both agree, on the token or on the error (an overflowing total is NonFinite).
-            let ours = nd
-                .draw(&nd.upload_f64(&wt).unwrap(), specdec_backend::DrawNoiseArg::InverseCdf(&nd.upload_f64(&vt).unwrap()))
-                .map(|t| nd.download_i64(&t).unwrap())
-                .map_err(|e| e.kind());
-            let theirs = r
-                .draw(&r.upload_f64(&wt).unwrap(), specdec_backend::DrawNoiseArg::InverseCdf(&r.upload_f64(&vt).unwrap()))
-                .map(|t| r.download_i64(&t).unwrap())
-                .map_err(|e| e.kind());
+            let ours = nd.draw(&nd.upload_f64(&wt).unwrap(), specdec_backend::DrawNoiseArg::InverseCdf(&nd.upload_f64(&vt).unwrap())).map(|t| nd.download_i64(&t).unwrap()).map_err(|e| e.kind());
+            let theirs = r.draw(&r.upload_f64(&wt).unwrap(), specdec_backend::DrawNoiseArg::InverseCdf(&r.upload_f64(&vt).unwrap())).map(|t| r.download_i64(&t).unwrap()).map_err(|e| e.kind());
             assert_eq!(ours, theirs, "w = {w:?}, v = {v}");
         }
     }

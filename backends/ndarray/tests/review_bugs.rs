@@ -11,7 +11,8 @@ use specdec_ndarray::NdarrayBackend;
 fn exponential_race_survives_overflow() {
     let w = HostTensor::new(vec![1, 2], vec![0.5, 0.5]).unwrap();
     let e = HostTensor::new(vec![1, 2], vec![1e-310, 1e-320]).unwrap();
-    let reference = ReferenceBackend.download_i64(&ReferenceBackend.draw(&ReferenceBackend.upload_f64(&w).unwrap(), DrawNoiseArg::ExponentialRace(&ReferenceBackend.upload_f64(&e).unwrap())).unwrap()).unwrap();
+    let reference =
+        ReferenceBackend.download_i64(&ReferenceBackend.draw(&ReferenceBackend.upload_f64(&w).unwrap(), DrawNoiseArg::ExponentialRace(&ReferenceBackend.upload_f64(&e).unwrap())).unwrap()).unwrap();
     assert_eq!(reference.data(), &[1]);
     let b = NdarrayBackend::new();
     let got = b.download_i64(&b.draw(&b.upload_f64(&w).unwrap(), DrawNoiseArg::ExponentialRace(&b.upload_f64(&e).unwrap())).unwrap()).unwrap();

@@ -4,8 +4,8 @@
 use std::sync::{Mutex, PoisonError};
 
 use specdec_backend::{
-    Backend, BackendError, Comparator, DflashAccepted, DrawMethod, DrawNoiseArg, HostTensor, LogitsParams, NgramConfig,
-    Precision, RefTensor, ReferenceBackend, RejectionArgs, RejectionNoise, Result, TrimMode, Verified,
+    Backend, BackendError, Comparator, DflashAccepted, DrawMethod, DrawNoiseArg, HostTensor, LogitsParams, NgramConfig, Precision, RefTensor, ReferenceBackend, RejectionArgs, RejectionNoise, Result,
+    TrimMode, Verified,
 };
 use specdec_reference::ngram::NgramPolicy;
 use tch::{Device, Kind, TchError, Tensor};
@@ -70,11 +70,7 @@ impl TchBackend {
 
     /// The first CUDA device (`"tch-cuda"`), or `Err` if libtorch sees none.
     pub fn cuda_if_available() -> std::result::Result<Self, String> {
-        if tch::Cuda::is_available() {
-            Ok(TchBackend { device: Device::Cuda(0) })
-        } else {
-            Err("no CUDA device: tch::Cuda::is_available() is false for this libtorch and machine".to_string())
-        }
+        if tch::Cuda::is_available() { Ok(TchBackend { device: Device::Cuda(0) }) } else { Err("no CUDA device: tch::Cuda::is_available() is false for this libtorch and machine".to_string()) }
     }
 
     /// The libtorch device every tensor of this backend lives on.

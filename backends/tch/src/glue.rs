@@ -63,10 +63,11 @@ impl TchBackend {
         let size = dims(&x);
         let n = size.first().copied().unwrap_or(0);
         let dims_ok = n >= 1 && matches!(dims(&r)[..], [m] if m >= 1);
-        let ok = dims_ok && self.passes((|| -> TResult<Vec<Tensor>> {
-            let in_range = r.f_ge(0)?.f_logical_and(&r.f_lt(n)?)?;
-            Ok(vec![r.f_eq(PAD)?.f_logical_or(&in_range)?])
-        })())?;
+        let ok = dims_ok
+            && self.passes((|| -> TResult<Vec<Tensor>> {
+                let in_range = r.f_ge(0)?.f_logical_and(&r.f_lt(n)?)?;
+                Ok(vec![r.f_eq(PAD)?.f_logical_or(&in_range)?])
+            })())?;
         if !ok {
             let reference = (|| ReferenceBackend.gather_rows(&self.ref_tensor(t)?, &self.ref_tensor(rows)?))();
             return Err(self.refuse(reference));

@@ -291,11 +291,7 @@ pub(crate) fn ngram(ctx: &Tensor, lens: &Tensor, cfg: &Ngram) -> TResult<(Tensor
         let i = arange(width - n + 1, ctx)?.f_unsqueeze(0)?;
         // Candidate starts exclude the suffix itself: i in [0, len - n).
         let hit = same.f_logical_and(&i.f_lt_tensor(&lens.f_sub_scalar(n)?.f_unsqueeze(1)?)?)?;
-        let pos = if cfg.most_recent {
-            i.f_where_scalarother(&hit, -1)?.f_amax(-1, false)?
-        } else {
-            i.f_where_scalarother(&hit, width)?.f_amin(-1, false)?
-        };
+        let pos = if cfg.most_recent { i.f_where_scalarother(&hit, -1)?.f_amax(-1, false)? } else { i.f_where_scalarother(&hit, width)?.f_amin(-1, false)? };
         let take = hit.f_any_dim(-1, false)?.f_logical_and(&found.f_logical_not()?)?;
         start = pos.f_add_scalar(n)?.f_where_self(&take, &start)?;
         found = found.f_logical_or(&take)?;

@@ -65,5 +65,4 @@ pub use unbuilt::TchBackend;
 pub const BUILT: bool = cfg!(feature = "libtorch");
 
 /// Why the constructors fail in a build without the `libtorch` feature.
-pub const NOT_BUILT: &str =
-    "tch backend not built: the `libtorch` feature is off (cargo xtask test builds it with a cached libtorch)";
+pub const NOT_BUILT: &str = "tch backend not built: the `libtorch` feature is off (cargo xtask test builds it with a cached libtorch)";
