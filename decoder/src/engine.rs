@@ -218,6 +218,7 @@ impl<'a, B: ModelBackend> Engine<'a, B> {
         timings.prefill_s += t.elapsed().as_secs_f64();
 
         let (mut batch_steps, mut proposer_errors) = (0, 0);
+        let proposer_name = proposer.name();
         loop {
             let active: Vec<usize> = (0..seqs.len()).filter(|&i| seqs[i].finish.is_none()).collect();
             if active.is_empty() {
@@ -242,14 +243,15 @@ impl<'a, B: ModelBackend> Engine<'a, B> {
             let t = Instant::now();
             let views: Vec<SeqView<'_>> = active.iter().map(|&i| SeqView { slot: i, context: &seqs[i].context, max_drafts: k.min(capacity - lens[i] - 1), sampling: seqs[i].req.sampling }).collect();
             let mut rngs: Vec<Pcg64> = active.iter().map(|&i| seqs[i].draft_rng.clone()).collect();
-            let proposal = match (k, self.config.on_proposer_error) {
-                (0, _) => Ok(Proposal::none(active.len())),
-                (_, OnProposerError::Fail) => proposer.propose(b, &views, &mut rngs).and_then(|p| self.check_proposal(&p, &views, &proposer.name()).map(|()| p)),
-                (_, OnProposerError::PlainStep) => Ok(proposer.propose(b, &views, &mut rngs).and_then(|p| self.check_proposal(&p, &views, &proposer.name()).map(|()| p)).unwrap_or_else(|_| {
+            let proposed = if k == 0 { Ok(Proposal::none(active.len())) } else { proposer.propose(b, &views, &mut rngs).and_then(|p| self.check_proposal(&p, &views, &proposer_name).map(|()| p)) };
+            let proposal = match (proposed, self.config.on_proposer_error) {
+                (Ok(p), _) => p,
+                (Err(e), OnProposerError::Fail) => return Err(e),
+                (Err(_), OnProposerError::PlainStep) => {
                     proposer_errors += 1;
                     Proposal::none(active.len())
-                })),
-            }?;
+                }
+            };
             for (&i, r) in active.iter().zip(rngs) {
                 seqs[i].draft_rng = r;
             }
@@ -363,8 +365,12 @@ impl<'a, B: ModelBackend> Engine<'a, B> {
 
         // Lay the ragged rows out as [A, width + 1, V]; PAD rows are padding (CONV-7).
         let mut index = Vec::with_capacity(a * (width + 1));
-        for (pos, &i) in active.iter().enumerate() {
-            let rows = out.plan.rows.iter().find(|r| r.seq == i).ok_or_else(|| DecodeError::Internal(format!("no rows for sequence {i}")))?;
+        // Every active sequence fed at least its last token, so the plan's
+        // rows are the active sequences, in batch order (MODEL-8).
+        if out.plan.rows.len() != a || out.plan.rows.iter().zip(active).any(|(r, &i)| r.seq != i) {
+            return Err(DecodeError::Internal("the verify forward's rows are not the active sequences in order".into()));
+        }
+        for (pos, rows) in out.plan.rows.iter().enumerate() {
             let len = p.drafts[pos].len();
             for j in 0..=width {
                 let row = if j == len && len > 0 && self.config.has_fault(Fault::BonusFromWrongRow) { j - 1 } else { j };
