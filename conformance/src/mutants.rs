@@ -3,7 +3,7 @@
 //! explicit-noise `rejection_verify` has one defect; everything else is the
 //! reference. Test fixtures only: never used to produce tokens.
 
-use specdec_backend::{Backend, Comparator, DrawNoiseArg, HostTensor, Precision, RefTensor, ReferenceBackend, RejectionArgs, RejectionNoise, Result, Verified};
+use specdec_backend::{Backend, Comparator, DrawMethod, DrawNoiseArg, HostTensor, Precision, RefTensor, ReferenceBackend, RejectionArgs, RejectionNoise, Result, Verified};
 use specdec_reference::kvcache::BatchKvCache;
 use specdec_reference::{PAD, lossy};
 
@@ -138,5 +138,91 @@ impl Backend for Mutant {
             Defect::LessEqComparator => ReferenceBackend.rejection_verify(a, n, Comparator::Seed004LessEq),
             _ => Ok(self.broken_verify(&a, f(n.accept_uniforms), f(v))),
         }
+    }
+}
+
+/// A defect in how a seeded verify lays out its noise (BACKEND-5): each row's
+/// own law stays exact, only the independence of rows breaks, so only the
+/// row-pair checks (STAT-8) can see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoiseDefect {
+    /// Every row reads row 0's noise (a generator reseeded per row with the
+    /// same seed, or noise broadcast over the batch).
+    SharedAcrossRows,
+    /// The draw noise is read with a row stride of `k` instead of `k + 1`
+    /// positions, so row `b + 1`'s first draw reuses row `b`'s last (bonus).
+    RowStrideK,
+}
+
+impl NoiseDefect {
+    pub const ALL: [NoiseDefect; 2] = [NoiseDefect::SharedAcrossRows, NoiseDefect::RowStrideK];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            NoiseDefect::SharedAcrossRows => "noise-shared-across-rows",
+            NoiseDefect::RowStrideK => "noise-row-stride-k",
+        }
+    }
+}
+
+/// The reference whose seeded verify has one [`NoiseDefect`]; the rest is
+/// the reference. Test fixture only.
+#[derive(Debug, Clone, Copy)]
+pub struct SeededMutant(pub NoiseDefect);
+
+impl SeededMutant {
+    /// The reference's seeded noise for `batch` rows, laid out with the defect.
+    fn noise(&self, seed: u64, (batch, k, v): (usize, usize, usize), method: DrawMethod) -> (HostTensor<f64>, specdec_reference::DrawNoise) {
+        use specdec_reference::DrawNoise;
+        // One spare row, so that an overlapping layout never reads past the end.
+        let (u, draw) = specdec_backend::seeded_noise(seed, batch + 1, k, v, method);
+        let (accept_row, draw_row) = (k, (k + 1) * if method == DrawMethod::InverseCdf { 1 } else { v });
+        let (accept_at, draw_at): (Box<dyn Fn(usize) -> usize>, Box<dyn Fn(usize) -> usize>) = match self.0 {
+            NoiseDefect::SharedAcrossRows => (Box::new(|_| 0), Box::new(|_| 0)),
+            NoiseDefect::RowStrideK => (Box::new(move |b| b * accept_row), Box::new(move |b| b * (draw_row - draw_row / (k + 1)))),
+        };
+        let relay = |flat: &[f64], width: usize, at: &dyn Fn(usize) -> usize| -> Vec<f64> { (0..batch).flat_map(|b| flat[at(b)..at(b) + width].to_vec()).collect() };
+        let accept = HostTensor::new(vec![batch, k], relay(u.data(), accept_row, &*accept_at)).expect("shape");
+        let draw = match draw {
+            DrawNoise::InverseCdf(t) => DrawNoise::InverseCdf(HostTensor::new(vec![batch, k + 1], relay(t.data(), draw_row, &*draw_at)).expect("shape")),
+            DrawNoise::ExponentialRace(t) => DrawNoise::ExponentialRace(HostTensor::new(vec![batch, k + 1, v], relay(t.data(), draw_row, &*draw_at)).expect("shape")),
+        };
+        (accept, draw)
+    }
+}
+
+impl Backend for SeededMutant {
+    type Tensor = RefTensor;
+    type KvCache = BatchKvCache;
+
+    fn name(&self) -> String {
+        format!("mutant-{}", self.0.name())
+    }
+    fn device(&self) -> String {
+        "host".into()
+    }
+    fn precision(&self) -> Precision {
+        ReferenceBackend.precision()
+    }
+    specdec_backend::reference_transfers!();
+
+    fn rejection_verify_seeded(&self, a: RejectionArgs<'_, RefTensor>, method: DrawMethod, cmp: Comparator, seed: u64) -> Result<Verified<RefTensor>> {
+        // A mutant breaks the noise, not the validation: bad input gets the reference's error.
+        ReferenceBackend.rejection_verify_seeded(a, method, cmp, seed)?;
+        let p = f(a.target_probs);
+        let [batch, rows, v] = p.shape() else { unreachable!("validated above") };
+        let (u, draw) = self.noise(seed, (*batch, rows - 1, *v), method);
+        let (u, draw) = (
+            RefTensor::F64(u),
+            match draw {
+                specdec_reference::DrawNoise::InverseCdf(t) => RefTensor::F64(t),
+                specdec_reference::DrawNoise::ExponentialRace(t) => RefTensor::F64(t),
+            },
+        );
+        let draw = match method {
+            DrawMethod::InverseCdf => DrawNoiseArg::InverseCdf(&draw),
+            DrawMethod::ExponentialRace => DrawNoiseArg::ExponentialRace(&draw),
+        };
+        ReferenceBackend.rejection_verify(a, RejectionNoise { accept_uniforms: &u, draw }, cmp)
     }
 }

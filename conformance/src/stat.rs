@@ -30,6 +30,13 @@ pub enum Measure {
     /// The joint law of the accepted count and the token after the accepted
     /// drafts (REJECT-2 .. REJECT-4, THEORY-5), over random proposal lengths.
     AcceptedAndNext,
+    /// The joint law of the (accepted count, next token) outcomes of rows
+    /// `2i` and `2i + 1` of one call, each with its own random proposal
+    /// length: the product of the per-row laws when every row draws its own
+    /// noise (BACKEND-5, STAT-8). The per-row law is checked by
+    /// [`Measure::AcceptedAndNext`]; this catches rows that share or overlap
+    /// noise, which leaves every row's own law intact.
+    RowPairs,
 }
 
 /// One statistical check: a scenario and what is measured.
@@ -50,6 +57,7 @@ impl StatSpec {
         let measure = match self.measure {
             Measure::FirstToken => "first-token",
             Measure::AcceptedAndNext => "accepted-and-next",
+            Measure::RowPairs => "row-pairs",
         };
         format!("stat/{}/{method}/{measure}", self.scenario)
     }
@@ -105,6 +113,22 @@ pub fn scenarios() -> Vec<Scenario> {
     ]
 }
 
+/// The scenario of the row-independence checks (STAT-8): `k = 1`, `V = 3`,
+/// chosen so that a shared or overlapping uniform moves tokens on both rows
+/// of a pair. A draft is accepted with probability 1/2; a rejection draws
+/// from the residual `(0.6, 0.4, 0)`, a bonus from `(0.2, 0.5, 0.3)`, so an
+/// inverse-CDF uniform read by both rows of a pair (the second row's
+/// correction reading the first row's bonus uniform, as a row stride of `k`
+/// instead of `k + 1` does) couples their tokens.
+pub fn row_pairs_scenario() -> Scenario {
+    Scenario { name: "row-pairs", p: vec![vec![0.4, 0.3, 0.3], vec![0.2, 0.5, 0.3]], q: Some(vec![vec![0.1, 0.1, 0.8]]), fixed_drafts: vec![] }
+}
+
+/// A scenario by name: one of [`scenarios`] or [`row_pairs_scenario`].
+pub fn scenario(name: &str) -> Option<Scenario> {
+    scenarios().into_iter().chain(std::iter::once(row_pairs_scenario())).find(|s| s.name == name)
+}
+
 /// Every statistical check.
 pub fn specs() -> Vec<StatSpec> {
     let mut out = Vec::new();
@@ -113,6 +137,9 @@ pub fn specs() -> Vec<StatSpec> {
             out.push(StatSpec { scenario: s.name, method, measure: Measure::FirstToken, rules: &["REJECT-7", "STAT-2", "STAT-3"] });
             out.push(StatSpec { scenario: s.name, method, measure: Measure::AcceptedAndNext, rules: &["REJECT-7", "REJECT-4", "THEORY-5", "STAT-3"] });
         }
+    }
+    for method in [DrawMethod::InverseCdf, DrawMethod::ExponentialRace] {
+        out.push(StatSpec { scenario: row_pairs_scenario().name, method, measure: Measure::RowPairs, rules: &["BACKEND-5", "STAT-8", "STAT-3"] });
     }
     out
 }
@@ -165,6 +192,10 @@ pub fn expected(s: &Scenario, measure: Measure) -> Vec<f64> {
                 }
             }
             law
+        }
+        Measure::RowPairs => {
+            let row = expected(s, Measure::AcceptedAndNext);
+            row.iter().flat_map(|a| row.iter().map(move |b| a * b)).collect()
         }
     }
 }
@@ -222,7 +253,7 @@ pub type Outcome = Result<TestReport, Verdict>;
 
 /// Samples one check on `backend`. Never retried (STAT-4).
 pub fn run<B: Backend>(backend: &B, spec: &StatSpec, seed: u64) -> Outcome {
-    let scenario = scenarios().into_iter().find(|s| s.name == spec.scenario).expect("spec names a scenario");
+    let scenario = scenario(spec.scenario).expect("spec names a scenario");
     let law = expected(&scenario, spec.measure);
     let n = sample_size(&law, specs().len()).map_err(Verdict::Fail)?;
     let counts = sample(backend, &scenario, spec, n as usize, seed).map_err(|e| match e {
@@ -276,45 +307,56 @@ pub(crate) fn scenario_batch<B: Backend>(backend: &B, s: &Scenario, n: usize, rn
 }
 
 /// Runs the backend's seeded verify on `n` independent copies of the
-/// scenario, each with a random proposal length, and counts the outcome.
+/// scenario (`2n` rows for [`Measure::RowPairs`], counted in pairs), each
+/// with a random proposal length, and counts the outcome.
 fn sample<B: Backend>(backend: &B, s: &Scenario, spec: &StatSpec, n: usize, seed: u64) -> Result<Vec<u64>, BackendError> {
     let (k, v) = (s.p.len() - 1, s.p[0].len());
+    let rows_per_outcome = if spec.measure == Measure::RowPairs { 2 } else { 1 };
+    let n_rows = n * rows_per_outcome;
     // Drafts and lengths come from a stream of this check's own, independent
     // of the backend's generator and of every other check.
     let mut rng = Pcg64::seed_from_u64(stream_seed(seed, &format!("{}/drafts", spec.name())));
-    let batch = scenario_batch(backend, s, n, &mut rng, crate::lossless::pick)?;
+    let batch = scenario_batch(backend, s, n_rows, &mut rng, crate::lossless::pick)?;
     let args = RejectionArgs { target_probs: &batch.p, draft_probs: batch.q.as_ref(), draft_tokens: &batch.drafts, proposal_lens: &batch.lens };
     let out = backend.rejection_verify_seeded(args, spec.method, Comparator::Strict, stream_seed(seed, &spec.name()))?;
     let tokens = backend.download_i64(&out.tokens)?;
     let accepted = backend.download_i64(&out.num_accepted)?;
     let misshapen = |what: &str, got: &[usize], want: &[usize]| BackendError::device(&backend.name(), format!("{what} has shape {got:?}, expected {want:?}"));
-    if tokens.shape() != [n, k + 1] {
-        return Err(misshapen("tokens", tokens.shape(), &[n, k + 1]));
+    if tokens.shape() != [n_rows, k + 1] {
+        return Err(misshapen("tokens", tokens.shape(), &[n_rows, k + 1]));
     }
-    if accepted.shape() != [n] {
-        return Err(misshapen("num_accepted", accepted.shape(), &[n]));
+    if accepted.shape() != [n_rows] {
+        return Err(misshapen("num_accepted", accepted.shape(), &[n_rows]));
     }
-    let cells = match spec.measure {
-        Measure::FirstToken => v,
-        Measure::AcceptedAndNext => (k + 1) * v,
-    };
-    let mut counts = vec![0u64; cells];
-    for b in 0..n {
+    // Each row's outcome as a cell of its own law, validated.
+    let row_cell = |b: usize| -> Result<usize, BackendError> {
         let m = accepted.data()[b];
         if !(0..=k as i64).contains(&m) {
             return Err(BackendError::device(&backend.name(), format!("row {b} accepted {m} drafts, outside [0, {k}]")));
         }
         let x = match spec.measure {
             Measure::FirstToken => tokens.data()[b * (k + 1)],
-            Measure::AcceptedAndNext => tokens.data()[b * (k + 1) + m as usize],
+            Measure::AcceptedAndNext | Measure::RowPairs => tokens.data()[b * (k + 1) + m as usize],
         };
         if !(0..v as i64).contains(&x) {
             return Err(BackendError::device(&backend.name(), format!("row {b} produced token {x}, outside [0, {v})")));
         }
-        counts[match spec.measure {
+        Ok(match spec.measure {
             Measure::FirstToken => x as usize,
-            Measure::AcceptedAndNext => m as usize * v + x as usize,
-        }] += 1;
+            Measure::AcceptedAndNext | Measure::RowPairs => m as usize * v + x as usize,
+        })
+    };
+    let row_cells = match spec.measure {
+        Measure::FirstToken => v,
+        Measure::AcceptedAndNext | Measure::RowPairs => (k + 1) * v,
+    };
+    let mut counts = vec![0u64; row_cells.pow(rows_per_outcome as u32)];
+    for i in 0..n {
+        let cell = match spec.measure {
+            Measure::RowPairs => row_cell(2 * i)? * row_cells + row_cell(2 * i + 1)?,
+            _ => row_cell(i)?,
+        };
+        counts[cell] += 1;
     }
     Ok(counts)
 }

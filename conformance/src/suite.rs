@@ -323,7 +323,7 @@ pub fn run<B: Backend>(backend: &B, items: &[Item], cfg: &SuiteConfig, progress:
             Source::Broken(msg) => (Verdict::Fail(format!("case file defect: {msg}")), 0.0),
             Source::Unchecked(op) => (crate::unchecked::check(backend, *op, cfg), 0.0),
             Source::Exact(name) => {
-                let scenario = stat::scenarios().into_iter().find(|s| s.name == *name).expect("known scenario");
+                let scenario = stat::scenario(name).expect("known scenario");
                 (crate::exact::check_scenario(backend, &scenario), 0.0)
             }
             Source::Statistical(_) => unreachable!("sampled above"),

@@ -13,6 +13,7 @@ use std::process::{Command, ExitCode};
 use clap::{Parser, Subcommand};
 
 use xtask::coverage;
+mod cuda;
 mod libtorch;
 mod numpy_venv;
 mod smollm2;
@@ -57,6 +58,13 @@ enum Task {
     Model,
     /// Creates the NumPy adapter's cached environment, then prints `SPECDEC_PYTHON`.
     Numpy,
+    /// Builds `specdec` with candle's CUDA backend from PyPI's CUDA toolkit (no GPU needed
+    /// here), to run on a GPU machine: `specdec conform --backend candle-cuda`.
+    Cuda {
+        /// The GPU's compute capability (90: H100, H200).
+        #[arg(long, default_value_t = 90)]
+        compute_cap: u32,
+    },
 }
 
 fn repo_root() -> PathBuf {
@@ -134,6 +142,11 @@ fn run(task: Task) -> Result<(), String> {
             }
             Ok(())
         }
+        Task::Cuda { compute_cap } => {
+            let binary = cuda::build(&root, compute_cap)?;
+            println!("{}", binary.display());
+            Ok(())
+        }
         Task::Model => {
             let gguf = smollm2::ensure_smollm2(&root)?;
             let hf = smollm2::ensure_smollm2_hf(&root)?;
@@ -142,6 +155,13 @@ fn run(task: Task) -> Result<(), String> {
             Ok(())
         }
     }
+}
+
+/// Runs a setup command, echoing it; a failure names the command and its status.
+fn run_command(cmd: &mut Command) -> Result<(), String> {
+    eprintln!("xtask: {cmd:?}");
+    let status = cmd.status().map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("{cmd:?} failed ({status})")) }
 }
 
 /// `cargo xtask test -- --nocapture` forwards `-- --nocapture` to cargo test.

@@ -7,6 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::run_command;
+
 /// The NumPy release the adapter is checked with.
 pub const NUMPY_PIN: &str = "numpy==2.2.6";
 
@@ -24,8 +26,8 @@ pub fn ensure_numpy_venv(root: &Path) -> Result<Vec<(String, PathBuf)>, String> 
         return Ok(vec![(PYTHON_ENV.into(), python)]);
     }
     std::fs::create_dir_all(&cache).map_err(|e| format!("cannot create {}: {e}", cache.display()))?;
-    if run(Command::new("python3").args(["-m", "venv", "--clear"]).arg(&venv)).is_ok() {
-        run(Command::new(&python).args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", NUMPY_PIN]))?;
+    if run_command(Command::new("python3").args(["-m", "venv", "--clear"]).arg(&venv)).is_ok() {
+        run_command(Command::new(&python).args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", NUMPY_PIN]))?;
         std::fs::write(&stamp, NUMPY_PIN).map_err(|e| format!("cannot write {}: {e}", stamp.display()))?;
         return Ok(vec![(PYTHON_ENV.into(), python)]);
     }
@@ -33,7 +35,7 @@ pub fn ensure_numpy_venv(root: &Path) -> Result<Vec<(String, PathBuf)>, String> 
     let target = cache.join("pydeps");
     let stamp = target.join(".specdec-numpy");
     if !stamp_matches(&stamp) {
-        run(Command::new("python3").args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--upgrade", "--target"]).arg(&target).arg(NUMPY_PIN))?;
+        run_command(Command::new("python3").args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--upgrade", "--target"]).arg(&target).arg(NUMPY_PIN))?;
         std::fs::write(&stamp, NUMPY_PIN).map_err(|e| format!("cannot write {}: {e}", stamp.display()))?;
     }
     let python = which_python3()?;
@@ -47,10 +49,4 @@ fn stamp_matches(stamp: &Path) -> bool {
 fn which_python3() -> Result<PathBuf, String> {
     let out = Command::new("python3").args(["-c", "import sys; print(sys.executable)"]).output().map_err(|e| format!("cannot run python3: {e}"))?;
     Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-}
-
-fn run(cmd: &mut Command) -> Result<(), String> {
-    eprintln!("xtask: {cmd:?}");
-    let status = cmd.status().map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
-    if status.success() { Ok(()) } else { Err(format!("{cmd:?} failed ({status})")) }
 }

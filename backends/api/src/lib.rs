@@ -22,7 +22,7 @@ pub mod model;
 mod reference;
 
 pub use model::{ForwardOutput, ModelBackend, ModelPrecision};
-pub use reference::{RefTensor, ReferenceBackend};
+pub use reference::{RefTensor, ReferenceBackend, seeded_noise};
 pub use specdec_reference::ngram::NgramConfig;
 pub use specdec_reference::{Comparator, DrawMethod, ErrorKind, PAD, SamplingParams, SpecError, Tensor as HostTensor};
 

@@ -30,7 +30,7 @@ pub(crate) enum IntOp {
 impl CandleBackend {
     /// GLUE-5: f32 host values as they are (no f64 detour, no rounding).
     pub(crate) fn glue_upload_f32(&self, t: &HostTensor<f32>) -> Result<Tensor> {
-        self.dev(Tensor::from_vec(t.data().to_vec(), t.shape().to_vec(), self.candle_device()))
+        self.dev(Tensor::from_vec(t.data().to_vec(), t.shape().to_vec(), &crate::kernels::home(t.data().len(), self.candle_device())))
     }
 
     /// Floats stay in their dtype, ids in i64: glue moves data, it never converts.

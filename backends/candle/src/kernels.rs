@@ -11,6 +11,17 @@ use candle_core::{D, DType, Device, Result, Tensor};
 pub const PAD: i64 = -1;
 
 /// `[n]` i64: `0, 1, .., n-1`.
+/// The device a tensor of `elements` elements is made on. CUDA cannot
+/// allocate zero bytes (`cuMemAlloc` answers `CUDA_ERROR_INVALID_VALUE`;
+/// seen on an H100 with candle 0.11 and cudarc 0.19), so a tensor without
+/// elements lives on the CPU whatever the backend's device. It holds only a
+/// shape: validation reads the shape, or downloads it for the reference to
+/// name the defect, and an empty result is returned as it is. No kernel
+/// mixes it with device tensors ([`any_of`] skips empty masks).
+pub fn home(elements: usize, dev: &Device) -> Device {
+    if elements == 0 { Device::Cpu } else { dev.clone() }
+}
+
 pub fn ids(n: usize, dev: &Device) -> Result<Tensor> {
     Tensor::arange(0i64, n as i64, dev)
 }
@@ -48,9 +59,13 @@ pub fn any(mask: &Tensor) -> Result<Tensor> {
     mask.flatten_all()?.max(0)
 }
 
-/// Rank-0 `u8`: 1 if any element of any mask is set.
+/// Rank-0 `u8`: 1 if any element of any mask is set. Empty masks (set
+/// nowhere, and possibly on the CPU, see [`home`]) are skipped.
 pub fn any_of(masks: &[Tensor]) -> Result<Tensor> {
-    let flags = masks.iter().map(any).collect::<Result<Vec<_>>>()?;
+    let flags = masks.iter().filter(|m| m.elem_count() > 0).map(any).collect::<Result<Vec<_>>>()?;
+    if flags.is_empty() {
+        return scalar(0u8, &Device::Cpu);
+    }
     Tensor::stack(&flags, 0)?.max(0)
 }
 

@@ -3,7 +3,7 @@
 
 use candle_core::{DType, Device, Result, Tensor};
 
-use crate::kernels::{ids, scalar, select};
+use crate::kernels::{home, ids, scalar, select};
 
 /// KV-1 on the device: keys and values `[B, H, C + 1, D]` f32 and lengths
 /// `[B]` i64. Slot `C` is a write sink: the rows of an append beyond a
@@ -74,14 +74,13 @@ impl CandleKvCache {
     pub(crate) fn contents(&self) -> Result<(Tensor, Tensor)> {
         let max = self.lens.max(0)?.to_scalar::<i64>()?.max(0) as usize;
         let dev = self.keys.device();
+        if max == 0 {
+            let empty = Tensor::zeros((self.batch, self.heads, 0, self.head_dim), DType::F32, &home(0, dev))?;
+            return Ok((empty.clone(), empty));
+        }
         let keep = ids(max, dev)?.unsqueeze(0)?.broadcast_lt(&self.lens.unsqueeze(1)?)?;
         let keep = keep.reshape((self.batch, 1, max, 1))?;
-        let view = |store: &Tensor| -> Result<Tensor> {
-            if max == 0 {
-                return Tensor::zeros((self.batch, self.heads, 0, self.head_dim), DType::F32, dev);
-            }
-            select(&keep, &store.narrow(2, 0, max)?, &scalar(0f32, dev)?)
-        };
+        let view = |store: &Tensor| -> Result<Tensor> { select(&keep, &store.narrow(2, 0, max)?, &scalar(0f32, dev)?) };
         Ok((view(&self.keys)?, view(&self.values)?))
     }
 }
@@ -93,6 +92,9 @@ pub fn paged_gather(pages: &Tensor, table: &Tensor, lens: &Tensor) -> Result<Ten
     let batch = table.dim(0)?;
     let dev = pages.device();
     let max = lens.max(0)?.to_scalar::<i64>()?.max(0) as usize;
+    if max == 0 {
+        return Tensor::zeros((batch, 0, heads, dim), DType::F32, &home(0, dev));
+    }
     let pos = ids(max, dev)?.unsqueeze(0)?; // [1, T]
     let page_t = scalar(page as i64, dev)?;
     let slot = pos.broadcast_div(&page_t)?; // integer division

@@ -229,7 +229,7 @@ impl Backend for CandleBackend {
 
     fn upload_f64(&self, t: &HostTensor<f64>) -> Result<Tensor> {
         let data: Vec<f32> = t.data().iter().map(|&x| to_f32(x)).collect();
-        self.dev(Tensor::from_vec(data, t.shape().to_vec(), &self.device))
+        self.dev(Tensor::from_vec(data, t.shape().to_vec(), &kernels::home(t.data().len(), &self.device)))
     }
 
     fn upload_f32(&self, t: &HostTensor<f32>) -> Result<Tensor> {
@@ -237,7 +237,7 @@ impl Backend for CandleBackend {
     }
 
     fn upload_i64(&self, t: &HostTensor<i64>) -> Result<Tensor> {
-        self.dev(Tensor::from_vec(t.data().to_vec(), t.shape().to_vec(), &self.device))
+        self.dev(Tensor::from_vec(t.data().to_vec(), t.shape().to_vec(), &kernels::home(t.data().len(), &self.device)))
     }
 
     fn download_f64(&self, t: &Tensor) -> Result<HostTensor<f64>> {
