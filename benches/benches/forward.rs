@@ -66,6 +66,10 @@ fn main() {
         bench_backend(&mut c, "tch-cpu", &b, &weights, 10);
         names.push("tch-cpu");
     }
+    if let Ok(b) = specdec_candle::CandleBackend::cuda(0) {
+        bench_backend(&mut c, "candle-cuda", &b, &weights, 10);
+        names.push("candle-cuda");
+    }
     c.final_summary();
 
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");

@@ -147,7 +147,7 @@ fn main() -> ExitCode {
         Command::Conform { backend, filter, xfails, seed, report, diff_cases, no_stat, smollm2, smollm2_hf } => {
             let env = ModelFiles::from_env();
             let files = ModelFiles { smollm2_gguf: smollm2.or(env.smollm2_gguf), smollm2_hf: smollm2_hf.or(env.smollm2_hf) };
-            conform(&backend, filter, xfails.as_deref(), seed, &report, diff_cases, !no_stat, &files)
+            suite_config(filter, xfails.as_deref(), seed, diff_cases, !no_stat).and_then(|cfg| conform(&backend, &cfg, &report, &files))
         }
         Command::Model { command } => model::run(command),
         Command::Generate { model, backend, prompt, chat, max_tokens, temperature, top_k, top_p, seed, json, proposer, k, compare } => {
@@ -217,19 +217,23 @@ impl Job for Conform<'_> {
     }
 }
 
-fn conform(backend: &str, filter: Option<String>, xfails: Option<&Path>, seed: Option<u64>, reports: &[PathBuf], diff_cases: usize, statistical: bool, files: &ModelFiles) -> Result<bool, String> {
+/// The suite configuration of `conform`'s flags.
+fn suite_config(filter: Option<String>, xfails: Option<&Path>, seed: Option<u64>, diff_cases: usize, statistical: bool) -> Result<SuiteConfig, String> {
     let selection = match xfails {
         Some(path) => Selection::parse(&std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?)?,
         None => Selection::default(),
     };
     let seed = seed.map_or_else(suite::seed_from_env, Ok)?;
-    let cfg = SuiteConfig { seed, filter, selection, diff_cases_per_op: diff_cases, statistical };
-    let items = suite::all_items(&cfg);
+    Ok(SuiteConfig { seed, filter, selection, diff_cases_per_op: diff_cases, statistical })
+}
+
+fn conform(backend: &str, cfg: &SuiteConfig, reports: &[PathBuf], files: &ModelFiles) -> Result<bool, String> {
+    let items = suite::all_items(cfg);
     let names: Vec<&str> = if backend == "all" { NAMES.to_vec() } else { vec![backend] };
     let mut ok = true;
     let mut ran = Vec::new();
     for name in names {
-        match with_backend(name, &Conform { cfg: &cfg, items: &items, files }) {
+        match with_backend(name, &Conform { cfg, items: &items, files }) {
             Ok(report) => {
                 print_report(&report);
                 ok &= !report.summary.failed;

@@ -100,6 +100,19 @@ fn logits_margins(z: &HostTensor<f64>, t: &HostTensor<f64>, k: &HostTensor<i64>,
     Some(out)
 }
 
+/// `d <= bound`, false when either is NaN: a NaN difference must fail a
+/// tolerance check, never pass it as a negated `>` would.
+pub fn within(d: f64, bound: f64) -> bool {
+    d <= bound
+}
+
+/// The scale a relative tolerance multiplies: the largest magnitude in
+/// `row`, at least the smallest positive f64 (so an all-zero row still
+/// gives a positive bound).
+pub fn row_scale(row: &[f64]) -> f64 {
+    row.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(f64::MIN_POSITIVE)
+}
+
 /// Relative tolerance of a backend's float outputs by value dtype (CASE-10):
 /// rounding error scales with magnitude, so an absolute tolerance alone
 /// fails correct f32 values above ~100 (one binary32 ulp there is 7.6e-6).

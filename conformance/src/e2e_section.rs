@@ -38,7 +38,7 @@ use specdec_decoder::{DflashMode, DflashProposer, DraftModelProposer, Engine, En
 use specdec_reference::process_logits;
 use specdec_stats::TestReport;
 
-use crate::compare::Verdict;
+use crate::compare::{Verdict, row_scale, within};
 use crate::model_section::{self, ModelFiles, SMOLLM2, Subject, err, shipped_prompts};
 use crate::stat;
 use crate::suite::{CheckResult, Kind, SuiteConfig, catch, settle};
@@ -161,7 +161,7 @@ pub fn run<B: ModelBackend>(backend: &B, cfg: &SuiteConfig, files: &ModelFiles, 
 pub fn run_with<B: ModelBackend>(backend: &B, cfg: &SuiteConfig, files: &ModelFiles, engine: &EngineConfig, progress: &mut dyn FnMut(&CheckResult)) -> Vec<CheckResult> {
     let mut results = Vec::new();
     let mut sampled = Vec::new();
-    let mut current: Option<(String, Result<(Subject, B::Model), Verdict>)> = None;
+    let mut current: crate::model_section::CurrentModel<B::Model> = None;
     let mut last_cache: Option<(String, Result<GreedyRun<B>, String>)> = None;
     // Plain greedy runs once per model; every proposer is compared with it.
     let mut plain: Option<(String, Result<Plain, String>)> = None;
@@ -255,8 +255,15 @@ struct GreedyRun<B: ModelBackend> {
     cache: B::ModelCache,
 }
 
+/// What a model's greedy checks decode: prompts, tokens per prompt, eos ids.
+struct GreedyPrompts {
+    prompts: Vec<Vec<u32>>,
+    max_tokens: usize,
+    eos: Vec<u32>,
+}
+
 /// Greedy prompts: SmolLM2's shipped prompts, or seeded ids with repeats for the tiny model.
-fn greedy_prompts(s: &Subject) -> Result<(Vec<Vec<u32>>, usize, Vec<u32>), String> {
+fn greedy_prompts(s: &Subject) -> Result<GreedyPrompts, String> {
     if let Some(loaded) = &s.loaded {
         let tok = loaded.tokenizer.as_ref().ok_or("SmolLM2 has no tokenizer")?;
         let prompts = shipped_prompts()
@@ -266,7 +273,7 @@ fn greedy_prompts(s: &Subject) -> Result<(Vec<Vec<u32>>, usize, Vec<u32>), Strin
                 tok.encode(&text, false).map_err(|e| e.to_string())
             })
             .collect::<Result<_, _>>()?;
-        return Ok((prompts, SMOLLM2_TOKENS, s.weights.config.eos_ids()));
+        return Ok(GreedyPrompts { prompts, max_tokens: SMOLLM2_TOKENS, eos: s.weights.config.eos_ids() });
     }
     let prompts = vec![vec![1, 2, 3, 1, 2, 3, 1], vec![5], vec![7, 7, 7, 7], vec![0, 4, 9, 2, 4, 9, 2, 4, 11, 10]];
     // An eos the first prompt's greedy output reaches mid-generation, so
@@ -274,7 +281,7 @@ fn greedy_prompts(s: &Subject) -> Result<(Vec<Vec<u32>>, usize, Vec<u32>), Strin
     let plain = RefModel::new((*s.weights).clone());
     let r = model_section::greedy(&specdec_backend::ReferenceBackend, &plain, &prompts[..1], TINY_TOKENS, &[], s.weights.config.vocab_size)?;
     let eos = r[0].tokens[TINY_TOKENS / 2];
-    Ok((prompts, TINY_TOKENS, vec![eos]))
+    Ok(GreedyPrompts { prompts, max_tokens: TINY_TOKENS, eos: vec![eos] })
 }
 
 /// A model's greedy prompts and their plain greedy decoding on the backend.
@@ -286,7 +293,7 @@ struct Plain {
 }
 
 fn plain_run<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model) -> Result<Plain, String> {
-    let (prompts, max_tokens, eos) = greedy_prompts(s)?;
+    let GreedyPrompts { prompts, max_tokens, eos } = greedy_prompts(s)?;
     let runs = model_section::greedy(b, m, &prompts, max_tokens, &eos, s.weights.config.vocab_size)?;
     Ok(Plain { prompts, max_tokens, eos, runs })
 }
@@ -347,11 +354,11 @@ fn check_rollback<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, run: &Greed
                 let (k1, v1) = b.cache_contents(&run.cache, layer, i).map_err(err)?;
                 let (k2, v2) = b.cache_contents(&fresh, layer, 0).map_err(err)?;
                 for (what, x, y) in [("keys", &k1, &k2), ("values", &v1, &v2)] {
-                    let scale = y.iter().fold(0.0f64, |a, v| a.max(v.abs())).max(f64::MIN_POSITIVE);
+                    let scale = row_scale(y);
                     for (j, (a, e)) in x.iter().zip(y).enumerate() {
                         let d = (a - e).abs();
                         worst = worst.max(d);
-                        if !(d <= tol * scale) {
+                        if !within(d, tol * scale) {
                             return Err(format!("request {i} layer {layer} {what}[{j}]: {a} vs a fresh prefill's {e} (|diff| {d:.3e} > {tol:e} x {scale:.3e})"));
                         }
                     }

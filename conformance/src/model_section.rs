@@ -17,6 +17,7 @@
 //!   GGUF) and `greedy` (8 prompts x 48 tokens of plain greedy decoding
 //!   agree token for token with the reference's, a divergence excused only
 //!   at a step whose reference top-2 margin is below the epsilon).
+//!
 //! Invariants: the oracle is [`specdec_models::RefModel`], computed in the
 //! same run (never a stored copy of the code under test); SmolLM2 checks are
 //! reported as not supported, with the reason, when its file is not given.
@@ -33,7 +34,7 @@ use specdec_backend::{BackendError, ReferenceBackend};
 use specdec_models::tiny::TinySpec;
 use specdec_models::{LlamaWeights, LoadedModel, RefModel};
 
-use crate::compare::Verdict;
+use crate::compare::{Verdict, row_scale, within};
 use crate::suite::{CheckResult, Kind, SuiteConfig, catch, settle};
 
 /// The env var naming the SmolLM2 GGUF file (set by `cargo xtask`).
@@ -87,6 +88,10 @@ pub fn model_items() -> Vec<ModelItem> {
     items
 }
 
+/// The model a section has loaded, by name, or why it could not be: sections
+/// walk their items in model order and load each model once.
+pub(crate) type CurrentModel<M> = Option<(String, Result<(Subject, M), Verdict>)>;
+
 /// A model under test: its weights and, for SmolLM2, its tokenizer.
 pub(crate) struct Subject {
     pub(crate) weights: Arc<LlamaWeights>,
@@ -112,7 +117,7 @@ pub(crate) fn subject(model: &str, files: &ModelFiles) -> Result<Subject, Verdic
 /// Runs the selected model checks on `backend`; models load once each.
 pub fn run<B: ModelBackend>(backend: &B, cfg: &SuiteConfig, files: &ModelFiles, progress: &mut dyn FnMut(&CheckResult)) -> Vec<CheckResult> {
     let mut results = Vec::new();
-    let mut current: Option<(String, Result<(Subject, B::Model), Verdict>)> = None;
+    let mut current: CurrentModel<B::Model> = None;
     for item in model_items() {
         let mut result = CheckResult::unselected(&item.name, Kind::Model, format!("model/{}", item.check), item.rules, &backend.name(), cfg.seed);
         if !cfg.wants(&item.name) {
@@ -246,16 +251,16 @@ fn compare_rows(what: &str, observed: &[Vec<f64>], expected: &[Vec<f64>], tol: f
     }
     let (mut excused, mut max_abs) = (0, 0.0f64);
     for (r, (o, e)) in observed.iter().zip(expected).enumerate() {
-        let scale = e.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(f64::MIN_POSITIVE);
+        let scale = row_scale(e);
         let (mut worst, mut at) = (0.0f64, 0);
         for (i, (a, b)) in o.iter().zip(e).enumerate() {
             let d = (a - b).abs();
-            if !(d <= worst) {
+            if !within(d, worst) {
                 (worst, at) = (d, i);
             }
         }
         max_abs = max_abs.max(worst);
-        if !(worst <= tol * scale) {
+        if !within(worst, tol * scale) {
             return Err(format!("{what}: row {r} index {at}: {} vs expected {} (|diff| {worst:.3e} > {tol:e} x row scale {scale:.3e})", o[at], e[at]));
         }
         let ((oi, _), (ei, margin)) = (top2(o), top2(e));
@@ -342,10 +347,10 @@ fn check_kv_trim<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model) -> Outcome {
                 if x.len() != y.len() {
                     return Err(format!("layer {layer} sequence {seq} {what}: {} values after trim, {} in a fresh cache", x.len(), y.len()));
                 }
-                let scale = y.iter().fold(0.0f64, |a, v| a.max(v.abs())).max(f64::MIN_POSITIVE);
+                let scale = row_scale(y);
                 let worst = x.iter().zip(y.iter()).map(|(a, b)| (a - b).abs()).fold(0.0f64, f64::max);
                 max_abs = max_abs.max(worst);
-                if !(worst <= p.logit_rel_tolerance * scale) {
+                if !within(worst, p.logit_rel_tolerance * scale) {
                     return Err(format!("layer {layer} sequence {seq} {what}: |diff| {worst:.3e} from a fresh cache"));
                 }
             }

@@ -108,20 +108,28 @@ fn draw(w: &[f64], v: f64, normalise: bool) -> usize {
     w.iter().rposition(|&x| x > 0.0).unwrap_or(0)
 }
 
-impl Backend for Mutant {
-    type Tensor = RefTensor;
-    type KvCache = BatchKvCache;
+/// What every mutant shares: host tensors, the reference's precision and
+/// transfers, and a name from its defect.
+macro_rules! host_mutant {
+    () => {
+        type Tensor = RefTensor;
+        type KvCache = BatchKvCache;
 
-    fn name(&self) -> String {
-        format!("mutant-{}", self.0.name())
-    }
-    fn device(&self) -> String {
-        "host".into()
-    }
-    fn precision(&self) -> Precision {
-        ReferenceBackend.precision()
-    }
-    specdec_backend::reference_transfers!();
+        fn name(&self) -> String {
+            format!("mutant-{}", self.0.name())
+        }
+        fn device(&self) -> String {
+            "host".into()
+        }
+        fn precision(&self) -> Precision {
+            ReferenceBackend.precision()
+        }
+        specdec_backend::reference_transfers!();
+    };
+}
+
+impl Backend for Mutant {
+    host_mutant!();
 
     fn rejection_verify(&self, a: RejectionArgs<'_, RefTensor>, n: RejectionNoise<'_, RefTensor>, cmp: Comparator) -> Result<Verified<RefTensor>> {
         let DrawNoiseArg::InverseCdf(v) = n.draw else {
@@ -177,34 +185,24 @@ impl SeededMutant {
         // One spare row, so that an overlapping layout never reads past the end.
         let (u, draw) = specdec_backend::seeded_noise(seed, batch + 1, k, v, method);
         let (accept_row, draw_row) = (k, (k + 1) * if method == DrawMethod::InverseCdf { 1 } else { v });
-        let (accept_at, draw_at): (Box<dyn Fn(usize) -> usize>, Box<dyn Fn(usize) -> usize>) = match self.0 {
-            NoiseDefect::SharedAcrossRows => (Box::new(|_| 0), Box::new(|_| 0)),
-            NoiseDefect::RowStrideK => (Box::new(move |b| b * accept_row), Box::new(move |b| b * (draw_row - draw_row / (k + 1)))),
+        // Where row `b` starts reading: every row at 0, or at a stride one
+        // position (of `draw_row / (k + 1)` values) short for the draw noise.
+        let start = |b: usize, width: usize, stride: usize| match self.0 {
+            NoiseDefect::SharedAcrossRows => 0,
+            NoiseDefect::RowStrideK => b * (width - stride),
         };
-        let relay = |flat: &[f64], width: usize, at: &dyn Fn(usize) -> usize| -> Vec<f64> { (0..batch).flat_map(|b| flat[at(b)..at(b) + width].to_vec()).collect() };
-        let accept = HostTensor::new(vec![batch, k], relay(u.data(), accept_row, &*accept_at)).expect("shape");
+        let relay = |flat: &[f64], width: usize, stride: usize| -> Vec<f64> { (0..batch).flat_map(|b| flat[start(b, width, stride)..start(b, width, stride) + width].to_vec()).collect() };
+        let accept = HostTensor::new(vec![batch, k], relay(u.data(), accept_row, 0)).expect("shape");
         let draw = match draw {
-            DrawNoise::InverseCdf(t) => DrawNoise::InverseCdf(HostTensor::new(vec![batch, k + 1], relay(t.data(), draw_row, &*draw_at)).expect("shape")),
-            DrawNoise::ExponentialRace(t) => DrawNoise::ExponentialRace(HostTensor::new(vec![batch, k + 1, v], relay(t.data(), draw_row, &*draw_at)).expect("shape")),
+            DrawNoise::InverseCdf(t) => DrawNoise::InverseCdf(HostTensor::new(vec![batch, k + 1], relay(t.data(), draw_row, draw_row / (k + 1))).expect("shape")),
+            DrawNoise::ExponentialRace(t) => DrawNoise::ExponentialRace(HostTensor::new(vec![batch, k + 1, v], relay(t.data(), draw_row, draw_row / (k + 1))).expect("shape")),
         };
         (accept, draw)
     }
 }
 
 impl Backend for SeededMutant {
-    type Tensor = RefTensor;
-    type KvCache = BatchKvCache;
-
-    fn name(&self) -> String {
-        format!("mutant-{}", self.0.name())
-    }
-    fn device(&self) -> String {
-        "host".into()
-    }
-    fn precision(&self) -> Precision {
-        ReferenceBackend.precision()
-    }
-    specdec_backend::reference_transfers!();
+    host_mutant!();
 
     fn rejection_verify_seeded(&self, a: RejectionArgs<'_, RefTensor>, method: DrawMethod, cmp: Comparator, seed: u64) -> Result<Verified<RefTensor>> {
         // A mutant breaks the noise, not the validation: bad input gets the reference's error.

@@ -40,10 +40,10 @@ fn unknown_fields_are_errors() {
     );
     assert!(e.contains("typo-param") && e.contains("params.comparater") && e.contains("unknown field"), "{e}");
     // A misspelt optional input would otherwise be absent (q = one-hot).
-    let e = only_error(&format!(
-        r#"{{"id": "typo-input", "op": "residual", "expected_by": "hand",
-        "inputs": {{"target_probs": [[0.5, 0.5]], "draft_prob": [[0.5, 0.5]], "drafted": [0]}}, "expect": {{"residual": [[0.0, 1.0]]}}}}"#
-    ));
+    let e = only_error(
+        r#"{"id": "typo-input", "op": "residual", "expected_by": "hand",
+        "inputs": {"target_probs": [[0.5, 0.5]], "draft_prob": [[0.5, 0.5]], "drafted": [0]}, "expect": {"residual": [[0.0, 1.0]]}}"#,
+    );
     assert!(e.contains("typo-input") && e.contains("inputs.draft_prob"), "{e}");
     // At the case's top level, in an object tensor, and at the file's top level.
     let e = only_error(&format!(r#"{{"id": "typo-top", "op": "draw", "expected_by": "hand", "descripton": "x", "inputs": {{{DRAW_INPUTS}}}, "expect": {{"tokens": [1]}}}}"#));
@@ -82,9 +82,9 @@ fn expectations_are_complete() {
     );
     assert!(e.contains("half") && e.contains("expect.num_accepted"), "{e}");
     // An error expectation needs no outputs.
-    let loaded = load(&format!(
-        r#"{{"id": "err", "op": "draw", "expected_by": "hand", "description": "a uniform of 1 is out of range", "inputs": {{"weights": [[0.5, 0.5]], "draw_uniforms": [1.0]}}, "expect": {{"error": "UniformOutOfRange", "arg": "draw_uniforms"}}}}"#
-    ));
+    let loaded = load(
+        r#"{"id": "err", "op": "draw", "expected_by": "hand", "description": "a uniform of 1 is out of range", "inputs": {"weights": [[0.5, 0.5]], "draw_uniforms": [1.0]}, "expect": {"error": "UniformOutOfRange", "arg": "draw_uniforms"}}"#,
+    );
     assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
     assert_eq!(loaded.cases[0].description, "a uniform of 1 is out of range");
     assert!(matches!(check_case(&ReferenceBackend, &loaded.cases[0]), Verdict::Pass { .. }));

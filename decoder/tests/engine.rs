@@ -134,7 +134,7 @@ impl<F: FnMut(&SeqView<'_>) -> Vec<u32>> Proposer<ReferenceBackend> for Scripted
     }
     fn propose(&mut self, _: &ReferenceBackend, seqs: &[SeqView<'_>], _: &mut [Pcg64]) -> Result<Proposal<specdec_backend::RefTensor>, DecodeError> {
         self.calls += 1;
-        if self.fail_every.is_some_and(|n| self.calls % n == 0) {
+        if self.fail_every.is_some_and(|n| self.calls.is_multiple_of(n)) {
             return Err(DecodeError::proposer("scripted", "injected failure"));
         }
         self.caps.push(seqs.iter().map(|s| s.max_drafts).max().unwrap_or(0));
@@ -229,7 +229,7 @@ fn scenario_07_rollback_leaves_the_cache_of_a_fresh_prefill() {
         for (i, (r, o)) in reqs.iter().zip(&out.outputs).enumerate() {
             let kept: Vec<u32> = r.prompt.iter().chain(&o.tokens[..o.tokens.len() - 1]).copied().collect();
             let mut fresh = model.new_cache(1, 64).unwrap();
-            model.forward(&mut fresh, &ForwardRequest::last_logits(&[kept.clone()])).unwrap();
+            model.forward(&mut fresh, &ForwardRequest::last_logits(std::slice::from_ref(&kept))).unwrap();
             assert_eq!(B.cache_lens(&cache)[i], kept.len(), "{rollback:?} request {i}");
             for layer in 0..w.config.num_hidden_layers {
                 assert_eq!(B.cache_contents(&cache, layer, i).unwrap(), B.cache_contents(&fresh, layer, 0).unwrap(), "{rollback:?} request {i} layer {layer}");

@@ -27,8 +27,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Every test of the workspace, including the tch backend and the SmolLM2
-    /// sections (fetches libtorch and SmolLM2 once).
+    /// `cargo fmt --check`, `cargo clippy -D warnings`, then every test of the
+    /// workspace, including the tch backend and the SmolLM2 sections (fetches
+    /// libtorch and SmolLM2 once).
     Test {
         /// Extra arguments passed to `cargo test` after `--`.
         #[arg(last = true)]
@@ -105,9 +106,11 @@ fn run(task: Task) -> Result<(), String> {
             let mut env = smollm2_env(&root)?;
             // The exec backend's suite runs the NumPy adapter with this Python.
             env.extend(numpy_venv::ensure_numpy_venv(&root)?);
-            cargo_with(&root, &["test", "--workspace", "--features", "specdec-tch/libtorch"], &rest_after_dashdash(rest), Some(&lt), &env)?;
-            // The suite must catch a deliberately broken port (a feature-gated mutant).
-            cargo(&root, &["test", "-p", "specdec-ndarray", "--features", "mutant-residual", "--test", "mutant_caught"], &[], None)
+            // Style gates first, over every crate and target (tch included): a
+            // formatting drift or a clippy warning fails the run.
+            cargo(&root, &["fmt", "--all", "--check"], &[], None)?;
+            cargo_with(&root, &["clippy", "--workspace", "--all-targets", "--features", "specdec-tch/libtorch", "--", "-D", "warnings"], &[], Some(&lt), &env)?;
+            cargo_with(&root, &["test", "--workspace", "--features", "specdec-tch/libtorch"], &rest_after_dashdash(rest), Some(&lt), &env)
         }
         Task::Conform { rest } => {
             let lt = libtorch::ensure_libtorch(&root)?;

@@ -80,7 +80,7 @@ pub fn b64_encode(bytes: &[u8]) -> String {
 /// Decodes standard padded base64; `Err` says what is wrong.
 pub fn b64_decode(text: &str) -> Result<Vec<u8>, String> {
     let bytes = text.as_bytes();
-    if bytes.len() % 4 != 0 {
+    if !bytes.len().is_multiple_of(4) {
         return Err(format!("base64 length {} is not a multiple of 4", bytes.len()));
     }
     let mut out = Vec::with_capacity(bytes.len() / 4 * 3);

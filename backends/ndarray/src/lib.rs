@@ -21,9 +21,9 @@
 //! checks this); the stated `margin_epsilon` and `value_tolerance` are
 //! therefore 0 and no decision is ever excused. The seeded verify draws
 //! from `rand_pcg::Pcg64::seed_from_u64(seed)` (see
-//! [`Backend::rejection_verify_seeded`] on [`NdarrayBackend`]). The
-//! `mutant-residual` feature is a test fixture that breaks the residual on
-//! purpose and must never be enabled in production.
+//! [`Backend::rejection_verify_seeded`] on [`NdarrayBackend`]). A
+//! deliberately broken copy of this port, which the suite must reject,
+//! lives in `tests/mutant_caught.rs`, outside the production code.
 
 mod check;
 mod glue;

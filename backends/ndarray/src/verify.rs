@@ -148,7 +148,6 @@ fn accepts(cmp: Comparator, u: f64, p: f64, q: f64) -> bool {
 
 /// RESID-1/2 weights `max(0, p - q)`, or `p` with the drafted id zeroed
 /// when there are no draft probabilities.
-#[cfg(not(feature = "mutant-residual"))]
 pub(crate) fn residual_weights(p: ArrayView2<'_, f64>, q: Option<ArrayView2<'_, f64>>, drafted: ArrayView1<'_, usize>) -> Array2<f64> {
     match q {
         Some(q) => Zip::from(&p).and(&q).map_collect(|&p, &q| (p - q).max(0.0)),
@@ -157,16 +156,6 @@ pub(crate) fn residual_weights(p: ArrayView2<'_, f64>, q: Option<ArrayView2<'_, 
             Zip::from(&p).and_broadcast(pos.view().insert_axis(Axis(0))).and_broadcast(drafted.insert_axis(Axis(1))).map_collect(|&p, &j, &x| if j == x { 0.0 } else { p })
         }
     }
-}
-
-// !!! TEST FIXTURE: MUST NEVER BE ENABLED IN PRODUCTION !!!
-/// Feature `mutant-residual`: a deliberately broken residual that returns
-/// `p` itself, ignoring the draft (wrong for RESID-1/2, REJECT-3 and the
-/// residual op), so that a test can prove the conformance suite catches a
-/// broken port.
-#[cfg(feature = "mutant-residual")]
-pub(crate) fn residual_weights(p: ArrayView2<'_, f64>, _q: Option<ArrayView2<'_, f64>>, _drafted: ArrayView1<'_, usize>) -> Array2<f64> {
-    p.to_owned()
 }
 
 /// RESID-3: the residual where it has mass, `p` itself where it has none.
