@@ -232,6 +232,7 @@ fn conform(backend: &str, cfg: &SuiteConfig, reports: &[PathBuf], files: &ModelF
     let names: Vec<&str> = if backend == "all" { NAMES.to_vec() } else { vec![backend] };
     let mut ok = true;
     let mut ran = Vec::new();
+    let mut unavailable = Vec::new();
     for name in names {
         match with_backend(name, &Conform { cfg, items: &items, files }) {
             Ok(report) => {
@@ -239,11 +240,25 @@ fn conform(backend: &str, cfg: &SuiteConfig, reports: &[PathBuf], files: &ModelF
                 ok &= !report.summary.failed;
                 ran.push(report);
             }
-            Err(why) if backend == "all" => println!("{name}: unavailable in this build or on this machine: {why}\n"),
+            Err(why) if backend == "all" => {
+                println!("{name}: unavailable in this build or on this machine: {why}\n");
+                unavailable.push(name);
+            }
             Err(why) => return Err(why),
         }
     }
     write_all(reports, &ran)?;
+    // The run ends by saying what actually ran: a backend that did not, or
+    // checks that were not executed, are never hidden in a PASS.
+    println!("backends that ran:");
+    for r in &ran {
+        let count = |s: Status| r.summary.counts.get(&s).copied().unwrap_or(0);
+        let executed = count(Status::Pass) + count(Status::Fail) + count(Status::XFail) + count(Status::XPass);
+        println!("  {}: {executed} checks executed, {} not supported, {} not selected", r.backend, count(Status::NotSupported), count(Status::Skipped));
+    }
+    if !unavailable.is_empty() {
+        println!("backends that did not run: {}", unavailable.join(", "));
+    }
     println!("{}", if ok { "conformance: PASS" } else { "conformance: FAIL" });
     Ok(ok)
 }

@@ -73,3 +73,20 @@ fn the_repro_reruns_the_case() {
     let missing = specdec(&["check", path.to_str().unwrap(), "--case", "nope"]);
     assert!(!missing.status.success() && text(&missing).contains("no case with id `nope`"), "{}", text(&missing));
 }
+
+/// A conformance run ends by naming the backends that ran and how many
+/// checks each executed, and the backends that did not run.
+#[test]
+fn conform_says_which_backends_ran_and_how_much() {
+    let out = specdec(&["conform", "--backend", "all", "--filter", "golden/draw/", "--no-stat"]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    let tail = &t[t.find("backends that ran:").expect("the closing summary")..];
+    for backend in ["reference", "ndarray", "candle-cpu"] {
+        let line = tail.lines().find(|l| l.trim_start().starts_with(&format!("{backend}:"))).unwrap_or_else(|| panic!("{backend} is not listed: {tail}"));
+        let executed: usize = line.split(": ").nth(1).and_then(|s| s.split(' ').next()).and_then(|n| n.parse().ok()).expect("a count");
+        assert!(executed > 0 && line.contains("not selected"), "{line}");
+    }
+    // Without the cuda feature candle-cuda cannot run, and the summary says so.
+    assert!(tail.contains("backends that did not run:") && tail.contains("candle-cuda"), "{tail}");
+}
