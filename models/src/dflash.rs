@@ -290,18 +290,7 @@ impl DflashWeights {
         let hidden_norm = get("hidden_norm.weight".into())?;
         let mut layers = Vec::with_capacity(config.layers.num_hidden_layers);
         for l in 0..config.layers.num_hidden_layers {
-            let p = format!("layers.{l}");
-            layers.push(LayerWeights {
-                attn_norm: get(format!("{p}.input_layernorm.weight"))?,
-                wq: get(format!("{p}.self_attn.q_proj.weight"))?,
-                wk: get(format!("{p}.self_attn.k_proj.weight"))?,
-                wv: get(format!("{p}.self_attn.v_proj.weight"))?,
-                wo: get(format!("{p}.self_attn.o_proj.weight"))?,
-                mlp_norm: get(format!("{p}.post_attention_layernorm.weight"))?,
-                w_gate: get(format!("{p}.mlp.gate_proj.weight"))?,
-                w_up: get(format!("{p}.mlp.up_proj.weight"))?,
-                w_down: get(format!("{p}.mlp.down_proj.weight"))?,
-            });
+            layers.push(LayerWeights::from_hf(&format!("layers.{l}"), &mut get)?);
         }
         let norm = get("norm.weight".into())?;
         Ok(DflashWeights { fc, hidden_norm, layers, norm })

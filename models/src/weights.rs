@@ -65,6 +65,25 @@ pub struct LayerWeights {
     pub w_down: Matrix,
 }
 
+impl LayerWeights {
+    /// One layer's tensors under their HF names below `p` (e.g.
+    /// `model.layers.3`), through the loader's `get`, which names a missing
+    /// tensor in its error.
+    pub(crate) fn from_hf(p: &str, get: &mut impl FnMut(String) -> Result<Matrix>) -> Result<Self> {
+        Ok(LayerWeights {
+            attn_norm: get(format!("{p}.input_layernorm.weight"))?,
+            wq: get(format!("{p}.self_attn.q_proj.weight"))?,
+            wk: get(format!("{p}.self_attn.k_proj.weight"))?,
+            wv: get(format!("{p}.self_attn.v_proj.weight"))?,
+            wo: get(format!("{p}.self_attn.o_proj.weight"))?,
+            mlp_norm: get(format!("{p}.post_attention_layernorm.weight"))?,
+            w_gate: get(format!("{p}.mlp.gate_proj.weight"))?,
+            w_up: get(format!("{p}.mlp.up_proj.weight"))?,
+            w_down: get(format!("{p}.mlp.down_proj.weight"))?,
+        })
+    }
+}
+
 /// A whole `LlamaForCausalLM`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LlamaWeights {
@@ -96,18 +115,7 @@ impl LlamaWeights {
         let embed = get("model.embed_tokens.weight".into())?;
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for l in 0..config.num_hidden_layers {
-            let p = format!("model.layers.{l}");
-            layers.push(LayerWeights {
-                attn_norm: get(format!("{p}.input_layernorm.weight"))?,
-                wq: get(format!("{p}.self_attn.q_proj.weight"))?,
-                wk: get(format!("{p}.self_attn.k_proj.weight"))?,
-                wv: get(format!("{p}.self_attn.v_proj.weight"))?,
-                wo: get(format!("{p}.self_attn.o_proj.weight"))?,
-                mlp_norm: get(format!("{p}.post_attention_layernorm.weight"))?,
-                w_gate: get(format!("{p}.mlp.gate_proj.weight"))?,
-                w_up: get(format!("{p}.mlp.up_proj.weight"))?,
-                w_down: get(format!("{p}.mlp.down_proj.weight"))?,
-            });
+            layers.push(LayerWeights::from_hf(&format!("model.layers.{l}"), &mut get)?);
         }
         let final_norm = get("model.norm.weight".into())?;
         let lm_head = if config.tie_word_embeddings { None } else { Some(get("lm_head.weight".into())?) };

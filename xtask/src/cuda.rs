@@ -10,7 +10,7 @@
 //! - Link-time libraries: candle turns on cudarc's `dynamic-linking`, so the
 //!   binary links `-lcuda -lnvrtc -lcurand -lcublas -lcublasLt -lcudart`.
 //!   All but `libcuda` come with the same wheels; they are linked through
-//!   unversioned names made in `.cache/cuda/root/lib64`.
+//!   unversioned names made in the cached link root (`lib64` under `cuda/root` in the cache folder).
 //! - `libcuda.so` ships only with a GPU driver. A stub with the soname
 //!   `libcuda.so.1` stands in for it at link time: it defines every driver
 //!   entry point cudarc's bindings name (read from cudarc's own source), so
