@@ -6,7 +6,7 @@
 //! What the build needs and where it comes from:
 //! - `nvcc` (candle's kernels are compiled to PTX at build time, and
 //!   cudarc asks `nvcc --version` for the CUDA version): the
-//!   `cuda-toolkit` wheels, in a cached venv under `.cache/cuda/venv`.
+//!   `cuda-toolkit` wheels, in a cached venv in the git-ignored cache folder.
 //! - Link-time libraries: candle turns on cudarc's `dynamic-linking`, so the
 //!   binary links `-lcuda -lnvrtc -lcurand -lcublas -lcublasLt -lcudart`.
 //!   All but `libcuda` come with the same wheels; they are linked through
