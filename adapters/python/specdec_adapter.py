@@ -9,11 +9,15 @@ with the spec's kind and argument. Unlisted operations answer NotSupported;
 any other exception answers a ``Device`` error with its traceback on stderr,
 so one bad call never ends the session.
 
+Set ``SPECDEC_ADAPTER_TRACE=FILE`` to append every request line to FILE:
+the exact inputs of a failing check, to replay or read.
+
 Only the standard library and NumPy are used.
 """
 
 import base64
 import json
+import os
 import sys
 import traceback
 
@@ -78,9 +82,13 @@ def serve(backend, name, ops, precision, device="cpu", stdin=None, stdout=None):
     """Runs the protocol loop until stdin closes."""
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
+    trace = os.environ.get("SPECDEC_ADAPTER_TRACE")
     for line in stdin:
         if not line.strip():
             continue
+        if trace:
+            with open(trace, "a", encoding="utf-8") as f:
+                f.write(line if line.endswith("\n") else line + "\n")
         try:
             req = json.loads(line)
         except ValueError as e:

@@ -303,13 +303,7 @@ fn draw(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {
 fn ngram(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {
     let (b, width, alphabet) = (g.int(1, 3), g.int(1, 30), g.int(1, 4));
     let ngram_min = g.int(1, 3);
-    let cfg = json!({
-        "ngram_min": ngram_min,
-        "ngram_max": ngram_min + g.int(0, 2),
-        "k": g.int(1, 6),
-        "policy": if g.chance(0.5) { "LargestNMostRecent" } else { "LargestNEarliest" },
-        "max_model_len": if g.chance(0.3) { json!(width + g.int(0, 4)) } else { Value::Null },
-    });
+    let k = g.int(1, 6);
     let mut ctx = Vec::new();
     let mut lens = Vec::new();
     for _ in 0..b {
@@ -317,6 +311,26 @@ fn ngram(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {
         ctx.extend((0..width).map(|j| if j < len { g.int(0, alphabet - 1) as i64 } else { PAD }));
         lens.push(len as i64);
     }
+    // NGRAM-5: most cases carry a max_model_len that binds. It is placed
+    // against the longest context so that the draft room `max - len - 1` runs
+    // from none (len = max) to k - 2 for the longest context, and now and then one context is
+    // too long for it (ContextTooLong); a cap far above every length would
+    // leave the rule untested.
+    let longest = *lens.iter().max().expect("b >= 1") as usize;
+    let max_model_len = if g.chance(0.6) {
+        if g.chance(0.1) { json!(longest - 1) } else { json!(longest + g.int(0, k - 1)) }
+    } else if g.chance(0.3) {
+        json!(width + g.int(k + 1, k + 4)) // a cap that never binds
+    } else {
+        Value::Null
+    };
+    let cfg = json!({
+        "ngram_min": ngram_min,
+        "ngram_max": ngram_min + g.int(0, 2),
+        "k": k,
+        "policy": if g.chance(0.5) { "LargestNMostRecent" } else { "LargestNEarliest" },
+        "max_model_len": max_model_len,
+    });
     (obj(vec![("vocab", json!(alphabet)), ("config", cfg)]), obj(vec![("contexts", i(vec![b, width], ctx)), ("context_lens", i(vec![b], lens))]))
 }
 

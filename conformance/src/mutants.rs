@@ -149,6 +149,32 @@ impl Backend for Mutant {
     }
 }
 
+/// A [`Mutant`] that states more slack than its dtype's cap allows
+/// (BACKEND-6): it must fail `precision/within-cap`, and its defect must still
+/// fail the checks that catch it, because the judge uses the capped values.
+#[derive(Debug, Clone, Copy)]
+pub struct OverstatedPrecision(pub Defect, pub Precision);
+
+impl Backend for OverstatedPrecision {
+    type Tensor = RefTensor;
+    type KvCache = BatchKvCache;
+
+    fn name(&self) -> String {
+        format!("mutant-{}-overstated", self.0.name())
+    }
+    fn device(&self) -> String {
+        "host".into()
+    }
+    fn precision(&self) -> Precision {
+        self.1
+    }
+    specdec_backend::reference_transfers!();
+
+    fn rejection_verify(&self, a: RejectionArgs<'_, RefTensor>, n: RejectionNoise<'_, RefTensor>, cmp: Comparator) -> Result<Verified<RefTensor>> {
+        Mutant(self.0).rejection_verify(a, n, cmp)
+    }
+}
+
 /// A defect in how a seeded verify lays out its noise (BACKEND-5): each row's
 /// own law stays exact, only the independence of rows breaks, so only the
 /// row-pair checks (STAT-8) can see it.

@@ -155,6 +155,8 @@ pub enum Source {
     Broken(String),
     /// GLUE-6: the unchecked variant of a verify op against its checked op.
     Unchecked(Op),
+    /// BACKEND-6: the stated precision lies within its dtype's cap.
+    PrecisionCap,
 }
 
 /// One check of the suite.
@@ -252,7 +254,8 @@ fn broken(name: String, e: CaseError) -> Item {
 
 /// Every item of a run, before selection.
 pub fn all_items(cfg: &SuiteConfig) -> Vec<Item> {
-    let mut items = golden_items();
+    let mut items = vec![Item { name: "precision/within-cap".into(), kind: Kind::Golden, op: "-".into(), rules: vec!["BACKEND-6".into()], source: Source::PrecisionCap }];
+    items.extend(golden_items());
     for op in diff::ops() {
         for i in 0..cfg.diff_cases_per_op {
             items.push(Item { name: diff::name(op, i), kind: Kind::Differential, op: op.name().into(), rules: Vec::new(), source: Source::Differential(op, i) });
@@ -326,6 +329,10 @@ pub fn run<B: Backend>(backend: &B, items: &[Item], cfg: &SuiteConfig, progress:
                 let scenario = stat::scenario(name).expect("known scenario");
                 (crate::exact::check_scenario(backend, &scenario), 0.0)
             }
+            Source::PrecisionCap => match backend.precision().cap_violation() {
+                None => (Verdict::Pass { excused: 0, max_abs_err: 0.0 }, 0.0),
+                Some(why) => (Verdict::Fail(why), 0.0),
+            },
             Source::Statistical(_) => unreachable!("sampled above"),
         })
         .unwrap_or_else(|msg| (Verdict::Fail(msg), 0.0));
@@ -358,7 +365,8 @@ pub fn check_case_measured<B: Backend>(backend: &B, case: &Case) -> (Verdict, f6
         Err(e) => return (Verdict::Fail(format!("case file defect: {e}")), 0.0),
     };
     match reference_margins(case) {
-        Ok(margins) => judge_measured(case, &observed, &backend.precision(), margins.as_deref()),
+        // Judged with the capped precision (BACKEND-6): an overstated epsilon buys nothing.
+        Ok(margins) => judge_measured(case, &observed, &backend.precision().judged(), margins.as_deref()),
         Err(e) => (Verdict::Fail(format!("case file defect: {e}")), 0.0),
     }
 }

@@ -16,6 +16,7 @@ use xtask::coverage;
 mod cuda;
 mod libtorch;
 mod numpy_venv;
+mod peers;
 mod smollm2;
 
 #[derive(Parser)]
@@ -59,6 +60,9 @@ enum Task {
     Model,
     /// Creates the NumPy adapter's cached environment, then prints `SPECDEC_PYTHON`.
     Numpy,
+    /// Opt-in, not in CI: the suite on real peers (HF transformers, a torch port of vLLM's
+    /// rejection sampler) from pinned PyPI packages; writes `reports/peers/PEERS.md`.
+    Peers,
     /// Builds `specdec` with candle's CUDA backend from PyPI's CUDA toolkit (no GPU needed
     /// here), to run on a GPU machine: `specdec conform --backend candle-cuda`.
     Cuda {
@@ -118,6 +122,16 @@ fn run(task: Task) -> Result<(), String> {
             let mut args = vec!["conform".to_string(), "--backend".into(), "all".into(), "--report".into(), "reports/conformance".into()];
             args.extend(rest);
             cargo_with(&root, &["run", "--release", "--quiet", "-p", "specdec-cli", "--features", "tch", "--"], &args, Some(&lt), &models)
+        }
+        Task::Peers => {
+            // libtorch first: its step caches the torch wheel the peers' environment reuses.
+            let lt = libtorch::ensure_libtorch(&root)?;
+            let python = peers::ensure_peers_venv(&root)?;
+            let models = smollm2_env(&root)?;
+            cargo_with(&root, &["build", "--release", "--quiet", "-p", "specdec-cli", "--features", "tch"], &[], Some(&lt), &models)?;
+            let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+            print!("{}", peers::run_peers(&root, &target.join("release/specdec"), &python)?);
+            Ok(())
         }
         Task::Bless { check } => {
             let args = if check { vec!["bless".to_string(), "--check".into()] } else { vec!["bless".to_string()] };

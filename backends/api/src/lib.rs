@@ -160,6 +160,58 @@ pub struct Precision {
     pub value_tolerance: f64,
 }
 
+/// The most a backend may state for its float dtype (BACKEND-6): a margin epsilon
+/// and a value tolerance a few orders of magnitude above that dtype's rounding of
+/// a probability (binary64 2.2e-16, binary32 1.2e-7, f16 9.8e-4, bf16 7.8e-3), so
+/// an honest port has room and a wrong one cannot state its way to a pass.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PrecisionCap {
+    pub margin_epsilon: f64,
+    pub value_tolerance: f64,
+}
+
+/// The cap of a float dtype name, `None` for a name the spec does not know.
+pub fn precision_cap(float_dtype: &str) -> Option<PrecisionCap> {
+    let (margin_epsilon, value_tolerance) = match float_dtype {
+        "f64" => (1e-9, 1e-9),
+        "f32" => (1e-5, 1e-4),
+        "f16" => (1e-2, 1e-2),
+        "bf16" => (5e-2, 5e-2),
+        _ => return None,
+    };
+    Some(PrecisionCap { margin_epsilon, value_tolerance })
+}
+
+impl Precision {
+    /// What the judge uses (BACKEND-6): the stated margin epsilon and value
+    /// tolerance, each capped by the float dtype's cap. A statement that is not a
+    /// number, is negative, or names an unknown dtype buys no slack at all.
+    pub fn judged(&self) -> Precision {
+        let cap = precision_cap(self.float_dtype).unwrap_or(PrecisionCap { margin_epsilon: 0.0, value_tolerance: 0.0 });
+        let bounded = |stated: f64, cap: f64| if stated.is_finite() && stated >= 0.0 { stated.min(cap) } else { 0.0 };
+        Precision { margin_epsilon: bounded(self.margin_epsilon, cap.margin_epsilon), value_tolerance: bounded(self.value_tolerance, cap.value_tolerance), ..*self }
+    }
+
+    /// Why this statement breaks BACKEND-6, if it does.
+    pub fn cap_violation(&self) -> Option<String> {
+        for (field, dtype) in [("float_dtype", self.float_dtype), ("accumulate_dtype", self.accumulate_dtype)] {
+            if precision_cap(dtype).is_none() {
+                return Some(format!("{field} `{dtype}` is not a dtype the spec knows (f64, f32, f16, bf16)"));
+            }
+        }
+        let cap = precision_cap(self.float_dtype)?;
+        for (field, stated, cap) in [("margin_epsilon", self.margin_epsilon, cap.margin_epsilon), ("value_tolerance", self.value_tolerance, cap.value_tolerance)] {
+            if !(stated.is_finite() && stated >= 0.0) {
+                return Some(format!("{field} {stated:e} is not a finite number >= 0"));
+            }
+            if stated > cap {
+                return Some(format!("{field} {stated:e} exceeds the {} cap {cap:e}; the judge uses the cap", self.float_dtype));
+            }
+        }
+        None
+    }
+}
+
 /// Draw noise on the device: `[R]`/`[B, k+1]` uniforms or `[.., V]` exponentials.
 #[derive(Debug)]
 pub enum DrawNoiseArg<'a, T> {
