@@ -418,3 +418,113 @@ fn inject_defect(g: &mut Gen, inputs: &mut Map<String, Value>) {
     }
     *slot = defect;
 }
+
+/// How many large-vocabulary draw cases a run has: every combination of
+/// vocabulary (32768, 151936), row shape (head-heavy, flat, Zipf, zero tail)
+/// and draw method.
+pub const LARGE_VOCAB_CASES: usize = 16;
+
+/// The name of large-vocabulary draw case `index`.
+pub fn large_vocab_name(index: usize) -> String {
+    format!("diff/draw-large-vocab/{index:03}")
+}
+
+/// Row shapes of real vocabularies: most mass on a few ids, near-uniform,
+/// Zipf over shuffled ids, and a zero-mass tail (a top-k or top-p cut).
+const LARGE_VOCAB_SHAPES: [&str; 4] = ["head-heavy", "flat", "zipf", "zero-tail"];
+
+/// Large-vocabulary draw case `index` (BACKEND-4, SAMPLE-1..3): the declared
+/// accumulation dtype is exercised where it matters. Two rows of one shape at
+/// V = 32768 or 151936. With inverse-CDF noise, row 0's uniform sits between
+/// the f64 and the f32 running sums at the id where the two differ most, so an
+/// inverse-CDF scan accumulated in f32 where f64 is declared picks another id,
+/// with a reference margin above the f64 cap (and, on head-heavy rows at
+/// 151936, above the f32 cap: equal tail weights make f32 drift systematic); row 1's uniform is
+/// random, or just under 1 for a zero tail (the last positive id, never a
+/// zero-weight one). Exponential-race cases are random.
+pub fn large_vocab_case(index: usize, seed: u64) -> Result<Case, CaseError> {
+    let mut g = Gen(Pcg64::seed_from_u64(seed ^ 0x4C41_5247_4556_4F43 ^ (index as u64) << 20));
+    let vocab = [32768, 151936][index % 2];
+    let shape = LARGE_VOCAB_SHAPES[(index / 2) % 4];
+    let inverse = index / 8 % 2 == 0;
+    let rows: Vec<Vec<f64>> = (0..2).map(|_| large_vocab_row(&mut g, vocab, shape)).collect();
+    let mut inputs = obj(vec![("weights", f(vec![2, vocab], rows.concat()))]);
+    if inverse {
+        let tail_end = if shape == "zero-tail" { 1.0 - 1e-12 } else { g.unit() };
+        inputs.insert("draw_uniforms".into(), f(vec![2], vec![between_f64_and_f32_sums(&rows[0]).unwrap_or_else(|| g.unit()), tail_end]));
+    } else {
+        inputs.insert("draw_exponentials".into(), f(vec![2, vocab], (0..2 * vocab).map(|_| g.exponential()).collect()));
+    }
+    let case = Case {
+        id: large_vocab_name(index),
+        op: Op::Draw.name().to_string(),
+        description: format!("{shape} row, V = {vocab}, {}", if inverse { "inverse CDF" } else { "exponential race" }),
+        rules: ["SAMPLE-1", "SAMPLE-2", "SAMPLE-3", "BACKEND-4"].map(String::from).to_vec(),
+        source: format!("large-vocabulary generator, seed {seed}"),
+        expected_by: ExpectedBy::Reference,
+        params: Map::new(),
+        inputs,
+        expect: Map::new(),
+    };
+    bless(&case)
+}
+
+fn large_vocab_row(g: &mut Gen, vocab: usize, shape: &str) -> Vec<f64> {
+    let scale = [1.0, 0.3, 7.0][g.int(0, 2)];
+    let mut w: Vec<f64> = match shape {
+        "head-heavy" => {
+            // A few ids hold most of the mass over a flat floor of equal tail
+            // weights, as after a softmax with a logit floor: the f32 running sum
+            // rounds every tail addition the same way, so its drift is systematic.
+            let mut w = vec![0.25 / vocab as f64; vocab];
+            for _ in 0..8 {
+                let id = g.int(0, vocab - 1);
+                w[id] = 0.05 + g.unit() * 0.2;
+            }
+            w
+        }
+        // Equal weights (0.1 is not a binary fraction, so sums round), with one random bump.
+        "flat" => {
+            let mut w = vec![0.1; vocab];
+            w[g.int(0, vocab - 1)] = 0.1 + g.unit();
+            w
+        }
+        "zipf" => {
+            // Rank r gets 1 / (r + 1); ranks are a Fisher-Yates shuffle of the ids.
+            let mut rank: Vec<usize> = (0..vocab).collect();
+            for i in (1..vocab).rev() {
+                rank.swap(i, g.int(0, i));
+            }
+            rank.iter().map(|&r| 1.0 / (r as f64 + 1.0)).collect()
+        }
+        _ => {
+            let live = vocab / 3;
+            (0..vocab).map(|i| if i < live { g.unit() } else { 0.0 }).collect()
+        }
+    };
+    w.iter_mut().for_each(|x| *x *= scale);
+    w
+}
+
+/// A uniform on which the f64 and the f32 running sums (f32 values, f32
+/// additions) decide differently, as far from the f64 boundary as possible, or
+/// `None` when they never differ. At boundary `C_i` (the end of id `i`) the
+/// normalised sums are `r` and `r32`; a uniform `d` from `r` towards `r32`
+/// picks the neighbouring id on the f64 side with margin `d` and the other one
+/// on the f32 side, where `d` is at most half the gap and half that id's share.
+fn between_f64_and_f32_sums(w: &[f64]) -> Option<f64> {
+    let (total, total32) = (w.iter().sum::<f64>(), w.iter().fold(0.0f32, |s, &x| s + x as f32) as f64);
+    let (mut c, mut c32, mut best) = (0.0f64, 0.0f32, (0.0f64, 0.0f64));
+    for (i, &x) in w[..w.len() - 1].iter().enumerate() {
+        c += x;
+        c32 += x as f32;
+        let (r, r32) = (c / total, c32 as f64 / total32);
+        // The f64 side's id: i + 1 above the boundary, i below it.
+        let share = if r32 > r { w[i + 1] } else { x } / total;
+        let d = (r32 - r).abs().min(share) / 2.0;
+        if d > best.0 {
+            best = (d, if r32 > r { r + d } else { r - d });
+        }
+    }
+    Some(best.1).filter(|&u| best.0 > 0.0 && (0.0..1.0).contains(&u))
+}

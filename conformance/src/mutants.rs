@@ -108,23 +108,30 @@ fn draw(w: &[f64], v: f64, normalise: bool) -> usize {
     w.iter().rposition(|&x| x > 0.0).unwrap_or(0)
 }
 
-/// What every mutant shares: host tensors, the reference's precision and
-/// transfers, and a name from its defect.
-macro_rules! host_mutant {
-    () => {
+/// What every test-fixture backend here shares: host tensors, the reference's
+/// transfers, and the given name and precision (functions of `&self`).
+macro_rules! host_fixture {
+    ($name:expr, $precision:expr) => {
         type Tensor = RefTensor;
         type KvCache = BatchKvCache;
 
         fn name(&self) -> String {
-            format!("mutant-{}", self.0.name())
+            ($name)(self)
         }
         fn device(&self) -> String {
             "host".into()
         }
         fn precision(&self) -> Precision {
-            ReferenceBackend.precision()
+            ($precision)(self)
         }
         specdec_backend::reference_transfers!();
+    };
+}
+
+/// A mutant named from its defect, with the reference's precision.
+macro_rules! host_mutant {
+    () => {
+        host_fixture!(|m: &Self| format!("mutant-{}", m.0.name()), |_: &Self| ReferenceBackend.precision());
     };
 }
 
@@ -156,22 +163,46 @@ impl Backend for Mutant {
 pub struct OverstatedPrecision(pub Defect, pub Precision);
 
 impl Backend for OverstatedPrecision {
-    type Tensor = RefTensor;
-    type KvCache = BatchKvCache;
-
-    fn name(&self) -> String {
-        format!("mutant-{}-overstated", self.0.name())
-    }
-    fn device(&self) -> String {
-        "host".into()
-    }
-    fn precision(&self) -> Precision {
-        self.1
-    }
-    specdec_backend::reference_transfers!();
+    host_fixture!(|m: &Self| format!("mutant-{}-overstated", m.0.name()), |m: &Self| m.1);
 
     fn rejection_verify(&self, a: RejectionArgs<'_, RefTensor>, n: RejectionNoise<'_, RefTensor>, cmp: Comparator) -> Result<Verified<RefTensor>> {
         Mutant(self.0).rejection_verify(a, n, cmp)
+    }
+}
+
+/// A `draw` whose inverse-CDF scan accumulates in f32 (values and running sum)
+/// while it states f64 (BACKEND-4): the defect the large-vocabulary cases
+/// (`diff::large_vocab_case`) must catch. Exponential races and validation are
+/// the reference's. Test fixture only.
+#[derive(Debug, Clone, Copy)]
+pub struct F32AccumulatingDraw;
+
+impl Backend for F32AccumulatingDraw {
+    host_fixture!(|_: &Self| "mutant-f32-accumulating-draw".to_string(), |_: &Self| ReferenceBackend.precision());
+
+    fn draw(&self, weights: &RefTensor, noise: DrawNoiseArg<'_, RefTensor>) -> Result<RefTensor> {
+        let checked = ReferenceBackend.draw(weights, noise)?;
+        let DrawNoiseArg::InverseCdf(v) = noise else { return Ok(checked) };
+        let w = f(weights);
+        let vocab = w.shape()[1];
+        let tokens = w
+            .data()
+            .chunks(vocab)
+            .zip(f(v).data())
+            .map(|(row, &u)| {
+                let total = row.iter().fold(0.0f32, |s, &x| s + x as f32);
+                let target = u as f32 * total;
+                let mut below = 0.0f32;
+                for (id, &x) in row.iter().enumerate() {
+                    below += x as f32;
+                    if target < below {
+                        return id as i64;
+                    }
+                }
+                row.iter().rposition(|&x| x > 0.0).unwrap_or(0) as i64
+            })
+            .collect();
+        Ok(RefTensor::I64(HostTensor::from_vec(tokens)))
     }
 }
 

@@ -157,6 +157,8 @@ pub enum Source {
     Unchecked(Op),
     /// BACKEND-6: the stated precision lies within its dtype's cap.
     PrecisionCap,
+    /// A large-vocabulary draw case (`diff::large_vocab_case`).
+    LargeVocab(usize),
 }
 
 /// One check of the suite.
@@ -261,6 +263,15 @@ pub fn all_items(cfg: &SuiteConfig) -> Vec<Item> {
             items.push(Item { name: diff::name(op, i), kind: Kind::Differential, op: op.name().into(), rules: Vec::new(), source: Source::Differential(op, i) });
         }
     }
+    for i in 0..diff::LARGE_VOCAB_CASES {
+        items.push(Item {
+            name: diff::large_vocab_name(i),
+            kind: Kind::Differential,
+            op: Op::Draw.name().into(),
+            rules: ["SAMPLE-1", "SAMPLE-2", "SAMPLE-3", "BACKEND-4"].map(String::from).to_vec(),
+            source: Source::LargeVocab(i),
+        });
+    }
     for op in crate::unchecked::OPS {
         items.push(Item { name: format!("unchecked/{}", op.name()), kind: Kind::Differential, op: op.name().into(), rules: vec!["GLUE-6".into()], source: Source::Unchecked(op) });
     }
@@ -320,6 +331,10 @@ pub fn run<B: Backend>(backend: &B, items: &[Item], cfg: &SuiteConfig, progress:
         let (verdict, max_abs_err) = catch(|| match &item.source {
             Source::Golden(case) => check_case_measured(backend, case),
             Source::Differential(op, i) => match diff::case(*op, *i, cfg.seed) {
+                Ok(case) => check_case_measured(backend, &case),
+                Err(e) => (Verdict::Fail(format!("generator defect: {e}")), 0.0),
+            },
+            Source::LargeVocab(i) => match diff::large_vocab_case(*i, cfg.seed) {
                 Ok(case) => check_case_measured(backend, &case),
                 Err(e) => (Verdict::Fail(format!("generator defect: {e}")), 0.0),
             },
