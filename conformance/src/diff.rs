@@ -446,7 +446,7 @@ pub fn large_vocab_case(index: usize, seed: u64) -> Result<Case, CaseError> {
     let mut g = Gen(Pcg64::seed_from_u64(seed ^ 0x4C41_5247_4556_4F43 ^ (index as u64) << 20));
     let vocab = [32768, 151936][index % 2];
     let shape = LARGE_VOCAB_SHAPES[(index / 2) % 4];
-    let inverse = index / 8 % 2 == 0;
+    let inverse = (index / 8).is_multiple_of(2);
     let rows: Vec<Vec<f64>> = (0..2).map(|_| large_vocab_row(&mut g, vocab, shape)).collect();
     let mut inputs = obj(vec![("weights", f(vec![2, vocab], rows.concat()))]);
     if inverse {
