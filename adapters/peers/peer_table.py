@@ -92,7 +92,8 @@ def main(argv):
             details.append("")
         for div_id, cases in sorted(by_div.items()):
             d = ids[div_id]
-            design = f"by design ({d['errata']})" if d.get("by_design") else "not by design"
+            errata = f" ({d['errata']})" if d.get("errata") else ""
+            design = f"by design{errata}" if d.get("by_design") else f"not by design{errata.replace('(', '(see ')}"
             details.append(f"- **{', '.join(d['rules'])}**, {design}: {d['what']} Cases: {', '.join(f'`{c}`' for c in sorted(cases))}.")
         if validation:
             details.append("- **input not rejected**: the case expects the spec's error and the peer either ran on the input or failed inside torch without a typed error (peers take their inputs from their own models and check few of them):")

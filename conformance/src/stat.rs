@@ -10,7 +10,6 @@
 use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg64;
 use specdec_backend::{Backend, BackendError, Comparator, DrawMethod, HostTensor, PAD, RejectionArgs};
-use specdec_reference::{residual_distribution, theory};
 use specdec_stats::{Alternative, Decision, PowerClaim, TestReport, binomial_test, chi_squared_gof, judge_holm, min_samples, plan_gof};
 
 use crate::compare::Verdict;
@@ -146,17 +145,33 @@ pub fn specs() -> Vec<StatSpec> {
 
 /// The per-position acceptance probabilities `beta_j` and the normalised
 /// law `r_j` a correction at row `j` is drawn from (RESID-1 .. RESID-3).
+/// Per draft row, the acceptance probability and the law of the token drawn
+/// after a rejection, derived here from their definitions rather than by the
+/// reference's `theory::acceptance` and `residual_distribution`: the reference's
+/// own statistical and exact checks then compare it with an independent
+/// derivation, so a defect in those functions cannot hide in the expectation.
 fn acceptance_and_residuals(s: &Scenario) -> (Vec<f64>, Vec<Vec<f64>>) {
-    let k = s.p.len() - 1;
-    let v = s.p[0].len();
-    let rows = |rows: &[Vec<f64>]| HostTensor::new(vec![k, v], rows[..k].iter().flatten().copied().collect()).expect("scenario rows");
-    let (betas, drafted): (Vec<f64>, Vec<i64>) = match &s.q {
-        Some(q) => (q.iter().zip(&s.p).map(|(q, p)| theory::acceptance(p, q).expect("valid rows")).collect(), vec![0; k]),
-        None => (s.fixed_drafts.iter().zip(&s.p).map(|(&x, p)| p[x as usize]).collect(), s.fixed_drafts.clone()),
-    };
-    let q = s.q.as_ref().map(|q| rows(q));
-    let r = residual_distribution(&rows(&s.p), q.as_ref(), &HostTensor::from_vec(drafted)).expect("valid rows");
-    (betas, r.data().chunks(v).map(<[f64]>::to_vec).collect())
+    (0..s.p.len() - 1)
+        .map(|j| {
+            let p = &s.p[j];
+            let (beta, weights): (f64, Vec<f64>) = match &s.q {
+                // A draft x ~ q is kept with probability min(1, p(x) / q(x)):
+                // sum_x q(x) min(1, p(x) / q(x)) = sum_x min(p(x), q(x)); after a
+                // rejection the next token follows max(p - q, 0) (REJECT-2/3, RESID-1).
+                Some(q) => (p.iter().zip(&q[j]).map(|(a, b)| a.min(*b)).sum(), p.iter().zip(&q[j]).map(|(a, b)| (a - b).max(0.0)).collect()),
+                // A fixed draft x is kept with probability p(x); after a rejection
+                // the next token follows p without x (RESID-2).
+                None => {
+                    let x = usize::try_from(s.fixed_drafts[j]).expect("scenario drafts are ids");
+                    (p[x], p.iter().enumerate().map(|(i, &a)| if i == x { 0.0 } else { a }).collect())
+                }
+            };
+            let mass: f64 = weights.iter().sum();
+            // RESID-3: a residual without mass falls back to p.
+            let residual = if mass > 0.0 { weights.iter().map(|w| w / mass).collect() } else { p.clone() };
+            (beta, residual)
+        })
+        .unzip()
 }
 
 /// The joint law of (accepted count `n`, next token `x`) for proposal length
