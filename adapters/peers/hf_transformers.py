@@ -11,10 +11,15 @@ What is HF's own code, called unchanged:
   (it takes a batch of one), exactly as ``_assisted_decoding`` does: target and
   draft logits in float32 (``_assisted_decoding`` casts the target's logits to
   float32), the candidate ids, the candidate length. The case's probabilities
-  become logits as ``log p`` (softmax recovers p; ``log 0 = -inf`` keeps zeros
-  exact). A case without draft probabilities (a deterministic proposer, RESID-2)
-  is given the draft distribution it really has, a point mass on the drafted
-  token, so HF's residual ``max(p - q, 0)`` is p with the drafted token removed.
+  become logits as ``log p`` (softmax recovers p to about an ulp; ``log 0 =
+  -inf`` keeps zeros exact). A case without draft probabilities (a
+  deterministic proposer, RESID-2) is given the draft distribution it really
+  has, a point mass on the drafted token, so HF's residual ``max(p - q, 0)`` is
+  p with the drafted token removed. That is what a deterministic proposer
+  plugged into ``_speculative_sampling`` gets; it is not HF's own prompt-lookup
+  path, which has no draft logits and so takes ``_assisted_decoding``'s other
+  branch (one target sample per position, kept while it matches the drafts):
+  the same law, different per-draw decisions, and inline code, not a function.
 * ``process_logits`` runs HF's ``TemperatureLogitsWarper``,
   ``TopKLogitsWarper`` and ``TopPLogitsWarper`` in the order and under the
   conditions of ``GenerationMixin._get_logits_processor`` (temperature when
@@ -24,7 +29,8 @@ What is HF's own code, called unchanged:
   ``InvalidParameter`` naming that parameter: HF validated it.
 
 Noise. In explicit-noise cases ``torch.rand_like`` inside the call returns
-the case's accept uniforms, and HF's ``torch.multinomial`` still runs (so its
+the case's accept uniforms, rounded to float32 as HF's own ``rand_like`` of a
+float32 ratio would be (a uniform within 2^-25 of 1 becomes 1), and HF's ``torch.multinomial`` still runs (so its
 own checks, e.g. on NaN, still fire) but its pick is replaced by a draw from
 the very distribution HF passed to it, with the case's draw noise at the row
 HF chose (``peer_glue.draw_from``). Seeded cases leave everything to torch:

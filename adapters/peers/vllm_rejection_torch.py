@@ -7,7 +7,8 @@ map. The port was written from reading vLLM's source at the commit named in
 ``PORTED_FROM``; no vLLM code is copied. What it reproduces:
 
 * greedy (``rejection_greedy_sample_kernel``): ``target_argmax`` is torch's
-  ``argmax`` over float32 target logits; each draft is compared in order; the
+  ``argmax`` over the float32 softmax of the target logits (``forward``
+  computes probabilities before ``rejection_sample``); each draft is compared in order; the
   first mismatch emits the target's argmax and stops; all matched appends the
   bonus, which vLLM samples outside the kernel with its greedy sampler (the
   argmax of the row after the last draft).
@@ -27,9 +28,13 @@ map. The port was written from reading vLLM's source at the commit named in
   row per request.
 
 Noise. Seeded cases use one ``torch.Generator`` seeded with the case's seed,
-drawn in vLLM's order (uniforms for all draft tokens, the recovered-token
-exponentials per request, the bonus exponentials); the ``method`` parameter
-is ignored because vLLM has one sampling method. Explicit-noise cases with
+drawn in the order of vLLM's unseeded path, which draws from torch's default
+generator: the bonus tokens first (``forward`` runs the sampler before
+``rejection_sample``: one exponential row per request), then float64 uniforms
+for all draft tokens, then one recovered-token exponential row per request
+(``q.exponential_()`` fills every row). vLLM's per-request generators, used
+when a request carries a seed, are not modelled; the ``method`` parameter is
+ignored because vLLM has one sampling method. Explicit-noise cases with
 exponentials use them exactly where vLLM uses its own; cases with
 inverse-CDF uniforms have no vLLM counterpart, so the recovered and bonus
 tokens are drawn from vLLM's weights by the spec's inverse CDF
@@ -67,7 +72,7 @@ class VllmRejection:
         s = torch.from_numpy(np.asarray(inputs["target_scores"], dtype=np.float64)).to(torch.float32)
         d = np.asarray(inputs["draft_tokens"]).astype(np.int64)
         lens = np.asarray(inputs["proposal_lens"]).astype(np.int64)
-        target_argmax = torch.argmax(s, dim=-1)
+        target_argmax = torch.argmax(torch.softmax(s, dim=-1), dim=-1)
         rows = []
         for b in range(s.shape[0]):
             row = []
@@ -76,7 +81,7 @@ class VllmRejection:
                 if int(d[b, pos]) != row[-1]:
                     break
             else:
-                row.append(int(target_argmax[b, int(lens[b])]))  # the greedy sampler's bonus
+                row.append(int(torch.argmax(s[b, int(lens[b])])))  # the greedy sampler's bonus: argmax of the logits
             rows.append(row)
         return verify_outputs(rows, d.shape[1])
 
@@ -121,13 +126,13 @@ class VllmRejection:
         _, _, d, lens = verify_inputs(inputs)
         vocab = inputs["target_probs"].shape[-1]
         g = torch.Generator().manual_seed(int(params["seed"]))
+        # The bonus tokens' random sampler runs first: one exponential row per request.
+        bonus_e = torch.empty((len(lens), vocab), dtype=torch.float32).exponential_(generator=g)
         # generate_uniform_probs: float64, the draft tokens of all requests in order.
         offsets = np.concatenate([[0], np.cumsum(lens)])
         uniforms = torch.rand(int(offsets[-1]), dtype=torch.float64, generator=g)
         # sample_recovered_tokens: one float32 exponential row per request.
         recovered_e = torch.empty((len(lens), vocab), dtype=torch.float32).exponential_(generator=g)
-        # The bonus tokens' random sampler: another row per request.
-        bonus_e = torch.empty((len(lens), vocab), dtype=torch.float32).exponential_(generator=g)
         return self._random(
             inputs,
             lambda b, pos: uniforms[int(offsets[b]) + pos],
