@@ -424,6 +424,9 @@ fn inject_defect(g: &mut Gen, inputs: &mut Map<String, Value>) {
 /// and draw method.
 pub const LARGE_VOCAB_CASES: usize = 16;
 
+/// The rules the large-vocabulary draw cases check (the case and its suite item name them).
+pub const LARGE_VOCAB_RULES: [&str; 4] = ["SAMPLE-1", "SAMPLE-2", "SAMPLE-3", "BACKEND-4"];
+
 /// The name of large-vocabulary draw case `index`.
 pub fn large_vocab_name(index: usize) -> String {
     format!("diff/draw-large-vocab/{index:03}")
@@ -459,7 +462,7 @@ pub fn large_vocab_case(index: usize, seed: u64) -> Result<Case, CaseError> {
         id: large_vocab_name(index),
         op: Op::Draw.name().to_string(),
         description: format!("{shape} row, V = {vocab}, {}", if inverse { "inverse CDF" } else { "exponential race" }),
-        rules: ["SAMPLE-1", "SAMPLE-2", "SAMPLE-3", "BACKEND-4"].map(String::from).to_vec(),
+        rules: LARGE_VOCAB_RULES.map(String::from).to_vec(),
         source: format!("large-vocabulary generator, seed {seed}"),
         expected_by: ExpectedBy::Reference,
         params: Map::new(),

@@ -161,7 +161,7 @@ pub fn run<B: ModelBackend>(backend: &B, cfg: &SuiteConfig, files: &ModelFiles, 
 pub fn run_with<B: ModelBackend>(backend: &B, cfg: &SuiteConfig, files: &ModelFiles, engine: &EngineConfig, progress: &mut dyn FnMut(&CheckResult)) -> Vec<CheckResult> {
     let mut results = Vec::new();
     let mut sampled = Vec::new();
-    let mut current: crate::model_section::CurrentModel<B::Model> = None;
+    let mut current: model_section::CurrentModel<B::Model> = None;
     let mut last_cache: Option<(String, Result<GreedyRun<B>, String>)> = None;
     // Plain greedy runs once per model; every proposer is compared with it.
     let mut plain: Option<(String, Result<Plain, String>)> = None;

@@ -268,7 +268,7 @@ pub fn all_items(cfg: &SuiteConfig) -> Vec<Item> {
             name: diff::large_vocab_name(i),
             kind: Kind::Differential,
             op: Op::Draw.name().into(),
-            rules: ["SAMPLE-1", "SAMPLE-2", "SAMPLE-3", "BACKEND-4"].map(String::from).to_vec(),
+            rules: diff::LARGE_VOCAB_RULES.map(String::from).to_vec(),
             source: Source::LargeVocab(i),
         });
     }
@@ -330,14 +330,8 @@ pub fn run<B: Backend>(backend: &B, items: &[Item], cfg: &SuiteConfig, progress:
         // A panicking backend fails its own check, never the whole run.
         let (verdict, max_abs_err) = catch(|| match &item.source {
             Source::Golden(case) => check_case_measured(backend, case),
-            Source::Differential(op, i) => match diff::case(*op, *i, cfg.seed) {
-                Ok(case) => check_case_measured(backend, &case),
-                Err(e) => (Verdict::Fail(format!("generator defect: {e}")), 0.0),
-            },
-            Source::LargeVocab(i) => match diff::large_vocab_case(*i, cfg.seed) {
-                Ok(case) => check_case_measured(backend, &case),
-                Err(e) => (Verdict::Fail(format!("generator defect: {e}")), 0.0),
-            },
+            Source::Differential(op, i) => check_generated(backend, diff::case(*op, *i, cfg.seed)),
+            Source::LargeVocab(i) => check_generated(backend, diff::large_vocab_case(*i, cfg.seed)),
             Source::Broken(msg) => (Verdict::Fail(format!("case file defect: {msg}")), 0.0),
             Source::Unchecked(op) => (crate::unchecked::check(backend, *op, cfg), 0.0),
             Source::Exact(name) => {
@@ -365,6 +359,14 @@ pub fn run<B: Backend>(backend: &B, items: &[Item], cfg: &SuiteConfig, progress:
         progress(result);
     }
     results
+}
+
+/// Runs a generated case; a case the generator could not build fails as its defect.
+fn check_generated<B: Backend>(backend: &B, case: Result<Case, CaseError>) -> (Verdict, f64) {
+    match case {
+        Ok(case) => check_case_measured(backend, &case),
+        Err(e) => (Verdict::Fail(format!("generator defect: {e}")), 0.0),
+    }
 }
 
 /// Runs one case (golden, differential or external) on `backend`.

@@ -127,8 +127,9 @@ fn run(task: Task) -> Result<(), String> {
             // libtorch first: its step caches the torch wheel the peers' environment reuses.
             let lt = libtorch::ensure_libtorch(&root)?;
             let python = peers::ensure_peers_venv(&root)?;
-            let models = smollm2_env(&root)?;
-            cargo_with(&root, &["build", "--release", "--quiet", "-p", "specdec-cli", "--features", "tch"], &[], Some(&lt), &models)?;
+            // The same features as `conform`, so the two commands share one release binary;
+            // the peers need no model, so none is fetched.
+            cargo_with(&root, &["build", "--release", "--quiet", "-p", "specdec-cli", "--features", "tch"], &[], Some(&lt), &[])?;
             let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
             print!("{}", peers::run_peers(&root, &target.join("release/specdec"), &python)?);
             Ok(())
