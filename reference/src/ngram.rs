@@ -3,6 +3,7 @@
 //! exactly the same answer in O(1) amortised time per token.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 
 use serde::{Deserialize, Serialize};
 
@@ -184,20 +185,95 @@ struct Occurrences {
     last: usize,
 }
 
+/// The occurrences of the n-grams that share one hash: nearly always one
+/// n-gram; after a collision each distinct n-gram keeps its own entry, told
+/// apart by its tokens (at its first start), so the index stays exact.
+#[derive(Debug, Clone)]
+enum Bucket {
+    One(Occurrences),
+    Many(Vec<Occurrences>),
+}
+
+impl Bucket {
+    fn occurrences(&self) -> &[Occurrences] {
+        match self {
+            Bucket::One(o) => std::slice::from_ref(o),
+            Bucket::Many(v) => v,
+        }
+    }
+
+    fn occurrences_mut(&mut self) -> &mut [Occurrences] {
+        match self {
+            Bucket::One(o) => std::slice::from_mut(o),
+            Bucket::Many(v) => v,
+        }
+    }
+
+    fn push(&mut self, o: Occurrences) {
+        match self {
+            Bucket::One(first) => *self = Bucket::Many(vec![*first, o]),
+            Bucket::Many(v) => v.push(o),
+        }
+    }
+}
+
+/// Whether `o` records the n-gram `gram` (told by its tokens at its first start).
+fn records(tokens: &[i64], o: &Occurrences, gram: &[i64]) -> bool {
+    &tokens[o.first..o.first + gram.len()] == gram
+}
+
+/// The hashes are already mixed ([`finish`]): the tables use them as they are.
+#[derive(Debug, Clone, Copy, Default)]
+struct PassThrough(u64);
+
+impl std::hash::Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used; this keeps the hasher total anyway.
+        self.0 = bytes.iter().fold(self.0, |h, &b| absorb(h, i64::from(b)));
+    }
+    fn write_u64(&mut self, h: u64) {
+        self.0 = h;
+    }
+}
+
+type Table = HashMap<u64, Bucket, std::hash::BuildHasherDefault<PassThrough>>;
+
+/// One step of an n-gram's hash, fed its tokens from the last to the first,
+/// so the hashes of the n-grams ending at one position come in one pass.
+fn absorb(h: u64, token: i64) -> u64 {
+    (h.rotate_left(5) ^ token as u64).wrapping_mul(0x517c_c1b7_2722_0a95)
+}
+
+/// splitmix64's finaliser: every key bit reaches the bits the table uses.
+fn finish(h: u64) -> u64 {
+    let h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    let h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
 /// Incremental n-gram index (NGRAM-6): `propose()` equals [`propose`] on
 /// the same tokens after any sequence of appends.
 ///
 /// Each append inserts one start per n (the n-gram that has just stopped
 /// being the suffix), so positions arrive in increasing order and keeping
-/// the first and last start per key is enough for both policies. Cost per
-/// token: `O(ngram_max^2)` hashing, independent of the context length.
+/// the first and last start per n-gram is enough for both policies. The
+/// n-grams ending at one position are hashed in one backward pass and
+/// compared token by token only on a hash match, so a token costs
+/// `O(ngram_max)` hashing plus the comparisons, independent of the context
+/// length, and no key is allocated.
 #[derive(Debug, Clone)]
 pub struct NgramIndex {
     cfg: NgramConfig,
     vocab: usize,
     tokens: Vec<i64>,
-    /// `tables[n - ngram_min]` maps an n-gram to its admissible starts.
-    tables: Vec<HashMap<Vec<i64>, Occurrences>>,
+    /// `tables[n - ngram_min]` maps an n-gram's hash to its admissible starts.
+    tables: Vec<Table>,
+    /// The hash bits kept: all of them, except in the unit tests that force
+    /// collisions to exercise the buckets that hold several n-grams.
+    hash_mask: u64,
 }
 
 impl NgramIndex {
@@ -206,8 +282,8 @@ impl NgramIndex {
         if vocab == 0 {
             return Err(SpecError::EmptyVocab { arg: "vocab" });
         }
-        let tables = vec![HashMap::new(); cfg.ngram_max - cfg.ngram_min + 1];
-        Ok(NgramIndex { cfg, vocab, tokens: Vec::new(), tables })
+        let tables = vec![Table::default(); cfg.ngram_max - cfg.ngram_min + 1];
+        Ok(NgramIndex { cfg, vocab, tokens: Vec::new(), tables, hash_mask: u64::MAX })
     }
 
     /// The tokens indexed so far.
@@ -220,17 +296,32 @@ impl NgramIndex {
         for (i, &t) in tokens.iter().enumerate() {
             validate::token("tokens", || vec![self.tokens.len() + i], t, self.vocab)?;
         }
+        self.tokens.reserve(tokens.len());
         for &t in tokens {
             self.tokens.push(t);
-            let len = self.tokens.len();
-            for n in self.cfg.ngram_min..=self.cfg.ngram_max {
-                if len < n + 1 {
-                    break;
+            // The n-grams ending just before the new token stopped being suffixes:
+            // each start `len - 1 - n` became admissible (it is < len - n).
+            let end = self.tokens.len() - 1;
+            let mut h = 0;
+            for n in 1..=self.cfg.ngram_max.min(end) {
+                h = absorb(h, self.tokens[end - n]);
+                if n >= self.cfg.ngram_min {
+                    let start = end - n;
+                    let (tokens, table) = (&self.tokens, &mut self.tables[n - self.cfg.ngram_min]);
+                    let (gram, here) = (&tokens[start..end], Occurrences { first: start, last: start });
+                    match table.entry(finish(h) & self.hash_mask) {
+                        Entry::Vacant(e) => {
+                            e.insert(Bucket::One(here));
+                        }
+                        Entry::Occupied(e) => {
+                            let bucket = e.into_mut();
+                            match bucket.occurrences_mut().iter_mut().find(|o| records(tokens, o, gram)) {
+                                Some(o) => o.last = start,
+                                None => bucket.push(here),
+                            }
+                        }
+                    }
                 }
-                // The start len-1-n became admissible: it is < len - n.
-                let start = len - 1 - n;
-                let key = self.tokens[start..start + n].to_vec();
-                self.tables[n - self.cfg.ngram_min].entry(key).and_modify(|o| o.last = start).or_insert(Occurrences { first: start, last: start });
             }
         }
         Ok(())
@@ -246,11 +337,20 @@ impl NgramIndex {
         if k == 0 {
             return Ok(Vec::new());
         }
-        for n in (self.cfg.ngram_min..=self.cfg.ngram_max).rev() {
-            if len < n + 1 {
-                continue;
-            }
-            if let Some(o) = self.tables[n - self.cfg.ngram_min].get(&self.tokens[len - n..]) {
+        // The suffixes' hashes, shortest first, in one backward pass; a
+        // suffix needs an earlier start, so n < len.
+        let longest = self.cfg.ngram_max.min(len - 1);
+        let mut hashes = Vec::with_capacity(longest);
+        let mut h = 0;
+        for n in 1..=longest {
+            h = absorb(h, self.tokens[len - n]);
+            hashes.push(finish(h) & self.hash_mask);
+        }
+        for n in (self.cfg.ngram_min..=longest).rev() {
+            let suffix = &self.tokens[len - n..];
+            let bucket = self.tables[n - self.cfg.ngram_min].get(&hashes[n - 1]);
+            let found = bucket.and_then(|b| b.occurrences().iter().find(|o| records(&self.tokens, o, suffix)));
+            if let Some(o) = found {
                 let start = match self.cfg.policy {
                     NgramPolicy::LargestNMostRecent => o.last,
                     NgramPolicy::LargestNEarliest => o.first,
@@ -259,5 +359,45 @@ impl NgramIndex {
             }
         }
         Ok(Vec::new())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small deterministic generator (xorshift64*): values in `0..n`.
+    struct Draws(u64);
+
+    impl Draws {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n
+        }
+    }
+
+    /// NGRAM-6 with the hash cut to two bits, so nearly every n-gram shares a
+    /// bucket with others: the index must still tell them apart by their
+    /// tokens and agree with the linear search after every append.
+    #[test]
+    fn colliding_hashes_still_give_the_linear_search_answer() {
+        let mut rng = Draws(0x9e37_79b9_7f4a_7c15);
+        for policy in [NgramPolicy::LargestNMostRecent, NgramPolicy::LargestNEarliest] {
+            for _ in 0..40 {
+                let cfg = NgramConfig { ngram_min: 1 + rng.below(2), ngram_max: 3 + rng.below(3), k: 4, policy, max_model_len: None };
+                let mut index = NgramIndex::new(cfg, 4).unwrap();
+                index.hash_mask = 0b11;
+                let mut context = Vec::new();
+                for _ in 0..60 {
+                    let t = rng.below(4) as i64;
+                    context.push(t);
+                    index.extend(&[t]).unwrap();
+                    assert_eq!(index.propose().unwrap(), search(&context, &cfg, 4), "context {context:?}, {cfg:?}");
+                }
+                assert!(index.tables.iter().flat_map(|t| t.values()).any(|b| matches!(b, Bucket::Many(_))), "the masked hash made no collision");
+            }
+        }
     }
 }

@@ -63,6 +63,15 @@ enum Task {
     /// Opt-in, not in CI: the suite on real peers (HF transformers, a torch port of vLLM's
     /// rejection sampler) from pinned PyPI packages; writes `reports/peers/PEERS.md`.
     Peers,
+    /// Opt-in, not in CI: the speedup report (criterion underneath): kernels and SmolLM2
+    /// forwards against the machine's measured bandwidth, speculative against plain decoding
+    /// per backend and proposer; writes `reports/bench/BENCH.md`, `bench.json` and SVG plots.
+    /// Times HF transformers in the same run when `cargo xtask peers` has installed it.
+    Bench {
+        /// Extra arguments for the criterion harness (e.g. a filter).
+        #[arg(last = true)]
+        rest: Vec<String>,
+    },
     /// Builds `specdec` with candle's CUDA backend from PyPI's CUDA toolkit (no GPU needed
     /// here), to run on a GPU machine: `specdec conform --backend candle-cuda`.
     Cuda {
@@ -133,6 +142,14 @@ fn run(task: Task) -> Result<(), String> {
             let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
             print!("{}", peers::run_peers(&root, &target.join("release/specdec"), &python)?);
             Ok(())
+        }
+        Task::Bench { rest } => {
+            let lt = libtorch::ensure_libtorch(&root)?;
+            let mut env = smollm2_env(&root)?;
+            if let Some(python) = peers::installed_python(&root) {
+                env.push(("SPECDEC_PEERS_PYTHON".into(), python));
+            }
+            cargo_with(&root, &["bench", "-p", "specdec-benches", "--features", "specdec-tch/libtorch", "--bench", "report"], &rest_after_dashdash(rest), Some(&lt), &env)
         }
         Task::Bless { check } => {
             let args = if check { vec!["bless".to_string(), "--check".into()] } else { vec!["bless".to_string()] };

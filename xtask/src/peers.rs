@@ -27,15 +27,25 @@ pub const PEER_SEED: &str = "20261122";
 /// (report name, adapter script under `adapters/peers/`).
 pub const PEERS: &[(&str, &str)] = &[("hf-transformers", "hf_transformers.py"), ("vllm-rejection-torch", "vllm_rejection_torch.py")];
 
-/// The peers' Python, creating its environment on first use.
-pub fn ensure_peers_venv(root: &Path) -> Result<PathBuf, String> {
+fn pins() -> String {
+    format!("torch=={} {TRANSFORMERS_PIN}", libtorch::TORCH_VERSION)
+}
+
+/// The peers' Python when `cargo xtask peers` has installed the pinned peers, without installing.
+pub fn installed_python(root: &Path) -> Option<PathBuf> {
     let venv = root.join(".cache/venv-peers");
     let python = venv.join("bin/python");
-    let stamp = venv.join(".specdec-peers");
-    let pins = format!("torch=={} {TRANSFORMERS_PIN}", libtorch::TORCH_VERSION);
-    if python.exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == pins) {
+    let stamp_ok = std::fs::read_to_string(venv.join(".specdec-peers")).is_ok_and(|s| s.trim() == pins());
+    (python.exists() && stamp_ok).then_some(python)
+}
+
+/// The peers' Python, creating its environment on first use.
+pub fn ensure_peers_venv(root: &Path) -> Result<PathBuf, String> {
+    if let Some(python) = installed_python(root) {
         return Ok(python);
     }
+    let venv = root.join(".cache/venv-peers");
+    let (python, stamp, pins) = (venv.join("bin/python"), venv.join(".specdec-peers"), pins());
     run_command(Command::new("python3").args(["-m", "venv", "--clear"]).arg(&venv))?;
     run_command(
         Command::new(&python)

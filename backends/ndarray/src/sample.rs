@@ -106,11 +106,21 @@ pub(crate) fn process_logits(z: ArrayView2<'_, f64>, t: ArrayView1<'_, f64>, top
     let max = take_along_last(z, top.view());
     // T = 0 rows are one-hot; a stand-in T keeps their unused softmax finite.
     let t_safe = t.mapv(|t| if t > 0.0 { t } else { 1.0 });
-    let keep = top_k_keep(z, top_k);
+    // The sorts behind top-k and top-p cost nearly all the time; skip each
+    // when no row uses it (its mask would keep every id: the same result).
+    let vocab = z.ncols();
+    let keep = if top_k.iter().any(|&k| k > 0 && (k as usize) < vocab) { top_k_keep(z, top_k) } else { Array2::from_elem(z.dim(), true) };
     let probs = masked_softmax(z, keep.view(), max.view(), t_safe.view());
-    let keep_p = top_p_keep(probs.view(), top_p);
-    let both = Zip::from(&keep).and(&keep_p).map_collect(|&a, &b| a && b);
-    let nucleus = masked_softmax(z, both.view(), max.view(), t_safe.view());
+    let any_nucleus = Zip::from(&t).and(&top_p).fold(false, |any, &t, &p| any || (t > 0.0 && p < 1.0));
+    let nucleus_rows;
+    let nucleus = if any_nucleus {
+        let keep_p = top_p_keep(probs.view(), top_p);
+        let both = Zip::from(&keep).and(&keep_p).map_collect(|&a, &b| a && b);
+        nucleus_rows = masked_softmax(z, both.view(), max.view(), t_safe.view());
+        nucleus_rows.view()
+    } else {
+        probs.view() // no row reads it
+    };
     // Per row: greedy (LOGITS-2), nucleus (top_p < 1) or the top-k softmax.
     let mode = Zip::from(&t).and(&top_p).map_collect(|&t, &p| {
         if t == 0.0 {
@@ -121,8 +131,8 @@ pub(crate) fn process_logits(z: ArrayView2<'_, f64>, t: ArrayView1<'_, f64>, top
             Mode::Full
         }
     });
-    let pos = arange(z.ncols());
-    Zip::from(&probs).and(&nucleus).and_broadcast(pos.view().insert_axis(Axis(0))).and_broadcast(top.view().insert_axis(Axis(1))).and_broadcast(mode.view().insert_axis(Axis(1))).map_collect(
+    let pos = arange(vocab);
+    Zip::from(&probs).and(nucleus).and_broadcast(pos.view().insert_axis(Axis(0))).and_broadcast(top.view().insert_axis(Axis(1))).and_broadcast(mode.view().insert_axis(Axis(1))).map_collect(
         |&all, &nucleus, &j, &top, &mode| match mode {
             Mode::Greedy => f64::from(u8::from(j == top)),
             Mode::Nucleus => nucleus,

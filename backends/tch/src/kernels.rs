@@ -229,11 +229,22 @@ pub(crate) fn process_logits(z: &Tensor, params: &Params<'_>) -> TResult<Tensor>
     // LOGITS-2: T = 0 rows are one-hot at the lowest-id argmax.
     let greedy = ids.f_eq_tensor(&col(&argmax_lowest(z)?)?)?.f_to_kind(Kind::Float)?;
 
-    // LOGITS-4: keep logits >= the k-th largest (boundary ties survive); 0 or >= V disables.
-    let (sorted, _) = z.f_sort(-1, true)?;
-    let kth = sorted.f_gather(1, &col(&params.top_k.f_clamp(1, v)?.f_sub_scalar(1)?)?, false)?;
+    // The two sorts cost nearly all the time: each runs only when some row
+    // needs it (one host read); otherwise its mask keeps every id, the same result.
     let top_k_off = params.top_k.f_le(0)?.f_logical_or(&params.top_k.f_ge(v)?)?;
-    let keep = z.f_ge_tensor(&kth)?.f_logical_or(&col(&top_k_off)?)?;
+    let nucleus_rows = params.top_p.f_lt(1.0)?.f_logical_and(&params.temperature.f_gt(0.0)?)?;
+    let needs = Tensor::f_stack(&[top_k_off.f_logical_not()?.f_any()?, nucleus_rows.f_any()?], 0)?;
+    let needs: Vec<bool> = Vec::<bool>::try_from(&needs)?;
+    let (need_k, need_p) = (needs[0], needs[1]);
+
+    // LOGITS-4: keep logits >= the k-th largest (boundary ties survive); 0 or >= V disables.
+    let keep = if need_k {
+        let (sorted, _) = z.f_sort(-1, true)?;
+        let kth = sorted.f_gather(1, &col(&params.top_k.f_clamp(1, v)?.f_sub_scalar(1)?)?, false)?;
+        z.f_ge_tensor(&kth)?.f_logical_or(&col(&top_k_off)?)?
+    } else {
+        z.f_ones_like()?.f_to_kind(Kind::Bool)?
+    };
 
     // LOGITS-3/6: exp((l - max) / T) cannot overflow; T = 0 rows divide by 1 and are replaced.
     let t = params.temperature;
@@ -241,15 +252,20 @@ pub(crate) fn process_logits(z: &Tensor, params: &Params<'_>) -> TResult<Tensor>
     let e = z.f_sub(&z.f_amax(-1, true)?)?.f_div(&t)?.f_exp()?;
     let probs = normalise_f64(&e.f_where_scalarother(&keep, 0.0)?)?;
 
-    // LOGITS-5: descending probability, ties by ascending id (stable sort); keep an id iff
-    // the f64 mass strictly before it is below top_p.
-    let (sp, order) = probs.f_sort_stable(true, -1, true)?;
-    let before = exclusive_prefix(&sp)?;
-    let top_p = col(&params.top_p.f_to_kind(Kind::Double)?)?;
-    let keep_sorted = before.f_lt_tensor(&top_p)?;
-    let keep_p = keep_sorted.f_zeros_like()?.f_scatter(1, &order, &keep_sorted)?;
-    let keep = keep.f_logical_and(&keep_p.f_logical_or(&top_p.f_ge(1.0)?)?)?;
-    let sampled = normalise(&e.f_where_scalarother(&keep, 0.0)?)?;
+    let sampled = if need_p {
+        // LOGITS-5: descending probability, ties by ascending id (stable sort); keep an id iff
+        // the f64 mass strictly before it is below top_p.
+        let (sp, order) = probs.f_sort_stable(true, -1, true)?;
+        let before = exclusive_prefix(&sp)?;
+        let top_p = col(&params.top_p.f_to_kind(Kind::Double)?)?;
+        let keep_sorted = before.f_lt_tensor(&top_p)?;
+        let keep_p = keep_sorted.f_zeros_like()?.f_scatter(1, &order, &keep_sorted)?;
+        let keep = keep.f_logical_and(&keep_p.f_logical_or(&top_p.f_ge(1.0)?)?)?;
+        normalise(&e.f_where_scalarother(&keep, 0.0)?)?
+    } else {
+        // No row keeps fewer ids than top-k: `probs` is already that softmax (in f64).
+        probs.f_to_kind(Kind::Float)?
+    };
     greedy.f_where_self(&col(&params.temperature.f_eq(0.0)?)?, &sampled)
 }
 

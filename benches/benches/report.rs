@@ -1,0 +1,156 @@
+//! `cargo xtask bench` runs this: the whole speedup report (see the crate
+//! docs), written to `reports/bench/`. `SPECDEC_BENCH_SECTIONS` picks
+//! sections (`kernels,forward,e2e`, all by default); forward and e2e need
+//! `SPECDEC_SMOLLM2_GGUF`; the peer column needs `SPECDEC_PEERS_PYTHON`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use criterion::Criterion;
+use indicatif::{ProgressBar, ProgressStyle};
+use specdec_backend::model::{LlamaWeights, ModelBackend};
+use specdec_benches::e2e::{self, BenchPrompt, E2e, PROMPTS};
+use specdec_benches::kernels::{self, Inputs, SHAPES};
+use specdec_benches::machine::Machine;
+use specdec_benches::report::Report;
+use specdec_benches::{EachBackend, each_backend, forward, peer};
+
+/// Default new tokens per end-to-end run (`SPECDEC_BENCH_TOKENS` overrides).
+const MAX_TOKENS: usize = 64;
+
+struct KernelJob<'a> {
+    c: &'a mut Criterion,
+    inputs: &'a Inputs,
+    machine: &'a Machine,
+    dir: &'a Path,
+    out: Vec<kernels::KernelTime>,
+}
+
+impl EachBackend for KernelJob<'_> {
+    fn run<B: ModelBackend>(&mut self, name: &str, b: &B) {
+        self.out.extend(kernels::bench(self.c, name, b, self.inputs, self.machine, self.dir));
+    }
+}
+
+struct ForwardJob<'a> {
+    c: &'a mut Criterion,
+    weights: &'a LlamaWeights,
+    machine: &'a Machine,
+    dir: &'a Path,
+    out: Vec<forward::ForwardTime>,
+}
+
+impl EachBackend for ForwardJob<'_> {
+    fn run<B: ModelBackend>(&mut self, name: &str, b: &B) {
+        self.out.extend(forward::bench(self.c, name, b, self.weights, self.machine, self.dir));
+    }
+}
+
+struct E2eJob<'a> {
+    weights: &'a LlamaWeights,
+    prompts: &'a [BenchPrompt],
+    max_tokens: usize,
+    out: Result<E2e, String>,
+}
+
+impl EachBackend for E2eJob<'_> {
+    fn run<B: ModelBackend>(&mut self, name: &str, b: &B) {
+        let Ok(all) = &mut self.out else { return };
+        let bar = ProgressBar::new(0).with_style(ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {msg}").expect("template").progress_chars("=> "));
+        bar.set_prefix(name.to_string());
+        bar.set_length((self.prompts.len() * (1 + e2e::proposers().len() * e2e::KS.len())) as u64);
+        let mut tick = |what: &str| {
+            bar.set_message(what.to_string());
+            bar.inc(1);
+        };
+        match e2e::measure(name, b, self.weights, self.prompts, self.max_tokens, &mut tick) {
+            Ok(e) => {
+                all.plain.extend(e.plain);
+                all.spec.extend(e.spec);
+                all.best_k.extend(e.best_k);
+            }
+            Err(why) => self.out = Err(why),
+        }
+        bar.finish_and_clear();
+    }
+}
+
+fn bench_prompts(model: &specdec_models::LoadedModel) -> Result<Vec<BenchPrompt>, String> {
+    let tok = model.tokenizer.as_ref().ok_or("SmolLM2 has no tokenizer")?;
+    let shipped = specdec_conformance::model_section::shipped_prompts();
+    PROMPTS
+        .iter()
+        .map(|(id, kind)| {
+            let p = shipped.iter().find(|p| p.id == *id).ok_or_else(|| format!("prompt `{id}` is not in fixtures/prompts/smollm2.json"))?;
+            let text = if p.chat { tok.chat_prompt(&p.text).map_err(|e| e.to_string())? } else { p.text.clone() };
+            Ok(BenchPrompt { id: p.id.clone(), kind: (*kind).into(), ids: tok.encode(&text, false).map_err(|e| e.to_string())? })
+        })
+        .collect()
+}
+
+fn main() -> Result<(), String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let criterion_dir = std::env::var("CARGO_TARGET_DIR").map_or_else(|_| root.join("target"), PathBuf::from).join("criterion");
+    let sections = std::env::var("SPECDEC_BENCH_SECTIONS").unwrap_or_else(|_| "kernels,forward,e2e".into());
+    let want = |s: &str| sections.split(',').any(|x| x.trim() == s);
+    let max_tokens = std::env::var("SPECDEC_BENCH_TOKENS").ok().map_or(Ok(MAX_TOKENS), |v| v.parse().map_err(|_| format!("SPECDEC_BENCH_TOKENS={v} is not a token count")))?;
+    let mut c = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2)).sample_size(10).configure_from_args();
+    eprintln!("bench: measuring the machine's copy bandwidth");
+    let machine = Machine::measure();
+    let mut skipped = Vec::new();
+
+    let mut kernel_times = Vec::new();
+    let mut peer = Err("the kernels section did not run".to_string());
+    let mut ngram = None;
+    if want("kernels") {
+        for shape in SHAPES {
+            let inputs = Inputs::new(shape, 20_261_122);
+            let mut job = KernelJob { c: &mut c, inputs: &inputs, machine: &machine, dir: &criterion_dir, out: Vec::new() };
+            each_backend(&mut job, true);
+            kernel_times.extend(job.out);
+        }
+        ngram = specdec_benches::ngram::bench(&mut c, &criterion_dir);
+        peer = match std::env::var_os("SPECDEC_PEERS_PYTHON") {
+            Some(py) => peer::measure(Path::new(&py), &SHAPES),
+            None => Err("SPECDEC_PEERS_PYTHON is not set (run `cargo xtask peers` once to install HF transformers)".into()),
+        };
+    } else {
+        skipped.push("kernels (not in SPECDEC_BENCH_SECTIONS)".into());
+    }
+
+    let model = match std::env::var_os("SPECDEC_SMOLLM2_GGUF") {
+        Some(path) if want("forward") || want("e2e") => Some(specdec_models::load(&path).map_err(|e| format!("SmolLM2: {e}"))?),
+        Some(_) => None,
+        None => {
+            skipped.push("forward and end to end (SPECDEC_SMOLLM2_GGUF is not set: `eval \"$(cargo xtask model)\"`)".into());
+            None
+        }
+    };
+    let mut forward_times = Vec::new();
+    let mut e2e = E2e::default();
+    if let Some(model) = &model {
+        if want("forward") {
+            let mut job = ForwardJob { c: &mut c, weights: &model.weights, machine: &machine, dir: &criterion_dir, out: Vec::new() };
+            each_backend(&mut job, false);
+            forward_times = job.out;
+        } else {
+            skipped.push("forward (not in SPECDEC_BENCH_SECTIONS)".into());
+        }
+        if want("e2e") {
+            let prompts = bench_prompts(model)?;
+            let mut job = E2eJob { weights: &model.weights, prompts: &prompts, max_tokens, out: Ok(E2e::default()) };
+            each_backend(&mut job, false);
+            e2e = job.out?;
+        } else {
+            skipped.push("end to end (not in SPECDEC_BENCH_SECTIONS)".into());
+        }
+    }
+    c.final_summary();
+
+    let report = Report { machine, command: "cargo xtask bench".into(), max_tokens, kernels: kernel_times, peer, ngram, forward: forward_times, e2e, skipped };
+    let dir = root.join("reports/bench");
+    report.write(&dir)?;
+    eprintln!("bench: wrote reports/bench/BENCH.md, bench.json and the plots");
+    print!("{}", std::fs::read_to_string(dir.join("BENCH.md")).map_err(|e| e.to_string())?);
+    Ok(())
+}

@@ -1,0 +1,288 @@
+//! End-to-end speedup of speculative decoding on SmolLM2: for each backend,
+//! proposer, prompt and `k`, the decoder's tokens per second against plain
+//! decoding of the same prompt on the same backend in the same run, the
+//! acceptance it measured, the cost ratio `c` it measured, and the speedup
+//! the theory predicts from those two (THEORY-2, THEORY-3), with the best
+//! `k` by THEORY-4 next to the best measured one.
+//!
+//! Each configuration is one multi-second greedy run timed by the decoder's
+//! own clock (`RunOutput::timings`, prefill excluded): criterion's ten
+//! samples per configuration would not fit the report's time budget. Greedy
+//! runs must be token-identical to plain decoding: the bench fails on the
+//! first that is not, so every row of a report is a lossless run.
+
+use serde::Serialize;
+use specdec_backend::SamplingParams;
+use specdec_backend::model::{LlamaWeights, ModelBackend};
+use specdec_decoder::{Engine, EngineConfig, NoSink, ProposerChoice, Request, RunOutput};
+use specdec_reference::theory;
+
+/// The prompts of the report, by id in `fixtures/prompts/smollm2.json`, with their kind.
+pub const PROMPTS: [(&str, &str); 3] = [("code-rename", "repetitive (editing code)"), ("story", "open-ended"), ("chat-photosynthesis", "chat")];
+
+/// Draft lengths swept.
+pub const KS: [usize; 4] = [1, 2, 4, 8];
+
+/// The proposers of the report: prompt lookup, and the target's first 10
+/// of 30 layers as a self-draft (early exit). SmolLM2-135M is the smallest
+/// model of its family, so there is no separate draft model to run.
+pub fn proposers() -> Vec<ProposerChoice> {
+    vec![ProposerChoice::Ngram, ProposerChoice::EarlyExit(10)]
+}
+
+/// A prompt, tokenized.
+pub struct BenchPrompt {
+    pub id: String,
+    pub kind: String,
+    pub ids: Vec<u32>,
+}
+
+/// One plain run.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlainRun {
+    pub backend: String,
+    pub prompt: String,
+    pub tokens: usize,
+    pub tokens_per_s: f64,
+    /// Seconds per generated token: the target step time `c` is measured against.
+    pub step_s: f64,
+}
+
+/// One speculative run next to its plain run.
+#[derive(Debug, Clone, Serialize)]
+pub struct SpecRun {
+    pub backend: String,
+    pub proposer: String,
+    pub prompt: String,
+    pub k: usize,
+    pub tokens: usize,
+    pub tokens_per_s: f64,
+    pub speedup: f64,
+    /// `accepted_at[j] / proposed_at[j]`: how often position `j` was accepted when drafted.
+    pub acceptance_per_position: Vec<f64>,
+    pub mean_accepted: f64,
+    pub tokens_per_step: f64,
+    pub drafts_per_step: f64,
+    /// One proposer token over one target step, measured: proposer seconds per
+    /// drafted token over the plain run's seconds per token.
+    pub cost_ratio: f64,
+    /// THEORY-3 with THEORY-2's expected tokens from the measured acceptance
+    /// per position: `tokens_per_step / (1 + c * drafts_per_step)` (for a
+    /// proposer that always drafts `k`, exactly `E[tokens] / (k c + 1)`).
+    pub predicted_speedup: f64,
+    pub achieved_over_predicted: f64,
+}
+
+/// The best `k` of a backend and proposer, by theory and by measurement.
+#[derive(Debug, Clone, Serialize)]
+pub struct BestK {
+    pub backend: String,
+    pub proposer: String,
+    /// Per-draft acceptance fitted so that THEORY-2 at the largest `k`
+    /// reproduces the measured tokens per step (over all prompts).
+    pub fitted_beta: f64,
+    /// The cost ratio at the largest `k` (over all prompts).
+    pub cost_ratio: f64,
+    /// THEORY-4's best `k` in `1..=8`, and its predicted speedup; run too when not swept.
+    pub theory_k: usize,
+    pub theory_speedup: f64,
+    /// The measured `k` with the highest geometric-mean measured speedup over the prompts.
+    pub measured_k: usize,
+    pub measured_speedup: f64,
+}
+
+/// Everything one backend produced.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct E2e {
+    pub plain: Vec<PlainRun>,
+    pub spec: Vec<SpecRun>,
+    pub best_k: Vec<BestK>,
+}
+
+/// One backend with the model loaded: what every run of it shares.
+struct Runner<'a, B: ModelBackend> {
+    name: &'a str,
+    b: &'a B,
+    model: B::Model,
+    w: &'a LlamaWeights,
+    max_tokens: usize,
+}
+
+/// A plain run's tokens, tokens per second and seconds per token.
+struct Plain {
+    tokens: Vec<u32>,
+    tokens_per_s: f64,
+    step_s: f64,
+}
+
+impl<B: ModelBackend> Runner<'_, B> {
+    fn run(&self, prompt: &[u32], k: usize, proposer: &ProposerChoice) -> Result<RunOutput, String> {
+        let mut p = proposer.build(self.b, self.w, k.max(1)).map_err(|e| e.to_string())?;
+        let engine = Engine::new(self.b, &self.model, &self.w.config, EngineConfig { k, ..EngineConfig::default() }).map_err(|e| e.to_string())?;
+        let sampling = SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0 };
+        let request = Request { prompt: prompt.to_vec(), sampling, seed: 0, max_tokens: self.max_tokens, eos: self.w.config.eos_ids(), stop_strings: Vec::new() };
+        engine.generate(std::slice::from_ref(&request), p.as_mut(), None, &mut NoSink).map_err(|e| e.to_string())
+    }
+
+    fn plain(&self, p: &BenchPrompt) -> Result<(PlainRun, Plain), String> {
+        let r = self.run(&p.ids, 0, &ProposerChoice::None)?;
+        let tokens = r.outputs[0].tokens.clone();
+        let step_s = (r.timings.total_s() - r.timings.prefill_s) / tokens.len().max(1) as f64;
+        let row = PlainRun { backend: self.name.into(), prompt: p.id.clone(), tokens: tokens.len(), tokens_per_s: r.decode_tokens_per_s(), step_s };
+        Ok((row, Plain { tokens, tokens_per_s: r.decode_tokens_per_s(), step_s }))
+    }
+
+    /// One speculative run of `p`, judged against its plain run.
+    fn spec(&self, p: &BenchPrompt, k: usize, proposer: &ProposerChoice, plain: &Plain) -> Result<SpecRun, String> {
+        let r = self.run(&p.ids, k, proposer)?;
+        if r.outputs[0].tokens != plain.tokens {
+            return Err(format!("{}, {}, k = {k}, prompt {}: greedy speculative tokens differ from plain decoding", self.name, label(proposer), p.id));
+        }
+        let a = &r.acceptance;
+        let drafts_per_step = if a.steps == 0 { 0.0 } else { a.proposed as f64 / a.steps as f64 };
+        let cost_ratio = if a.proposed == 0 { 0.0 } else { r.timings.propose_s / a.proposed as f64 / plain.step_s };
+        let predicted = a.tokens_per_step() / (1.0 + cost_ratio * drafts_per_step);
+        let speedup = r.decode_tokens_per_s() / plain.tokens_per_s;
+        Ok(SpecRun {
+            backend: self.name.into(),
+            proposer: label(proposer),
+            prompt: p.id.clone(),
+            k,
+            tokens: r.outputs[0].tokens.len(),
+            tokens_per_s: r.decode_tokens_per_s(),
+            speedup,
+            acceptance_per_position: a.rate_per_position(),
+            mean_accepted: a.mean_accepted(),
+            tokens_per_step: a.tokens_per_step(),
+            drafts_per_step,
+            cost_ratio,
+            predicted_speedup: predicted,
+            achieved_over_predicted: speedup / predicted,
+        })
+    }
+}
+
+/// Runs every configuration on `b`; `progress` is told each finished run.
+pub fn measure<B: ModelBackend>(name: &str, b: &B, w: &LlamaWeights, prompts: &[BenchPrompt], max_tokens: usize, progress: &mut dyn FnMut(&str)) -> Result<E2e, String> {
+    let runner = Runner { name, b, model: b.load_model(w).map_err(|e| e.to_string())?, w, max_tokens };
+    let mut out = E2e::default();
+    let mut plains = Vec::new();
+    for p in prompts {
+        let (row, plain) = runner.plain(p)?;
+        out.plain.push(row);
+        plains.push(plain);
+        progress(&format!("{name} {} plain", p.id));
+    }
+    for proposer in proposers() {
+        let sweep = |k: usize, out: &mut E2e, progress: &mut dyn FnMut(&str)| -> Result<(), String> {
+            for (p, plain) in prompts.iter().zip(&plains) {
+                out.spec.push(runner.spec(p, k, &proposer, plain)?);
+                progress(&format!("{name} {} {} k={k}", p.id, label(&proposer)));
+            }
+            Ok(())
+        };
+        for k in KS {
+            sweep(k, &mut out, progress)?;
+        }
+        // THEORY-4's k, checked by measurement when the sweep did not run it.
+        let theory_k = best_k(name, &label(&proposer), &out)?.theory_k;
+        if !KS.contains(&theory_k) {
+            sweep(theory_k, &mut out, progress)?;
+        }
+        out.best_k.push(best_k(name, &label(&proposer), &out)?);
+    }
+    Ok(out)
+}
+
+/// A proposer's name in the report.
+pub fn label(p: &ProposerChoice) -> String {
+    match p {
+        ProposerChoice::None => "none".into(),
+        ProposerChoice::Ngram => "ngram".into(),
+        ProposerChoice::EarlyExit(l) => format!("early-exit:{l}"),
+        ProposerChoice::Draft(path) | ProposerChoice::Dflash(path) => path.display().to_string(),
+    }
+}
+
+/// The `beta` in `[0, 1)` whose THEORY-2 geometric expectation at `k` is
+/// `tokens_per_step` (bisection: the expectation increases with beta).
+fn fit_beta(tokens_per_step: f64, k: usize) -> Result<f64, String> {
+    let (mut lo, mut hi) = (0.0f64, 1.0 - 1e-12);
+    for _ in 0..100 {
+        let mid = 0.5 * (lo + hi);
+        let e = theory::expected_tokens_geometric(mid, k).map_err(|e| e.to_string())?;
+        if e < tokens_per_step { lo = mid } else { hi = mid }
+    }
+    Ok(0.5 * (lo + hi))
+}
+
+fn best_k(backend: &str, proposer: &str, e: &E2e) -> Result<BestK, String> {
+    let kmax = *KS.last().expect("k values");
+    let at = |k: usize| e.spec.iter().filter(move |r| r.backend == backend && r.proposer == proposer && r.k == k);
+    let n = at(kmax).count().max(1) as f64;
+    let tokens_per_step = at(kmax).map(|r| r.tokens_per_step).sum::<f64>() / n;
+    let cost_ratio = at(kmax).map(|r| r.cost_ratio).sum::<f64>() / n;
+    let fitted_beta = fit_beta(tokens_per_step, kmax)?;
+    let (theory_k, theory_speedup) = theory::best_draft_length(fitted_beta, cost_ratio, kmax).map_err(|e| e.to_string())?;
+    let mut measured_best = (KS[0], f64::NEG_INFINITY);
+    let mut ran: Vec<usize> = e.spec.iter().filter(|r| r.backend == backend && r.proposer == proposer).map(|r| r.k).collect();
+    ran.sort_unstable();
+    ran.dedup();
+    for k in ran {
+        let logs: Vec<f64> = at(k).map(|r| r.speedup.ln()).collect();
+        let g = (logs.iter().sum::<f64>() / logs.len().max(1) as f64).exp();
+        if g > measured_best.1 {
+            measured_best = (k, g);
+        }
+    }
+    Ok(BestK { backend: backend.into(), proposer: proposer.into(), fitted_beta, cost_ratio, theory_k, theory_speedup, measured_k: measured_best.0, measured_speedup: measured_best.1 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// THEORY-2 inverted: the fitted beta reproduces the tokens per step it was fitted to.
+    #[test]
+    fn fit_beta_inverts_the_geometric_expectation() {
+        for beta in [0.0, 0.1, 0.5, 0.9, 0.99] {
+            let tokens = theory::expected_tokens_geometric(beta, 8).unwrap();
+            assert!((fit_beta(tokens, 8).unwrap() - beta).abs() < 1e-9, "beta {beta}");
+        }
+    }
+
+    fn row(k: usize, speedup: f64, tokens_per_step: f64, cost_ratio: f64) -> SpecRun {
+        SpecRun {
+            backend: "b".into(),
+            proposer: "p".into(),
+            prompt: format!("prompt-{speedup}"),
+            k,
+            tokens: 64,
+            tokens_per_s: 0.0,
+            speedup,
+            acceptance_per_position: Vec::new(),
+            mean_accepted: tokens_per_step - 1.0,
+            tokens_per_step,
+            drafts_per_step: k as f64,
+            cost_ratio,
+            predicted_speedup: 1.0,
+            achieved_over_predicted: speedup,
+        }
+    }
+
+    /// Measured best k is the geometric-mean argmax over prompts; the theory's is
+    /// THEORY-4 at the beta fitted at the largest k and the mean cost ratio there.
+    #[test]
+    fn best_k_takes_the_geometric_mean_and_theory_4() {
+        let beta = 0.7;
+        let tokens = theory::expected_tokens_geometric(beta, 8).unwrap();
+        let mut e = E2e::default();
+        // k = 2: speedups 1.5 and 1.5 (geometric mean 1.5); k = 4: 4.0 and 0.5 (mean 1.41).
+        e.spec.extend([row(2, 1.5, 2.0, 0.1), row(2, 1.5, 2.0, 0.1), row(4, 4.0, 2.0, 0.1), row(4, 0.5, 2.0, 0.1)]);
+        e.spec.extend([row(8, 1.0, tokens, 0.1), row(8, 1.0, tokens, 0.3)]);
+        let b = best_k("b", "p", &e).unwrap();
+        assert_eq!((b.measured_k, (b.measured_speedup * 1e9).round() / 1e9), (2, 1.5));
+        assert!((b.fitted_beta - beta).abs() < 1e-9 && (b.cost_ratio - 0.2).abs() < 1e-12);
+        assert_eq!((b.theory_k, b.theory_speedup), theory::best_draft_length(beta, 0.2, 8).unwrap());
+    }
+}

@@ -1,0 +1,88 @@
+//! SmolLM2 forward speed next to the weight-bandwidth roofline: a one-token
+//! decode step at a 32-token context, a 9-token verify window (k = 8) at
+//! the same context, and a 64-token prefill, under criterion. A decode step
+//! must read every weight once, so its limit is the weight bytes over the
+//! machine's copy bandwidth (the embedding table counts once when it is tied
+//! to the head, and not at all otherwise: a lookup reads one row).
+
+use criterion::Criterion;
+use serde::Serialize;
+use specdec_backend::ForwardOutput;
+use specdec_backend::model::{ForwardRequest, LlamaWeights, ModelBackend};
+
+use crate::kernels::dtype_bytes;
+use crate::machine::Machine;
+
+pub const CONTEXT: usize = 32;
+pub const WINDOW: usize = 9;
+pub const PREFILL: usize = 64;
+
+/// One backend's forward timings.
+#[derive(Debug, Clone, Serialize)]
+pub struct ForwardTime {
+    pub backend: String,
+    pub weight_dtype: String,
+    pub decode_s: f64,
+    pub verify9_s: f64,
+    pub prefill64_s: f64,
+    /// Bytes of weights a decode step reads once.
+    pub weight_bytes: f64,
+    /// `decode_s` over the weight-bandwidth roofline (1 is the limit).
+    pub decode_times_roofline: f64,
+    /// `verify9_s / decode_s`: what drafting k = 8 costs the target.
+    pub verify9_over_decode: f64,
+}
+
+/// Parameters a decode step reads (embedding once when tied, else not at all).
+pub fn weights_read_per_step(w: &LlamaWeights) -> usize {
+    let c = &w.config;
+    let all: usize = c.tensor_shapes().iter().map(|(_, s)| s.iter().product::<usize>()).sum();
+    if c.tie_word_embeddings { all } else { all - c.vocab_size * c.hidden_size }
+}
+
+fn tokens(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32).map(|i| (i * 7919 + salt * 104_729) % 49_000 + 100).collect()
+}
+
+/// Times the three forwards of `b` and reads criterion's estimates back.
+pub fn bench<B: ModelBackend>(c: &mut Criterion, name: &str, b: &B, w: &LlamaWeights, machine: &Machine, criterion_dir: &std::path::Path) -> Option<ForwardTime> {
+    let model = b.load_model(w).expect("load");
+    let mut cache = b.new_model_cache(&model, 1, CONTEXT + PREFILL + WINDOW).expect("cache");
+    b.forward(&model, &mut cache, &ForwardRequest::last_logits(&[tokens(CONTEXT, 1)])).expect("prefill");
+    let (one, window, prompt) = ([tokens(1, 2)], [tokens(WINDOW, 3)], [tokens(PREFILL, 4)]);
+    let download = |out: ForwardOutput<B::Tensor>| b.download_f64(out.logits.as_ref().expect("logits")).expect("download");
+    c.benchmark_group("forward/decode").bench_function(name, |bench| {
+        bench.iter(|| {
+            let out = download(b.forward(&model, &mut cache, &ForwardRequest::last_logits(&one)).expect("decode"));
+            b.cache_trim(&mut cache, &[1]).expect("trim");
+            out
+        })
+    });
+    c.benchmark_group("forward/verify9").bench_function(name, |bench| {
+        bench.iter(|| {
+            let out = download(b.forward(&model, &mut cache, &ForwardRequest::all_logits(&window)).expect("window"));
+            b.cache_trim(&mut cache, &[WINDOW]).expect("trim");
+            out
+        })
+    });
+    c.benchmark_group("forward/prefill64").bench_function(name, |bench| {
+        bench.iter(|| {
+            let mut fresh = b.new_model_cache(&model, 1, PREFILL).expect("cache");
+            download(b.forward(&model, &mut fresh, &ForwardRequest::last_logits(&prompt)).expect("prefill"))
+        })
+    });
+    let mean = |g: &str| crate::mean_ns(criterion_dir, g, name).map(|t| t / 1e9);
+    let (decode_s, verify9_s, prefill64_s) = (mean("forward/decode")?, mean("forward/verify9")?, mean("forward/prefill64")?);
+    let weight_dtype = b.model_precision().weight_dtype;
+    let weight_bytes = (weights_read_per_step(w) * dtype_bytes(weight_dtype)) as f64;
+    Some(ForwardTime {
+        backend: name.into(),
+        weight_dtype: weight_dtype.into(),
+        decode_s,
+        verify9_s,
+        prefill64_s,
+        weight_bytes,
+        decode_times_roofline: decode_s / machine.read_limit_s(weight_bytes),
+        verify9_over_decode: verify9_s / decode_s,
+    })
+}

@@ -1,0 +1,155 @@
+//! Kernel timings as the decoder calls them, each next to its memory-bound
+//! limit: "verify from logits" (`process_logits` on the target's `[B, k+1, V]`
+//! and the draft's `[B, k, V]` logits at temperature 1, then the unchecked
+//! `rejection_verify` with explicit noise) and greedy verify (the unchecked
+//! `greedy_verify` on the target's logits), accepted tokens and counts
+//! downloaded. The limit is the bytes of logits the kernel must read once,
+//! in the backend's float dtype, over the machine's copy bandwidth.
+
+use criterion::Criterion;
+use rand::{RngExt, SeedableRng};
+use rand_pcg::Pcg64;
+use serde::{Deserialize, Serialize};
+use specdec_backend::model::ModelBackend;
+use specdec_backend::{Comparator, DrawNoiseArg, HostTensor, LogitsParams, RejectionArgs, RejectionNoise};
+
+use crate::machine::Machine;
+
+/// A verify shape: `batch` sequences of `k` drafts over `vocab` ids.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Shape {
+    pub batch: usize,
+    pub k: usize,
+    pub vocab: usize,
+}
+
+impl Shape {
+    pub fn label(&self) -> String {
+        format!("B={}, k={}, V={}", self.batch, self.k, self.vocab)
+    }
+    fn id(&self) -> String {
+        format!("B{}_k{}_V{}", self.batch, self.k, self.vocab)
+    }
+    /// Logit values a verify from logits reads: target rows then draft rows.
+    pub fn verify_values(&self) -> usize {
+        self.batch * (2 * self.k + 1) * self.vocab
+    }
+    /// Logit values a greedy verify reads: the target rows.
+    pub fn greedy_values(&self) -> usize {
+        self.batch * (self.k + 1) * self.vocab
+    }
+}
+
+/// The shapes: one long-vocabulary sequence (Qwen-size V), and
+/// batches at a Llama-size V.
+pub const SHAPES: [Shape; 3] = [Shape { batch: 1, k: 8, vocab: 151_936 }, Shape { batch: 8, k: 4, vocab: 32_768 }, Shape { batch: 32, k: 4, vocab: 32_768 }];
+
+/// The two kernels timed.
+pub const OPS: [&str; 2] = ["verify_from_logits", "greedy_verify"];
+
+/// Host inputs of one shape, generated once from a fixed seed so every
+/// backend (and the peer script) times the same work.
+pub struct Inputs {
+    pub shape: Shape,
+    /// `[B*(k+1), V]` f32, as a model's head returns them.
+    pub target_logits: HostTensor<f32>,
+    /// `[B*k, V]` f32.
+    pub draft_logits: HostTensor<f32>,
+    pub draft_tokens: HostTensor<i64>,
+    pub proposal_lens: HostTensor<i64>,
+    pub accept_uniforms: HostTensor<f64>,
+    pub draw_uniforms: HostTensor<f64>,
+}
+
+impl Inputs {
+    pub fn new(shape: Shape, seed: u64) -> Inputs {
+        let Shape { batch, k, vocab } = shape;
+        let mut rng = Pcg64::seed_from_u64(seed);
+        let mut logits = |rows: usize| {
+            let data: Vec<f32> = (0..rows * vocab).map(|_| 8.0 * rng.random::<f32>()).collect();
+            HostTensor::new(vec![rows, vocab], data).expect("bench shapes")
+        };
+        let (target_logits, draft_logits) = (logits(batch * (k + 1)), logits(batch * k));
+        let mut rng = Pcg64::seed_from_u64(seed ^ 0x5eed);
+        let ids = (0..batch * k).map(|_| rng.random_range(0..vocab as i64)).collect();
+        let uniforms = |n: usize, rng: &mut Pcg64| HostTensor::new(vec![batch, n], (0..batch * n).map(|_| rng.random::<f64>()).collect()).expect("bench shapes");
+        Inputs {
+            shape,
+            target_logits,
+            draft_logits,
+            draft_tokens: HostTensor::new(vec![batch, k], ids).expect("bench shapes"),
+            proposal_lens: HostTensor::from_vec(vec![k as i64; batch]),
+            accept_uniforms: uniforms(k, &mut rng),
+            draw_uniforms: uniforms(k + 1, &mut rng),
+        }
+    }
+}
+
+/// One kernel timing of the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct KernelTime {
+    pub op: String,
+    pub shape: Shape,
+    pub backend: String,
+    pub float_dtype: String,
+    pub mean_s: f64,
+    /// Bytes of logits the op must read once.
+    pub bytes: f64,
+    /// `mean_s` over the memory-bound limit (1 is the limit).
+    pub times_limit: f64,
+}
+
+/// Bytes of one value of a backend's float dtype.
+pub fn dtype_bytes(dtype: &str) -> usize {
+    match dtype {
+        "f64" => 8,
+        "f16" | "bf16" => 2,
+        _ => 4,
+    }
+}
+
+fn group(op: &str, shape: &Shape) -> String {
+    format!("{op}/{}", shape.id())
+}
+
+/// Times both kernels of `inputs` on `b` under criterion (inputs resident on
+/// the device, outputs downloaded), then reads the estimates back.
+pub fn bench<B: ModelBackend>(c: &mut Criterion, name: &str, b: &B, inputs: &Inputs, machine: &Machine, criterion_dir: &std::path::Path) -> Vec<KernelTime> {
+    let Shape { batch, k, vocab } = inputs.shape;
+    let up32 = |t: &HostTensor<f32>| b.upload_f32(t).expect("upload");
+    let up_i = |t: &HostTensor<i64>| b.upload_i64(t).expect("upload");
+    let up_f = |t: &HostTensor<f64>| b.upload_f64(t).expect("upload");
+    let (zt, zd) = (up32(&inputs.target_logits), up32(&inputs.draft_logits));
+    let (drafts, lens) = (up_i(&inputs.draft_tokens), up_i(&inputs.proposal_lens));
+    let (u, v) = (up_f(&inputs.accept_uniforms), up_f(&inputs.draw_uniforms));
+    let rows = |r: usize, x: f64| up_f(&HostTensor::from_vec(vec![x; r]));
+    let (tt, pt) = (rows(batch * (k + 1), 1.0), rows(batch * (k + 1), 1.0));
+    let (td, pd) = (rows(batch * k, 1.0), rows(batch * k, 1.0));
+    let (kt, kd) = (up_i(&HostTensor::from_vec(vec![0; batch * (k + 1)])), up_i(&HostTensor::from_vec(vec![0; batch * k])));
+    let target_3d = b.reshape(&zt, &[batch, k + 1, vocab]).expect("reshape");
+    let verify_from_logits = || {
+        let p = b.process_logits(&zt, LogitsParams { temperature: &tt, top_k: &kt, top_p: &pt }).expect("valid logits");
+        let q = b.process_logits(&zd, LogitsParams { temperature: &td, top_k: &kd, top_p: &pd }).expect("valid logits");
+        let (p, q) = (b.reshape(&p, &[batch, k + 1, vocab]).expect("reshape"), b.reshape(&q, &[batch, k, vocab]).expect("reshape"));
+        let args = RejectionArgs { target_probs: &p, draft_probs: Some(&q), draft_tokens: &drafts, proposal_lens: &lens };
+        let out = b.rejection_verify_unchecked(args, RejectionNoise { accept_uniforms: &u, draw: DrawNoiseArg::InverseCdf(&v) }, Comparator::Strict).expect("valid batch");
+        (b.download_i64(&out.tokens).expect("download"), b.download_i64(&out.num_accepted).expect("download"))
+    };
+    let greedy = || {
+        let out = b.greedy_verify_unchecked(&target_3d, &drafts, &lens).expect("valid batch");
+        (b.download_i64(&out.tokens).expect("download"), b.download_i64(&out.num_accepted).expect("download"))
+    };
+    c.benchmark_group(group(OPS[0], &inputs.shape)).bench_function(name, |bench| bench.iter(verify_from_logits));
+    c.benchmark_group(group(OPS[1], &inputs.shape)).bench_function(name, |bench| bench.iter(greedy));
+
+    let dtype = b.precision().float_dtype;
+    let width = dtype_bytes(dtype) as f64;
+    [(OPS[0], inputs.shape.verify_values()), (OPS[1], inputs.shape.greedy_values())]
+        .into_iter()
+        .filter_map(|(op, values)| {
+            let mean_s = crate::mean_ns(criterion_dir, &group(op, &inputs.shape), name)? / 1e9;
+            let bytes = values as f64 * width;
+            Some(KernelTime { op: op.into(), shape: inputs.shape, backend: name.into(), float_dtype: dtype.into(), mean_s, bytes, times_limit: mean_s / machine.read_limit_s(bytes) })
+        })
+        .collect()
+}

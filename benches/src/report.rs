@@ -1,0 +1,251 @@
+//! The report: one JSON file with every measurement, a Markdown page of
+//! tables and ratios read from it, and two SVG plots.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::e2e::{E2e, KS, PROMPTS};
+use crate::forward::{CONTEXT, ForwardTime, WINDOW};
+use crate::kernels::{KernelTime, OPS, SHAPES};
+use crate::machine::Machine;
+use crate::ngram::NgramTime;
+use crate::peer::PeerTimes;
+use crate::plot::{Line, lines};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub machine: Machine,
+    /// How the report was made (the command, tokens per run).
+    pub command: String,
+    pub max_tokens: usize,
+    pub kernels: Vec<KernelTime>,
+    /// The peer's timings, or why there are none.
+    pub peer: Result<PeerTimes, String>,
+    pub ngram: Option<NgramTime>,
+    pub forward: Vec<ForwardTime>,
+    pub e2e: E2e,
+    /// Sections left out of this run and why.
+    pub skipped: Vec<String>,
+}
+
+fn ms(s: f64) -> String {
+    format!("{:.3}", s * 1e3)
+}
+
+impl Report {
+    /// Writes `bench.json`, `BENCH.md` and the plots into `dir`.
+    pub fn write(&self, dir: &Path) -> Result<(), String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let json = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
+        std::fs::write(dir.join("bench.json"), json).map_err(|e| format!("cannot write bench.json: {e}"))?;
+        let mut plots = Vec::new();
+        if !self.e2e.spec.is_empty() {
+            lines(
+                &dir.join("speedup_vs_k.svg"),
+                "Speedup over plain greedy decoding (SmolLM2-135M)",
+                "k (drafts per step)",
+                "speedup (geometric mean over prompts)",
+                &self.speedup_lines(),
+                Some(1.0),
+            )?;
+            lines(
+                &dir.join("acceptance_per_position.svg"),
+                &format!("Acceptance per draft position at k = {}", KS[KS.len() - 1]),
+                "draft position",
+                "accepted when drafted",
+                &self.acceptance_lines(),
+                None,
+            )?;
+            plots.extend(["speedup_vs_k.svg", "acceptance_per_position.svg"]);
+        }
+        std::fs::write(dir.join("BENCH.md"), self.markdown(&plots)).map_err(|e| format!("cannot write BENCH.md: {e}"))
+    }
+
+    fn speedup_lines(&self) -> Vec<Line> {
+        let mut by: BTreeMap<(String, String), BTreeMap<usize, Vec<f64>>> = BTreeMap::new();
+        for r in &self.e2e.spec {
+            by.entry((r.backend.clone(), r.proposer.clone())).or_default().entry(r.k).or_default().push(r.speedup.ln());
+        }
+        by.into_iter()
+            .map(|((b, p), ks)| Line { label: format!("{p} on {b}"), points: ks.into_iter().map(|(k, logs)| (k as f64, (logs.iter().sum::<f64>() / logs.len() as f64).exp())).collect() })
+            .collect()
+    }
+
+    /// Per proposer and prompt at the largest k, on the first backend that
+    /// ran (greedy tokens, hence acceptance, agree across backends).
+    fn acceptance_lines(&self) -> Vec<Line> {
+        let kmax = KS[KS.len() - 1];
+        let Some(first) = self.e2e.spec.first().map(|r| r.backend.clone()) else { return Vec::new() };
+        self.e2e
+            .spec
+            .iter()
+            .filter(|r| r.backend == first && r.k == kmax)
+            .map(|r| Line { label: format!("{}, {}", r.proposer, r.prompt), points: r.acceptance_per_position.iter().enumerate().map(|(j, &a)| ((j + 1) as f64, a)).collect() })
+            .collect()
+    }
+
+    pub fn markdown(&self, plots: &[&str]) -> String {
+        let m = &self.machine;
+        let mut md = String::new();
+        let _ = writeln!(md, "# specdec speedup report\n");
+        let _ = writeln!(md, "Made by `{}`. Every ratio below is between times measured in this one run.\n", self.command);
+        let _ = writeln!(
+            md,
+            "**Machine:** {} cores, {}; copy bandwidth **{:.1} GB/s** (one thread, {} MiB buffer, read + write bytes, best of 7). A memory-bound limit below is the bytes a kernel must read once over this bandwidth.\n",
+            m.cores,
+            m.cpu,
+            m.copy_bytes_per_s / 1e9,
+            m.copy_buffer_bytes >> 20
+        );
+        if !self.skipped.is_empty() {
+            let _ = writeln!(md, "Left out of this run: {}.\n", self.skipped.join("; "));
+        }
+        self.kernels_md(&mut md);
+        self.ngram_md(&mut md);
+        self.forward_md(&mut md);
+        self.e2e_md(&mut md, plots);
+        md
+    }
+
+    fn kernels_md(&self, md: &mut String) {
+        if self.kernels.is_empty() {
+            return;
+        }
+        let _ = writeln!(md, "## Kernels\n");
+        let _ = writeln!(
+            md,
+            "As the decoder calls them, inputs resident, accepted tokens and counts downloaded (criterion means). `verify_from_logits`: `process_logits` (temperature 1, no top-k/top-p) on the target's `[B, k+1, V]` and the draft's `[B, k, V]` f32 logits, then the unchecked `rejection_verify` with explicit noise. `greedy_verify`: the unchecked `greedy_verify` on the target's logits. Limit: the logits in the backend's float dtype, read once.\n"
+        );
+        let peer = self.peer.as_ref().ok();
+        match &self.peer {
+            Ok(p) => {
+                let _ = writeln!(
+                    md,
+                    "Peer, timed in this run (median of 25, `adapters/peers/bench_hf.py`): {}: `_speculative_sampling` once per sequence; greedy is `argmax` and the match count, batched.\n",
+                    p.peer
+                );
+            }
+            Err(why) => {
+                let _ = writeln!(md, "No peer column: {why}.\n");
+            }
+        }
+        let _ = writeln!(md, "| op | shape | backend | dtype | mean (ms) | x memory limit | x reference | x HF (peer) |\n|---|---|---|---|---|---|---|---|");
+        for op in OPS {
+            for shape in SHAPES {
+                let rows: Vec<&KernelTime> = self.kernels.iter().filter(|k| k.op == op && k.shape == shape).collect();
+                let reference = rows.iter().find(|k| k.backend == "reference").map(|k| k.mean_s);
+                if let Some(p) = peer.and_then(|p| p.get(op, &shape)) {
+                    let _ = writeln!(md, "| {op} | {} | HF transformers | f32 | {} | | | 1 |", shape.label(), ms(p));
+                }
+                for k in rows {
+                    let vs_ref = reference.map_or("-".into(), |r| format!("{:.2}", k.mean_s / r));
+                    let vs_peer = peer.and_then(|p| p.get(op, &shape)).map_or("-".into(), |p| format!("{:.2}", k.mean_s / p));
+                    let _ = writeln!(md, "| {op} | {} | {} | {} | {} | {:.1} | {vs_ref} | {vs_peer} |", shape.label(), k.backend, k.float_dtype, ms(k.mean_s), k.times_limit);
+                }
+            }
+        }
+        let _ = writeln!(md);
+    }
+
+    fn ngram_md(&self, md: &mut String) {
+        let Some(n) = &self.ngram else { return };
+        let _ = writeln!(md, "## Prompt lookup at {} tokens of context\n", n.context);
+        let _ = writeln!(
+            md,
+            "The decoder's incremental index (NGRAM-6, {}) against the linear search a stateless call makes (criterion means; seeded Zipf ids with a third of the 64-token blocks repeated).\n",
+            n.config
+        );
+        let _ = writeln!(md, "| step | time | per |\n|---|---|---|");
+        let _ = writeln!(md, "| build the index over the context | {} ms | context |", ms(n.build_s));
+        let _ = writeln!(md, "| append one token and propose (index) | {:.3} us | token |", n.append_propose_s * 1e6);
+        let _ = writeln!(md, "| propose by linear search (rescan) | {} ms | call |", ms(n.rescan_s));
+        let _ = writeln!(md, "\nThe index answers a step {:.0}x faster than a rescan.\n", n.rescan_s / n.append_propose_s);
+    }
+
+    fn forward_md(&self, md: &mut String) {
+        if self.forward.is_empty() {
+            return;
+        }
+        let _ = writeln!(md, "## SmolLM2-135M forward\n");
+        let _ = writeln!(
+            md,
+            "Criterion means. Context {CONTEXT} tokens; `verify9` is a {WINDOW}-token window (k = 8) at that context; `prefill64` a 64-token prompt into an empty cache. Roofline: the weights a decode step reads once over the copy bandwidth.\n"
+        );
+        let _ = writeln!(md, "| backend | weights | decode (ms) | tokens/s | x roofline | verify9 (ms) | verify9 / decode | prefill64 (ms) |\n|---|---|---|---|---|---|---|---|");
+        for f in &self.forward {
+            let _ = writeln!(
+                md,
+                "| {} | {} ({:.0} MB) | {} | {:.1} | {:.2} | {} | {:.2} | {} |",
+                f.backend,
+                f.weight_dtype,
+                f.weight_bytes / 1e6,
+                ms(f.decode_s),
+                1.0 / f.decode_s,
+                f.decode_times_roofline,
+                ms(f.verify9_s),
+                f.verify9_over_decode,
+                ms(f.prefill64_s)
+            );
+        }
+        let _ = writeln!(md);
+    }
+
+    fn e2e_md(&self, md: &mut String, plots: &[&str]) {
+        let e = &self.e2e;
+        if e.plain.is_empty() {
+            return;
+        }
+        let _ = writeln!(md, "## End to end: speculative against plain decoding\n");
+        let prompts: Vec<String> = PROMPTS.iter().map(|(id, kind)| format!("`{id}` ({kind})")).collect();
+        let _ = writeln!(
+            md,
+            "Greedy, {} new tokens per run, batch 1, prompts {} from `fixtures/prompts/smollm2.json`. Every speculative run below produced exactly the plain run's tokens (the bench stops otherwise). Tokens/s exclude the prefill. `c`: the proposer's seconds per drafted token over the plain run's seconds per token. Predicted: THEORY-3 with THEORY-2's expected tokens from the measured acceptance, `tokens per step / (1 + c x drafts per step)`; it assumes a verify step costs one plain step, so achieved / predicted below 1 measures what a (k+1)-token verify and the loop's overhead really cost.\n",
+            self.max_tokens,
+            prompts.join(", ")
+        );
+        let _ = writeln!(md, "### Plain decoding\n\n| backend | prompt | tokens | tokens/s |\n|---|---|---|---|");
+        for p in &e.plain {
+            let _ = writeln!(md, "| {} | {} | {} | {:.1} |", p.backend, p.prompt, p.tokens, p.tokens_per_s);
+        }
+        let _ = writeln!(
+            md,
+            "\n### Best k\n\nTheory: THEORY-4 over k in 1..=8 with the per-draft acceptance fitted to the measured tokens per step at k = 8 and the measured c (run too when outside the sweep). Measured: the k with the highest geometric-mean speedup over the prompts.\n\n| backend | proposer | fitted beta | c | theory k | predicted speedup | measured k | measured speedup |\n|---|---|---|---|---|---|---|---|"
+        );
+        for b in &e.best_k {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {:.3} | {:.3} | {} | {:.2} | {} | {:.2} |",
+                b.backend, b.proposer, b.fitted_beta, b.cost_ratio, b.theory_k, b.theory_speedup, b.measured_k, b.measured_speedup
+            );
+        }
+        let _ = writeln!(
+            md,
+            "\n### Every run\n\n| backend | proposer | prompt | k | tokens/s | speedup | mean accepted | tokens/step | c | predicted | achieved / predicted | acceptance per position |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+        );
+        for r in &e.spec {
+            let per: Vec<String> = r.acceptance_per_position.iter().map(|a| format!("{a:.2}")).collect();
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} | {:.2} | {} |",
+                r.backend,
+                r.proposer,
+                r.prompt,
+                r.k,
+                r.tokens_per_s,
+                r.speedup,
+                r.mean_accepted,
+                r.tokens_per_step,
+                r.cost_ratio,
+                r.predicted_speedup,
+                r.achieved_over_predicted,
+                per.join(" ")
+            );
+        }
+        for p in plots {
+            let _ = writeln!(md, "\n![{p}]({p})");
+        }
+    }
+}
