@@ -1,6 +1,6 @@
 //! `cargo xtask bench` runs this: the whole speedup report (see the crate
 //! docs), written to `reports/bench/`. `SPECDEC_BENCH_SECTIONS` picks
-//! sections (`kernels,forward,e2e`, all by default); forward and e2e need
+//! sections (`kernels,ngram,forward,e2e`, all by default); forward and e2e need
 //! `SPECDEC_SMOLLM2_GGUF`; the peer column needs `SPECDEC_PEERS_PYTHON`.
 
 use std::path::{Path, PathBuf};
@@ -50,12 +50,16 @@ struct E2eJob<'a> {
     weights: &'a LlamaWeights,
     prompts: &'a [BenchPrompt],
     max_tokens: usize,
-    out: Result<E2e, String>,
+    out: E2e,
+    /// The first failure; later backends are skipped, earlier rows kept.
+    failure: Option<String>,
 }
 
 impl EachBackend for E2eJob<'_> {
     fn run<B: ModelBackend>(&mut self, name: &str, b: &B) {
-        let Ok(all) = &mut self.out else { return };
+        if self.failure.is_some() {
+            return;
+        }
         let bar = ProgressBar::new(0).with_style(ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {msg}").expect("template").progress_chars("=> "));
         bar.set_prefix(name.to_string());
         bar.set_length((self.prompts.len() * (1 + e2e::proposers().len() * e2e::KS.len())) as u64);
@@ -65,11 +69,11 @@ impl EachBackend for E2eJob<'_> {
         };
         match e2e::measure(name, b, self.weights, self.prompts, self.max_tokens, &mut tick) {
             Ok(e) => {
-                all.plain.extend(e.plain);
-                all.spec.extend(e.spec);
-                all.best_k.extend(e.best_k);
+                self.out.plain.extend(e.plain);
+                self.out.spec.extend(e.spec);
+                self.out.best_k.extend(e.best_k);
             }
-            Err(why) => self.out = Err(why),
+            Err(why) => self.failure = Some(why),
         }
         bar.finish_and_clear();
     }
@@ -91,11 +95,12 @@ fn bench_prompts(model: &specdec_models::LoadedModel) -> Result<Vec<BenchPrompt>
 fn main() -> Result<(), String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let criterion_dir = std::env::var("CARGO_TARGET_DIR").map_or_else(|_| root.join("target"), PathBuf::from).join("criterion");
-    let sections = std::env::var("SPECDEC_BENCH_SECTIONS").unwrap_or_else(|_| "kernels,forward,e2e".into());
+    let sections = std::env::var("SPECDEC_BENCH_SECTIONS").unwrap_or_else(|_| "kernels,ngram,forward,e2e".into());
     let want = |s: &str| sections.split(',').any(|x| x.trim() == s);
     let max_tokens = std::env::var("SPECDEC_BENCH_TOKENS").ok().map_or(Ok(MAX_TOKENS), |v| v.parse().map_err(|_| format!("SPECDEC_BENCH_TOKENS={v} is not a token count")))?;
     let mut c = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2)).sample_size(10).configure_from_args();
     eprintln!("bench: measuring the machine's copy bandwidth");
+    specdec_benches::run_started();
     let machine = Machine::measure();
     let mut skipped = Vec::new();
 
@@ -109,7 +114,6 @@ fn main() -> Result<(), String> {
             each_backend(&mut job, true);
             kernel_times.extend(job.out);
         }
-        ngram = specdec_benches::ngram::bench(&mut c, &criterion_dir);
         peer = match std::env::var_os("SPECDEC_PEERS_PYTHON") {
             Some(py) => peer::measure(Path::new(&py), &SHAPES),
             None => Err("SPECDEC_PEERS_PYTHON is not set (run `cargo xtask peers` once to install HF transformers)".into()),
@@ -118,6 +122,17 @@ fn main() -> Result<(), String> {
         skipped.push("kernels (not in SPECDEC_BENCH_SECTIONS)".into());
     }
 
+    if want("ngram") {
+        ngram = specdec_benches::ngram::bench(&mut c, &criterion_dir);
+    } else {
+        skipped.push("n-gram (not in SPECDEC_BENCH_SECTIONS)".into());
+    }
+
+    for (section, name) in [("forward", "forward"), ("e2e", "end to end")] {
+        if !want(section) {
+            skipped.push(format!("{name} (not in SPECDEC_BENCH_SECTIONS)"));
+        }
+    }
     let model = match std::env::var_os("SPECDEC_SMOLLM2_GGUF") {
         Some(path) if want("forward") || want("e2e") => Some(specdec_models::load(&path).map_err(|e| format!("SmolLM2: {e}"))?),
         Some(_) => None,
@@ -128,29 +143,27 @@ fn main() -> Result<(), String> {
     };
     let mut forward_times = Vec::new();
     let mut e2e = E2e::default();
+    let mut e2e_failure = None;
     if let Some(model) = &model {
         if want("forward") {
             let mut job = ForwardJob { c: &mut c, weights: &model.weights, machine: &machine, dir: &criterion_dir, out: Vec::new() };
             each_backend(&mut job, false);
             forward_times = job.out;
-        } else {
-            skipped.push("forward (not in SPECDEC_BENCH_SECTIONS)".into());
         }
         if want("e2e") {
             let prompts = bench_prompts(model)?;
-            let mut job = E2eJob { weights: &model.weights, prompts: &prompts, max_tokens, out: Ok(E2e::default()) };
+            let mut job = E2eJob { weights: &model.weights, prompts: &prompts, max_tokens, out: E2e::default(), failure: None };
             each_backend(&mut job, false);
-            e2e = job.out?;
-        } else {
-            skipped.push("end to end (not in SPECDEC_BENCH_SECTIONS)".into());
+            (e2e, e2e_failure) = (job.out, job.failure);
         }
     }
     c.final_summary();
 
-    let report = Report { machine, command: "cargo xtask bench".into(), max_tokens, kernels: kernel_times, peer, ngram, forward: forward_times, e2e, skipped };
+    let report = Report { machine, command: "cargo xtask bench".into(), max_tokens, kernels: kernel_times, peer, ngram, forward: forward_times, e2e, e2e_failure: e2e_failure.clone(), skipped };
     let dir = root.join("reports/bench");
     report.write(&dir)?;
     eprintln!("bench: wrote reports/bench/BENCH.md, bench.json and the plots");
     print!("{}", std::fs::read_to_string(dir.join("BENCH.md")).map_err(|e| e.to_string())?);
-    Ok(())
+    // A lossless failure is the one outcome a report must not hide: exit non-zero.
+    e2e_failure.map_or(Ok(()), |why| Err(format!("end to end: {why}")))
 }

@@ -63,6 +63,11 @@ pub struct SpecRun {
     pub mean_accepted: f64,
     pub tokens_per_step: f64,
     pub drafts_per_step: f64,
+    /// Drafts proposed in the run and the proposer's seconds, for pooling over prompts.
+    pub proposed: u64,
+    pub propose_s: f64,
+    /// The plain run's seconds per token.
+    pub plain_step_s: f64,
     /// One proposer token over one target step, measured: proposer seconds per
     /// drafted token over the plain run's seconds per token.
     pub cost_ratio: f64,
@@ -78,10 +83,14 @@ pub struct SpecRun {
 pub struct BestK {
     pub backend: String,
     pub proposer: String,
-    /// Per-draft acceptance fitted so that THEORY-2 at the largest `k`
-    /// reproduces the measured tokens per step (over all prompts).
+    /// Acceptance per step fitted so that THEORY-2's geometric expectation at
+    /// the largest `k` reproduces the measured tokens per step (mean over the
+    /// prompts). A step without a proposal counts as a rejection, so for a
+    /// proposer that sometimes proposes nothing it is below the per-draft rate.
     pub fitted_beta: f64,
-    /// The cost ratio at the largest `k` (over all prompts).
+    /// The cost ratio at the largest `k`, pooled over the prompts: proposer
+    /// seconds (in plain steps) over drafts proposed. A prompt without drafts
+    /// adds nothing to either, rather than a 0 to an average.
     pub cost_ratio: f64,
     /// THEORY-4's best `k` in `1..=8`, and its predicted speedup; run too when not swept.
     pub theory_k: usize,
@@ -155,6 +164,9 @@ impl<B: ModelBackend> Runner<'_, B> {
             mean_accepted: a.mean_accepted(),
             tokens_per_step: a.tokens_per_step(),
             drafts_per_step,
+            proposed: a.proposed,
+            propose_s: r.timings.propose_s,
+            plain_step_s: plain.step_s,
             cost_ratio,
             predicted_speedup: predicted,
             achieved_over_predicted: speedup / predicted,
@@ -221,7 +233,8 @@ fn best_k(backend: &str, proposer: &str, e: &E2e) -> Result<BestK, String> {
     let at = |k: usize| e.spec.iter().filter(move |r| r.backend == backend && r.proposer == proposer && r.k == k);
     let n = at(kmax).count().max(1) as f64;
     let tokens_per_step = at(kmax).map(|r| r.tokens_per_step).sum::<f64>() / n;
-    let cost_ratio = at(kmax).map(|r| r.cost_ratio).sum::<f64>() / n;
+    let proposed: u64 = at(kmax).map(|r| r.proposed).sum();
+    let cost_ratio = if proposed == 0 { 0.0 } else { at(kmax).map(|r| r.propose_s / r.plain_step_s).sum::<f64>() / proposed as f64 };
     let fitted_beta = fit_beta(tokens_per_step, kmax)?;
     let (theory_k, theory_speedup) = theory::best_draft_length(fitted_beta, cost_ratio, kmax).map_err(|e| e.to_string())?;
     let mut measured_best = (KS[0], f64::NEG_INFINITY);
@@ -264,6 +277,9 @@ mod tests {
             mean_accepted: tokens_per_step - 1.0,
             tokens_per_step,
             drafts_per_step: k as f64,
+            proposed: 10,
+            propose_s: cost_ratio * 10.0 * 0.5,
+            plain_step_s: 0.5,
             cost_ratio,
             predicted_speedup: 1.0,
             achieved_over_predicted: speedup,
@@ -284,5 +300,14 @@ mod tests {
         assert_eq!((b.measured_k, (b.measured_speedup * 1e9).round() / 1e9), (2, 1.5));
         assert!((b.fitted_beta - beta).abs() < 1e-9 && (b.cost_ratio - 0.2).abs() < 1e-12);
         assert_eq!((b.theory_k, b.theory_speedup), theory::best_draft_length(beta, 0.2, 8).unwrap());
+    }
+
+    /// A prompt that proposed nothing adds nothing to the pooled cost ratio.
+    #[test]
+    fn a_prompt_without_drafts_does_not_lower_the_cost_ratio() {
+        let mut silent = row(8, 1.0, 1.0, 0.0);
+        (silent.proposed, silent.propose_s) = (0, 0.0);
+        let e = E2e { spec: vec![row(8, 1.0, 2.0, 0.4), silent], ..E2e::default() };
+        assert!((best_k("b", "p", &e).unwrap().cost_ratio - 0.4).abs() < 1e-12);
     }
 }

@@ -27,8 +27,9 @@ pub struct ForwardTime {
     pub prefill64_s: f64,
     /// Bytes of weights a decode step reads once.
     pub weight_bytes: f64,
-    /// `decode_s` over the weight-bandwidth roofline (1 is the limit).
-    pub decode_times_roofline: f64,
+    /// `decode_s` over the host weight-bandwidth roofline (1 is the limit);
+    /// `None` on an accelerator.
+    pub decode_times_roofline: Option<f64>,
     /// `verify9_s / decode_s`: what drafting k = 8 costs the target.
     pub verify9_over_decode: f64,
 }
@@ -82,7 +83,7 @@ pub fn bench<B: ModelBackend>(c: &mut Criterion, name: &str, b: &B, w: &LlamaWei
         verify9_s,
         prefill64_s,
         weight_bytes,
-        decode_times_roofline: decode_s / machine.read_limit_s(weight_bytes),
+        decode_times_roofline: crate::on_host(&b.device()).then(|| decode_s / machine.read_limit_s(weight_bytes)),
         verify9_over_decode: verify9_s / decode_s,
     })
 }

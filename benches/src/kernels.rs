@@ -95,8 +95,9 @@ pub struct KernelTime {
     pub mean_s: f64,
     /// Bytes of logits the op must read once.
     pub bytes: f64,
-    /// `mean_s` over the memory-bound limit (1 is the limit).
-    pub times_limit: f64,
+    /// `mean_s` over the host memory-bound limit (1 is the limit); `None` on
+    /// an accelerator, whose own bandwidth this run does not measure.
+    pub times_limit: Option<f64>,
 }
 
 /// Bytes of one value of a backend's float dtype.
@@ -143,13 +144,14 @@ pub fn bench<B: ModelBackend>(c: &mut Criterion, name: &str, b: &B, inputs: &Inp
     c.benchmark_group(group(OPS[1], &inputs.shape)).bench_function(name, |bench| bench.iter(greedy));
 
     let dtype = b.precision().float_dtype;
+    let host = crate::on_host(&b.device());
     let width = dtype_bytes(dtype) as f64;
     [(OPS[0], inputs.shape.verify_values()), (OPS[1], inputs.shape.greedy_values())]
         .into_iter()
         .filter_map(|(op, values)| {
             let mean_s = crate::mean_ns(criterion_dir, &group(op, &inputs.shape), name)? / 1e9;
             let bytes = values as f64 * width;
-            Some(KernelTime { op: op.into(), shape: inputs.shape, backend: name.into(), float_dtype: dtype.into(), mean_s, bytes, times_limit: mean_s / machine.read_limit_s(bytes) })
+            Some(KernelTime { op: op.into(), shape: inputs.shape, backend: name.into(), float_dtype: dtype.into(), mean_s, bytes, times_limit: host.then(|| mean_s / machine.read_limit_s(bytes)) })
         })
         .collect()
 }

@@ -52,10 +52,27 @@ pub fn each_backend(job: &mut impl EachBackend, with_reference: bool) -> Vec<Str
     ran
 }
 
+/// When this process started benching: estimates older than this are a
+/// previous run's (criterion leaves them on disk when a filter skips a bench).
+pub fn run_started() -> std::time::SystemTime {
+    static START: std::sync::LazyLock<std::time::SystemTime> = std::sync::LazyLock::new(std::time::SystemTime::now);
+    *START
+}
+
 /// Reads criterion's mean estimate (ns) of `group/function` from `target/criterion`
-/// (criterion names the group's folder with each `/` made `_`).
+/// (criterion names the group's folder with each `/` made `_`), only when this
+/// run wrote it: a stale estimate is never reported as measured now.
 pub fn mean_ns(criterion_dir: &std::path::Path, group: &str, function: &str) -> Option<f64> {
     let path = criterion_dir.join(group.replace('/', "_")).join(function).join("new/estimates.json");
+    if std::fs::metadata(&path).and_then(|m| m.modified()).ok()? < run_started() {
+        return None;
+    }
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
     v.get("mean")?.get("point_estimate")?.as_f64()
+}
+
+/// Whether a backend's device is this machine's memory (the host bandwidth
+/// is its limit); an accelerator's limit is its own, not measured here.
+pub fn on_host(device: &str) -> bool {
+    device == "cpu" || device == "host"
 }

@@ -27,6 +27,9 @@ pub struct Report {
     pub ngram: Option<NgramTime>,
     pub forward: Vec<ForwardTime>,
     pub e2e: E2e,
+    /// Why the end-to-end section stopped early, if it did (e.g. a speculative
+    /// run whose tokens differ from plain decoding): the rest is still reported.
+    pub e2e_failure: Option<String>,
     /// Sections left out of this run and why.
     pub skipped: Vec<String>,
 }
@@ -94,12 +97,17 @@ impl Report {
         let _ = writeln!(md, "Made by `{}`. Every ratio below is between times measured in this one run.\n", self.command);
         let _ = writeln!(
             md,
-            "**Machine:** {} cores, {}; copy bandwidth **{:.1} GB/s** (one thread, {} MiB buffer, read + write bytes, best of 7). A memory-bound limit below is the bytes a kernel must read once over this bandwidth.\n",
+            "**Machine:** {} cores, {}; copy bandwidth **{:.1} GB/s** (the larger of one thread's {:.1} and all threads' {:.1}; {} MiB buffer, read + write bytes, best of 7). A memory-bound limit below is the bytes a kernel must read once over this bandwidth; it is given for host backends only (an accelerator's bandwidth is not measured here).\n",
             m.cores,
             m.cpu,
             m.copy_bytes_per_s / 1e9,
+            m.one_thread_bytes_per_s / 1e9,
+            m.all_threads_bytes_per_s / 1e9,
             m.copy_buffer_bytes >> 20
         );
+        if let Some(why) = &self.e2e_failure {
+            let _ = writeln!(md, "**The end-to-end section failed:** {why}\n");
+        }
         if !self.skipped.is_empty() {
             let _ = writeln!(md, "Left out of this run: {}.\n", self.skipped.join("; "));
         }
@@ -124,7 +132,7 @@ impl Report {
             Ok(p) => {
                 let _ = writeln!(
                     md,
-                    "Peer, timed in this run (median of 25, `adapters/peers/bench_hf.py`): {}: `_speculative_sampling` once per sequence; greedy is `argmax` and the match count, batched.\n",
+                    "Peer, timed in this run (`adapters/peers/bench_hf.py`; the median of 25 calls, where our times are criterion's means): {}: `_speculative_sampling` once per sequence; greedy is `argmax` and the match count, batched.\n",
                     p.peer
                 );
             }
@@ -143,7 +151,8 @@ impl Report {
                 for k in rows {
                     let vs_ref = reference.map_or("-".into(), |r| format!("{:.2}", k.mean_s / r));
                     let vs_peer = peer.and_then(|p| p.get(op, &shape)).map_or("-".into(), |p| format!("{:.2}", k.mean_s / p));
-                    let _ = writeln!(md, "| {op} | {} | {} | {} | {} | {:.1} | {vs_ref} | {vs_peer} |", shape.label(), k.backend, k.float_dtype, ms(k.mean_s), k.times_limit);
+                    let limit = k.times_limit.map_or("-".into(), |x| format!("{x:.1}"));
+                    let _ = writeln!(md, "| {op} | {} | {} | {} | {} | {limit} | {vs_ref} | {vs_peer} |", shape.label(), k.backend, k.float_dtype, ms(k.mean_s));
                 }
             }
         }
@@ -155,12 +164,12 @@ impl Report {
         let _ = writeln!(md, "## Prompt lookup at {} tokens of context\n", n.context);
         let _ = writeln!(
             md,
-            "The decoder's incremental index (NGRAM-6, {}) against the linear search a stateless call makes (criterion means; seeded Zipf ids with a third of the 64-token blocks repeated).\n",
+            "The decoder's incremental index (NGRAM-6, {}) against the linear search a stateless call makes (build and rescan: criterion means; the step: one timed run of 2^20 steps, median of three; seeded Zipf ids with a third of the 64-token blocks repeated).\n",
             n.config
         );
         let _ = writeln!(md, "| step | time | per |\n|---|---|---|");
         let _ = writeln!(md, "| build the index over the context | {} ms | context |", ms(n.build_s));
-        let _ = writeln!(md, "| append one token and propose (index) | {:.3} us | token |", n.append_propose_s * 1e6);
+        let _ = writeln!(md, "| append one token and propose (index), amortised over 2^20 steps from {} tokens | {:.3} us | token |", n.context, n.append_propose_s * 1e6);
         let _ = writeln!(md, "| propose by linear search (rescan) | {} ms | call |", ms(n.rescan_s));
         let _ = writeln!(md, "\nThe index answers a step {:.0}x faster than a rescan.\n", n.rescan_s / n.append_propose_s);
     }
@@ -176,15 +185,15 @@ impl Report {
         );
         let _ = writeln!(md, "| backend | weights | decode (ms) | tokens/s | x roofline | verify9 (ms) | verify9 / decode | prefill64 (ms) |\n|---|---|---|---|---|---|---|---|");
         for f in &self.forward {
+            let roofline = f.decode_times_roofline.map_or("-".into(), |x| format!("{x:.2}"));
             let _ = writeln!(
                 md,
-                "| {} | {} ({:.0} MB) | {} | {:.1} | {:.2} | {} | {:.2} | {} |",
+                "| {} | {} ({:.0} MB) | {} | {:.1} | {roofline} | {} | {:.2} | {} |",
                 f.backend,
                 f.weight_dtype,
                 f.weight_bytes / 1e6,
                 ms(f.decode_s),
                 1.0 / f.decode_s,
-                f.decode_times_roofline,
                 ms(f.verify9_s),
                 f.verify9_over_decode,
                 ms(f.prefill64_s)
@@ -212,7 +221,7 @@ impl Report {
         }
         let _ = writeln!(
             md,
-            "\n### Best k\n\nTheory: THEORY-4 over k in 1..=8 with the per-draft acceptance fitted to the measured tokens per step at k = 8 and the measured c (run too when outside the sweep). Measured: the k with the highest geometric-mean speedup over the prompts.\n\n| backend | proposer | fitted beta | c | theory k | predicted speedup | measured k | measured speedup |\n|---|---|---|---|---|---|---|---|"
+            "\n### Best k\n\nTheory: THEORY-4 over k in 1..=8 with beta fitted to the measured tokens per step at k = 8 (a step without a proposal counts as a rejection, so for n-gram drafts it is the acceptance per step, below the per-draft rate) and c pooled over the prompts (run too when outside the sweep). Measured: the k with the highest geometric-mean speedup over the prompts.\n\n| backend | proposer | fitted beta (per step) | c | theory k | predicted speedup | measured k | measured speedup |\n|---|---|---|---|---|---|---|---|"
         );
         for b in &e.best_k {
             let _ = writeln!(
