@@ -145,7 +145,7 @@ impl<B: ModelBackend> Runner<'_, B> {
     fn spec(&self, p: &BenchPrompt, k: usize, proposer: &ProposerChoice, plain: &Plain) -> Result<SpecRun, String> {
         let r = self.run(&p.ids, k, proposer)?;
         if r.outputs[0].tokens != plain.tokens {
-            return Err(format!("{}, {}, k = {k}, prompt {}: greedy speculative tokens differ from plain decoding", self.name, label(proposer), p.id));
+            return Err(format!("{}, {}, k = {k}, prompt {}: greedy speculative tokens differ from plain decoding", self.name, proposer, p.id));
         }
         let a = &r.acceptance;
         let drafts_per_step = if a.steps == 0 { 0.0 } else { a.proposed as f64 / a.steps as f64 };
@@ -154,7 +154,7 @@ impl<B: ModelBackend> Runner<'_, B> {
         let speedup = r.decode_tokens_per_s() / plain.tokens_per_s;
         Ok(SpecRun {
             backend: self.name.into(),
-            proposer: label(proposer),
+            proposer: proposer.to_string(),
             prompt: p.id.clone(),
             k,
             tokens: r.outputs[0].tokens.len(),
@@ -189,7 +189,7 @@ pub fn measure<B: ModelBackend>(name: &str, b: &B, w: &LlamaWeights, prompts: &[
         let sweep = |k: usize, out: &mut E2e, progress: &mut dyn FnMut(&str)| -> Result<(), String> {
             for (p, plain) in prompts.iter().zip(&plains) {
                 out.spec.push(runner.spec(p, k, &proposer, plain)?);
-                progress(&format!("{name} {} {} k={k}", p.id, label(&proposer)));
+                progress(&format!("{name} {} {} k={k}", p.id, proposer));
             }
             Ok(())
         };
@@ -197,23 +197,13 @@ pub fn measure<B: ModelBackend>(name: &str, b: &B, w: &LlamaWeights, prompts: &[
             sweep(k, &mut out, progress)?;
         }
         // THEORY-4's k, checked by measurement when the sweep did not run it.
-        let theory_k = best_k(name, &label(&proposer), &out)?.theory_k;
+        let theory_k = best_k(name, &proposer.to_string(), &out)?.theory_k;
         if !KS.contains(&theory_k) {
             sweep(theory_k, &mut out, progress)?;
         }
-        out.best_k.push(best_k(name, &label(&proposer), &out)?);
+        out.best_k.push(best_k(name, &proposer.to_string(), &out)?);
     }
     Ok(out)
-}
-
-/// A proposer's name in the report.
-pub fn label(p: &ProposerChoice) -> String {
-    match p {
-        ProposerChoice::None => "none".into(),
-        ProposerChoice::Ngram => "ngram".into(),
-        ProposerChoice::EarlyExit(l) => format!("early-exit:{l}"),
-        ProposerChoice::Draft(path) | ProposerChoice::Dflash(path) => path.display().to_string(),
-    }
 }
 
 /// The `beta` in `[0, 1)` whose THEORY-2 geometric expectation at `k` is

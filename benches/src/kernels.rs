@@ -123,14 +123,13 @@ pub fn bench<B: ModelBackend>(c: &mut Criterion, name: &str, b: &B, inputs: &Inp
     let (zt, zd) = (up32(&inputs.target_logits), up32(&inputs.draft_logits));
     let (drafts, lens) = (up_i(&inputs.draft_tokens), up_i(&inputs.proposal_lens));
     let (u, v) = (up_f(&inputs.accept_uniforms), up_f(&inputs.draw_uniforms));
-    let rows = |r: usize, x: f64| up_f(&HostTensor::from_vec(vec![x; r]));
-    let (tt, pt) = (rows(batch * (k + 1), 1.0), rows(batch * (k + 1), 1.0));
-    let (td, pd) = (rows(batch * k, 1.0), rows(batch * k, 1.0));
+    // Temperature 1 and top-p 1 are the same per-row ones; top-k 0 is off.
+    let (ones_t, ones_d) = (up_f(&HostTensor::from_vec(vec![1.0; batch * (k + 1)])), up_f(&HostTensor::from_vec(vec![1.0; batch * k])));
     let (kt, kd) = (up_i(&HostTensor::from_vec(vec![0; batch * (k + 1)])), up_i(&HostTensor::from_vec(vec![0; batch * k])));
     let target_3d = b.reshape(&zt, &[batch, k + 1, vocab]).expect("reshape");
     let verify_from_logits = || {
-        let p = b.process_logits(&zt, LogitsParams { temperature: &tt, top_k: &kt, top_p: &pt }).expect("valid logits");
-        let q = b.process_logits(&zd, LogitsParams { temperature: &td, top_k: &kd, top_p: &pd }).expect("valid logits");
+        let p = b.process_logits(&zt, LogitsParams { temperature: &ones_t, top_k: &kt, top_p: &ones_t }).expect("valid logits");
+        let q = b.process_logits(&zd, LogitsParams { temperature: &ones_d, top_k: &kd, top_p: &ones_d }).expect("valid logits");
         let (p, q) = (b.reshape(&p, &[batch, k + 1, vocab]).expect("reshape"), b.reshape(&q, &[batch, k, vocab]).expect("reshape"));
         let args = RejectionArgs { target_probs: &p, draft_probs: Some(&q), draft_tokens: &drafts, proposal_lens: &lens };
         let out = b.rejection_verify_unchecked(args, RejectionNoise { accept_uniforms: &u, draw: DrawNoiseArg::InverseCdf(&v) }, Comparator::Strict).expect("valid batch");

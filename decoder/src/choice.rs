@@ -38,6 +38,19 @@ impl std::str::FromStr for ProposerChoice {
     }
 }
 
+/// The name as `--proposer` spells it: `FromStr` reads back what this writes.
+impl std::fmt::Display for ProposerChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProposerChoice::None => write!(f, "none"),
+            ProposerChoice::Ngram => write!(f, "ngram"),
+            ProposerChoice::Draft(path) => write!(f, "draft:{}", path.display()),
+            ProposerChoice::EarlyExit(l) => write!(f, "early-exit:{l}"),
+            ProposerChoice::Dflash(path) => write!(f, "dflash:{}", path.display()),
+        }
+    }
+}
+
 impl ProposerChoice {
     /// Builds the proposer for `target` on `backend`, drafting at most `k` tokens a step.
     pub fn build<B: ModelBackend>(&self, backend: &B, target: &LlamaWeights, k: usize) -> Result<Box<dyn Proposer<B>>, DecodeError> {
@@ -52,5 +65,19 @@ impl ProposerChoice {
             ProposerChoice::EarlyExit(l) => Box::new(DraftModelProposer::early_exit(backend, target, *l)?),
             ProposerChoice::Dflash(path) => crate::proposer::dflash_from_path(backend, target, path)?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_is_what_from_str_reads() {
+        for name in ["none", "ngram", "draft:models/d.gguf", "early-exit:10", "dflash:ckpt"] {
+            let choice: ProposerChoice = name.parse().unwrap();
+            assert_eq!(choice.to_string(), name);
+            assert_eq!(choice.to_string().parse::<ProposerChoice>().unwrap(), choice);
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! Drawing tokens (SAMPLE-1/2) and turning logits into the distribution
 //! sampled from (LOGITS-1 .. LOGITS-6), row-wise over whole arrays.
 
-use ndarray::{Array1, Array2, ArrayD, ArrayView1, ArrayView2, Axis, Zip, s};
+use ndarray::{Array1, Array2, ArrayD, ArrayView1, ArrayView2, Axis, Zip, aview0, s};
 
 use crate::check::{d1, d2, exponentials_ok, score_rows_ok, uniforms_ok, weight_rows_ok};
 use crate::prim::{arange, argmax_last, argsort_rows, cumsum_last, sum_last, take_along_last, take_along_last2};
@@ -109,13 +109,20 @@ pub(crate) fn process_logits(z: ArrayView2<'_, f64>, t: ArrayView1<'_, f64>, top
     // The sorts behind top-k and top-p cost nearly all the time; skip each
     // when no row uses it (its mask would keep every id: the same result).
     let vocab = z.ncols();
-    let keep = if top_k.iter().any(|&k| k > 0 && (k as usize) < vocab) { top_k_keep(z, top_k) } else { Array2::from_elem(z.dim(), true) };
-    let probs = masked_softmax(z, keep.view(), max.view(), t_safe.view());
+    let every = aview0(&true);
+    let top_k_rows;
+    let keep = if top_k.iter().any(|&k| k > 0 && (k as usize) < vocab) {
+        top_k_rows = top_k_keep(z, top_k);
+        top_k_rows.view()
+    } else {
+        every.broadcast(z.dim()).expect("a scalar broadcasts to any shape") // no allocation
+    };
+    let probs = masked_softmax(z, keep, max.view(), t_safe.view());
     let any_nucleus = Zip::from(&t).and(&top_p).fold(false, |any, &t, &p| any || (t > 0.0 && p < 1.0));
     let nucleus_rows;
     let nucleus = if any_nucleus {
         let keep_p = top_p_keep(probs.view(), top_p);
-        let both = Zip::from(&keep).and(&keep_p).map_collect(|&a, &b| a && b);
+        let both = Zip::from(keep).and(&keep_p).map_collect(|&a, &b| a && b);
         nucleus_rows = masked_softmax(z, both.view(), max.view(), t_safe.view());
         nucleus_rows.view()
     } else {

@@ -241,16 +241,19 @@ pub(crate) fn process_logits(z: &Tensor, params: &Params<'_>) -> TResult<Tensor>
     let keep = if need_k {
         let (sorted, _) = z.f_sort(-1, true)?;
         let kth = sorted.f_gather(1, &col(&params.top_k.f_clamp(1, v)?.f_sub_scalar(1)?)?, false)?;
-        z.f_ge_tensor(&kth)?.f_logical_or(&col(&top_k_off)?)?
+        Some(z.f_ge_tensor(&kth)?.f_logical_or(&col(&top_k_off)?)?)
     } else {
-        z.f_ones_like()?.f_to_kind(Kind::Bool)?
+        None // every id kept: no mask to build or apply
     };
 
     // LOGITS-3/6: exp((l - max) / T) cannot overflow; T = 0 rows divide by 1 and are replaced.
     let t = params.temperature;
     let t = col(&t.f_where_scalarother(&t.f_gt(0.0)?, 1.0)?)?;
     let e = z.f_sub(&z.f_amax(-1, true)?)?.f_div(&t)?.f_exp()?;
-    let probs = normalise_f64(&e.f_where_scalarother(&keep, 0.0)?)?;
+    let probs = match &keep {
+        Some(keep) => normalise_f64(&e.f_where_scalarother(keep, 0.0)?)?,
+        None => normalise_f64(&e)?,
+    };
 
     let sampled = if need_p {
         // LOGITS-5: descending probability, ties by ascending id (stable sort); keep an id iff
@@ -260,7 +263,11 @@ pub(crate) fn process_logits(z: &Tensor, params: &Params<'_>) -> TResult<Tensor>
         let top_p = col(&params.top_p.f_to_kind(Kind::Double)?)?;
         let keep_sorted = before.f_lt_tensor(&top_p)?;
         let keep_p = keep_sorted.f_zeros_like()?.f_scatter(1, &order, &keep_sorted)?;
-        let keep = keep.f_logical_and(&keep_p.f_logical_or(&top_p.f_ge(1.0)?)?)?;
+        let keep_p = keep_p.f_logical_or(&top_p.f_ge(1.0)?)?;
+        let keep = match &keep {
+            Some(keep) => keep.f_logical_and(&keep_p)?,
+            None => keep_p,
+        };
         normalise(&e.f_where_scalarother(&keep, 0.0)?)?
     } else {
         // No row keeps fewer ids than top-k: `probs` is already that softmax (in f64).
