@@ -419,38 +419,73 @@ fn inject_defect(g: &mut Gen, inputs: &mut Map<String, Value>) {
     *slot = defect;
 }
 
-/// How many large-vocabulary draw cases a run has: every combination of
-/// vocabulary (32768, 151936), row shape (head-heavy, flat, Zipf, zero tail)
-/// and draw method.
+/// The ops with large-vocabulary cases: the draw itself, and the verify
+/// whose correction and bonus are draws (REJECT-3, REJECT-4).
+pub const LARGE_VOCAB_OPS: [Op; 2] = [Op::Draw, Op::RejectionVerify];
+
+/// How many large-vocabulary cases each op of [`LARGE_VOCAB_OPS`] has: every
+/// combination of vocabulary (32768, 151936), row shape (head-heavy, flat,
+/// Zipf, zero tail) and draw method.
 pub const LARGE_VOCAB_CASES: usize = 16;
 
-/// The rules the large-vocabulary draw cases check (the case and its suite item name them).
-pub const LARGE_VOCAB_RULES: [&str; 4] = ["SAMPLE-1", "SAMPLE-2", "SAMPLE-3", "BACKEND-4"];
+/// The rules the large-vocabulary cases of `op` check (the case and its suite item name them).
+pub fn large_vocab_rules(op: Op) -> Vec<String> {
+    let rules: &[&str] = match op {
+        Op::Draw => &["SAMPLE-1", "SAMPLE-2", "SAMPLE-3", "BACKEND-4"],
+        _ => &["REJECT-3", "REJECT-4", "RESID-1", "SAMPLE-1", "SAMPLE-2", "BACKEND-4"],
+    };
+    rules.iter().map(|r| r.to_string()).collect()
+}
 
-/// The name of large-vocabulary draw case `index`.
-pub fn large_vocab_name(index: usize) -> String {
-    format!("diff/draw-large-vocab/{index:03}")
+/// The name of large-vocabulary case `index` of `op`.
+pub fn large_vocab_name(op: Op, index: usize) -> String {
+    format!("diff/{}-large-vocab/{index:03}", op.name())
 }
 
 /// Row shapes of real vocabularies: most mass on a few ids, near-uniform,
 /// Zipf over shuffled ids, and a zero-mass tail (a top-k or top-p cut).
 const LARGE_VOCAB_SHAPES: [&str; 4] = ["head-heavy", "flat", "zipf", "zero-tail"];
 
-/// Large-vocabulary draw case `index` (BACKEND-4, SAMPLE-1..3): the declared
-/// accumulation dtype is exercised where it matters. Two rows of one shape at
-/// V = 32768 or 151936. With inverse-CDF noise, row 0's uniform sits between
-/// the f64 and the f32 running sums at the id where the two differ most, so an
-/// inverse-CDF scan accumulated in f32 where f64 is declared picks another id,
-/// with a reference margin above the f64 cap (and, on head-heavy rows at
-/// 151936, above the f32 cap: equal tail weights make f32 drift systematic); row 1's uniform is
-/// random, or just under 1 for a zero tail (the last positive id, never a
-/// zero-weight one). Exponential-race cases are random.
-pub fn large_vocab_case(index: usize, seed: u64) -> Result<Case, CaseError> {
-    let mut g = Gen(Pcg64::seed_from_u64(seed ^ 0x4C41_5247_4556_4F43 ^ (index as u64) << 20));
+/// Large-vocabulary case `index` of `op` (one of [`LARGE_VOCAB_OPS`]): the
+/// declared accumulation dtype is exercised where it matters (BACKEND-4).
+/// Vocabulary, row shape and draw method follow from `index`; with inverse-CDF
+/// noise the uniform of the decisive draw sits between the f64 and the f32
+/// running sums at the id where the two differ most (see
+/// [`between_f64_and_f32_sums`]), so a scan accumulated in f32 where f64 is
+/// declared picks another id. Exponential-race cases are random.
+pub fn large_vocab_case(op: Op, index: usize, seed: u64) -> Result<Case, CaseError> {
+    // The draw cases keep the stream their margins were checked with (tests/large_vocab.rs).
+    let op_stream = if op == Op::Draw { 0 } else { (op as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) };
+    let mut g = Gen(Pcg64::seed_from_u64(seed ^ 0x4C41_5247_4556_4F43 ^ op_stream ^ (index as u64) << 20));
     let vocab = [32768, 151936][index % 2];
     let shape = LARGE_VOCAB_SHAPES[(index / 2) % 4];
     let inverse = (index / 8).is_multiple_of(2);
-    let rows: Vec<Vec<f64>> = (0..2).map(|_| large_vocab_row(&mut g, vocab, shape)).collect();
+    let (params, inputs) = match op {
+        Op::Draw => large_vocab_draw(&mut g, vocab, shape, inverse),
+        Op::RejectionVerify => large_vocab_rejection(&mut g, vocab, shape, inverse),
+        other => return Err(CaseError::new(large_vocab_name(other, index), "no large-vocabulary generator for this op")),
+    };
+    let case = Case {
+        id: large_vocab_name(op, index),
+        op: op.name().to_string(),
+        description: format!("{shape} row, V = {vocab}, {}", if inverse { "inverse CDF" } else { "exponential race" }),
+        rules: large_vocab_rules(op),
+        source: format!("large-vocabulary generator, seed {seed}"),
+        expected_by: ExpectedBy::Reference,
+        params,
+        inputs,
+        expect: Map::new(),
+    };
+    bless(&case)
+}
+
+/// Two rows of one shape. Row 0's uniform is aimed between the f64 and f32
+/// running sums, with a reference margin above the f64 cap (and, on head-heavy
+/// rows at 151936, above the f32 cap: equal tail weights make f32 drift
+/// systematic); row 1's uniform is random, or just under 1 for a zero tail (the
+/// last positive id, never a zero-weight one).
+fn large_vocab_draw(g: &mut Gen, vocab: usize, shape: &str, inverse: bool) -> (Map<String, Value>, Map<String, Value>) {
+    let rows: Vec<Vec<f64>> = (0..2).map(|_| large_vocab_row(g, vocab, shape)).collect();
     let mut inputs = obj(vec![("weights", f(vec![2, vocab], rows.concat()))]);
     if inverse {
         let tail_end = if shape == "zero-tail" { 1.0 - 1e-12 } else { g.unit() };
@@ -458,18 +493,85 @@ pub fn large_vocab_case(index: usize, seed: u64) -> Result<Case, CaseError> {
     } else {
         inputs.insert("draw_exponentials".into(), f(vec![2, vocab], (0..2 * vocab).map(|_| g.exponential()).collect()));
     }
-    let case = Case {
-        id: large_vocab_name(index),
-        op: Op::Draw.name().to_string(),
-        description: format!("{shape} row, V = {vocab}, {}", if inverse { "inverse CDF" } else { "exponential race" }),
-        rules: LARGE_VOCAB_RULES.map(String::from).to_vec(),
-        source: format!("large-vocabulary generator, seed {seed}"),
-        expected_by: ExpectedBy::Reference,
-        params: Map::new(),
-        inputs,
-        expect: Map::new(),
+    (Map::new(), inputs)
+}
+
+/// The rows of a large-vocabulary verify, `k = 2`, both drafts proposed:
+/// sequence 0 rejects its first draft, so its correction is drawn from the
+/// residual `max(0, p - q)` of row 0 (REJECT-3); sequence 1 accepts both
+/// (`q == p`), so its bonus is drawn from `p[1, 2]` (REJECT-4).
+pub struct LargeVocabVerifyRows {
+    /// `p[0, j]` for every j: a row of the case's shape.
+    pub target0: Vec<f64>,
+    /// `q[0, j]` for every j: half of `p[0, .]` plus four spikes of 1/8, so
+    /// the residual keeps the row's shape (halved) with the spikes cut out.
+    pub draft0: Vec<f64>,
+    /// Sequence 0's first draft: a spike, where `p / q < 0.9`.
+    pub rejected: usize,
+    /// `p[1, j]` and `q[1, j]` for every j.
+    pub target1: Vec<f64>,
+}
+
+impl LargeVocabVerifyRows {
+    /// The residual whose draw sequence 0's correction is (RESID-1, unnormalised).
+    pub fn residual0(&self) -> Vec<f64> {
+        self.target0.iter().zip(&self.draft0).map(|(p, q)| (p - q).max(0.0)).collect()
+    }
+}
+
+fn large_vocab_rejection(g: &mut Gen, vocab: usize, shape: &str, inverse: bool) -> (Map<String, Value>, Map<String, Value>) {
+    let normalised = |w: Vec<f64>| {
+        let total: f64 = w.iter().sum();
+        w.into_iter().map(|x| x / total).collect::<Vec<f64>>()
     };
-    bless(&case)
+    let target0 = normalised(large_vocab_row(g, vocab, shape));
+    // Spikes only where p < 0.1: there p / q = p / (p / 2 + 1/8) < 0.9, so an
+    // accept uniform of 0.999 rejects under either comparator.
+    let mut spike = || loop {
+        let id = g.int(0, vocab - 1);
+        if target0[id] < 0.1 {
+            break id;
+        }
+    };
+    let spikes: Vec<usize> = (0..4).map(|_| spike()).collect();
+    let mut draft0: Vec<f64> = target0.iter().map(|x| x / 2.0).collect();
+    spikes.iter().for_each(|&s| draft0[s] += 0.125);
+    let draft0 = normalised(draft0);
+    let rejected = spikes[0];
+    let target1 = normalised(large_vocab_row(g, vocab, shape));
+    let top1 = (0..vocab).max_by(|&a, &b| target1[a].total_cmp(&target1[b])).unwrap_or(0);
+    let rows = LargeVocabVerifyRows { target0, draft0, rejected, target1 };
+    let (k, b) = (2, 2);
+    let p = [&rows.target0, &rows.target0, &rows.target0, &rows.target1, &rows.target1, &rows.target1].map(|r| r.as_slice()).concat();
+    let q = [&rows.draft0, &rows.draft0, &rows.target1, &rows.target1].map(|r| r.as_slice()).concat();
+    let drafts = vec![rows.rejected as i64, spikes[1] as i64, top1 as i64, top1 as i64];
+    let mut inputs = obj(vec![
+        ("target_probs", f(vec![b, k + 1, vocab], p)),
+        ("draft_probs", f(vec![b, k, vocab], q)),
+        ("draft_tokens", i(vec![b, k], drafts)),
+        ("proposal_lens", i(vec![b], vec![2, 2])),
+        ("accept_uniforms", f(vec![b, k], vec![0.999, g.unit(), 0.5, 0.5])),
+    ]);
+    if inverse {
+        let mut aimed = |w: &[f64]| between_f64_and_f32_sums(w).unwrap_or_else(|| g.unit());
+        let (correction, bonus) = (aimed(&rows.residual0()), aimed(&rows.target1));
+        inputs.insert("draw_uniforms".into(), f(vec![b, k + 1], vec![correction, 0.5, 0.5, 0.5, 0.5, bonus]));
+    } else {
+        inputs.insert("draw_exponentials".into(), f(vec![b, k + 1, vocab], (0..b * (k + 1) * vocab).map(|_| g.exponential()).collect()));
+    }
+    (obj(vec![("comparator", json!(if g.chance(0.5) { "Seed004LessEq" } else { "Strict" }))]), inputs)
+}
+
+/// The verify rows of large-vocabulary `rejection_verify` case `index` for
+/// `seed`, as [`large_vocab_case`] builds them (for tests that check where
+/// the decisive draws sit).
+pub fn large_vocab_verify_rows(index: usize, seed: u64) -> Result<LargeVocabVerifyRows, CaseError> {
+    let case = large_vocab_case(Op::RejectionVerify, index, seed)?;
+    let floats = |name: &str| crate::case::decode_f64(&case.inputs[name]).map_err(|e| CaseError::new(case.id.clone(), e));
+    let (p, q) = (floats("target_probs")?, floats("draft_probs")?);
+    let vocab = p.shape()[2];
+    let drafts = crate::case::decode_i64(&case.inputs["draft_tokens"]).map_err(|e| CaseError::new(case.id.clone(), e))?;
+    Ok(LargeVocabVerifyRows { target0: p.data()[..vocab].to_vec(), draft0: q.data()[..vocab].to_vec(), rejected: drafts.data()[0] as usize, target1: p.data()[3 * vocab..4 * vocab].to_vec() })
 }
 
 fn large_vocab_row(g: &mut Gen, vocab: usize, shape: &str) -> Vec<f64> {

@@ -170,12 +170,27 @@ impl Backend for OverstatedPrecision {
     }
 }
 
-/// A `draw` whose inverse-CDF scan accumulates in f32 (values and running sum)
-/// while it states f64 (BACKEND-4): the defect the large-vocabulary cases
-/// (`diff::large_vocab_case`) must catch. Exponential races and validation are
-/// the reference's. Test fixture only.
+/// A `draw`, and the correction and bonus draws of a `rejection_verify`,
+/// whose inverse-CDF scan accumulates in f32 (values and running sum) while it
+/// states f64 (BACKEND-4): the defect the large-vocabulary cases
+/// (`diff::large_vocab_case`) must catch. Accept decisions, exponential races,
+/// verifies without draft rows and validation are the reference's.
 #[derive(Debug, Clone, Copy)]
 pub struct F32AccumulatingDraw;
+
+/// SAMPLE-1's scan with an f32 running sum.
+fn f32_scan(row: &[f64], u: f64) -> i64 {
+    let total = row.iter().fold(0.0f32, |s, &x| s + x as f32);
+    let target = u as f32 * total;
+    let mut below = 0.0f32;
+    for (id, &x) in row.iter().enumerate() {
+        below += x as f32;
+        if target < below {
+            return id as i64;
+        }
+    }
+    row.iter().rposition(|&x| x > 0.0).unwrap_or(0) as i64
+}
 
 impl Backend for F32AccumulatingDraw {
     host_fixture!(|_: &Self| "mutant-f32-accumulating-draw".to_string(), |_: &Self| ReferenceBackend.precision());
@@ -185,24 +200,25 @@ impl Backend for F32AccumulatingDraw {
         let DrawNoiseArg::InverseCdf(v) = noise else { return Ok(checked) };
         let w = f(weights);
         let vocab = w.shape()[1];
-        let tokens = w
-            .data()
-            .chunks(vocab)
-            .zip(f(v).data())
-            .map(|(row, &u)| {
-                let total = row.iter().fold(0.0f32, |s, &x| s + x as f32);
-                let target = u as f32 * total;
-                let mut below = 0.0f32;
-                for (id, &x) in row.iter().enumerate() {
-                    below += x as f32;
-                    if target < below {
-                        return id as i64;
-                    }
-                }
-                row.iter().rposition(|&x| x > 0.0).unwrap_or(0) as i64
-            })
-            .collect();
+        let tokens = w.data().chunks(vocab).zip(f(v).data()).map(|(row, &u)| f32_scan(row, u)).collect();
         Ok(RefTensor::I64(HostTensor::from_vec(tokens)))
+    }
+
+    fn rejection_verify(&self, a: RejectionArgs<'_, RefTensor>, n: RejectionNoise<'_, RefTensor>, cmp: Comparator) -> Result<Verified<RefTensor>> {
+        let checked = ReferenceBackend.rejection_verify(a, n, cmp)?;
+        let (DrawNoiseArg::InverseCdf(v), Some(q)) = (n.draw, a.draft_probs) else { return Ok(checked) };
+        let (p, q, lens, v) = (f(a.target_probs), f(q), i(a.proposal_lens), f(v));
+        let (k, accepted) = (i(a.draft_tokens).shape()[1], i(&checked.num_accepted));
+        let mut tokens = i(&checked.tokens).data().to_vec();
+        for (b, (&n, &len)) in accepted.data().iter().zip(lens.data()).enumerate() {
+            let (n, at) = (n as usize, b * (k + 1) + n as usize);
+            let pr = p.lane(&[b, n]).expect("validated");
+            // REJECT-3's residual at a rejection, REJECT-4's target row for the bonus.
+            let w: Vec<f64> = if n < len as usize { pr.iter().zip(q.lane(&[b, n]).expect("validated")).map(|(p, q)| (p - q).max(0.0)).collect() } else { pr.to_vec() };
+            tokens[at] = f32_scan(&w, v.data()[at]);
+        }
+        let tokens = RefTensor::I64(HostTensor::new(vec![accepted.len(), k + 1], tokens).expect("the reference's shape"));
+        Ok(Verified { tokens, num_accepted: checked.num_accepted })
     }
 }
 

@@ -157,8 +157,8 @@ pub enum Source {
     Unchecked(Op),
     /// BACKEND-6: the stated precision lies within its dtype's cap.
     PrecisionCap,
-    /// A large-vocabulary draw case (`diff::large_vocab_case`).
-    LargeVocab(usize),
+    /// A large-vocabulary case of `draw` or `rejection_verify` (`diff::large_vocab_case`).
+    LargeVocab(Op, usize),
 }
 
 /// One check of the suite.
@@ -263,14 +263,11 @@ pub fn all_items(cfg: &SuiteConfig) -> Vec<Item> {
             items.push(Item { name: diff::name(op, i), kind: Kind::Differential, op: op.name().into(), rules: Vec::new(), source: Source::Differential(op, i) });
         }
     }
-    for i in 0..diff::LARGE_VOCAB_CASES {
-        items.push(Item {
-            name: diff::large_vocab_name(i),
-            kind: Kind::Differential,
-            op: Op::Draw.name().into(),
-            rules: diff::LARGE_VOCAB_RULES.map(String::from).to_vec(),
-            source: Source::LargeVocab(i),
-        });
+    for op in diff::LARGE_VOCAB_OPS {
+        for i in 0..diff::LARGE_VOCAB_CASES {
+            let (name, rules) = (diff::large_vocab_name(op, i), diff::large_vocab_rules(op));
+            items.push(Item { name, kind: Kind::Differential, op: op.name().into(), rules, source: Source::LargeVocab(op, i) });
+        }
     }
     for op in crate::unchecked::OPS {
         items.push(Item { name: format!("unchecked/{}", op.name()), kind: Kind::Differential, op: op.name().into(), rules: vec!["GLUE-6".into()], source: Source::Unchecked(op) });
@@ -331,7 +328,7 @@ pub fn run<B: Backend>(backend: &B, items: &[Item], cfg: &SuiteConfig, progress:
         let (verdict, max_abs_err) = catch(|| match &item.source {
             Source::Golden(case) => check_case_measured(backend, case),
             Source::Differential(op, i) => check_generated(backend, diff::case(*op, *i, cfg.seed)),
-            Source::LargeVocab(i) => check_generated(backend, diff::large_vocab_case(*i, cfg.seed)),
+            Source::LargeVocab(op, i) => check_generated(backend, diff::large_vocab_case(*op, *i, cfg.seed)),
             Source::Broken(msg) => (Verdict::Fail(format!("case file defect: {msg}")), 0.0),
             Source::Unchecked(op) => (crate::unchecked::check(backend, *op, cfg), 0.0),
             Source::Exact(name) => {
