@@ -50,6 +50,20 @@ impl BackendError {
         BackendError::Device { backend: backend.to_string(), message: message.to_string() }
     }
 
+    /// The error for an input a port's fast device check rejected. Ports
+    /// check validity with a few fused reductions that only say yes or no (one
+    /// read-back, not one per condition); on a no they run the reference on
+    /// host copies, and its error names the first defect (kind, argument,
+    /// index) exactly as the spec's checking order does. If the reference
+    /// accepts the input, the port's check is stricter than the spec: that
+    /// disagreement is the port's own bug, a device error naming `backend`.
+    pub fn named_by_reference<T>(backend: &str, reference: Result<T>) -> Self {
+        match reference {
+            Err(e) => e,
+            Ok(_) => BackendError::device(backend, "the fast device check rejected an input the reference accepts"),
+        }
+    }
+
     /// The spec error kind, when the input was invalid.
     pub fn kind(&self) -> Option<ErrorKind> {
         match self {

@@ -1,7 +1,7 @@
 //! The fast validation path (ERR-1): shapes on the host from tensor dims,
 //! values as device masks that the caller reduces to one flag and reads
 //! back once. A mask only says *that* something is wrong; the reference
-//! names it (see `CandleBackend::defect`).
+//! names it (`BackendError::named_by_reference`).
 //!
 //! Each `*_dims` function answers `Some(dims)` exactly when the reference's
 //! shape and emptiness checks pass; each `*_masks` function sets a bit

@@ -15,7 +15,7 @@
 //! fits.
 
 use candle_core::Tensor;
-use specdec_backend::{Backend, HostTensor, RefTensor, ReferenceBackend, Result};
+use specdec_backend::{Backend, BackendError, HostTensor, RefTensor, ReferenceBackend, Result};
 
 use crate::CandleBackend;
 use crate::kernels::{PAD, and, not, or, scalar, select};
@@ -42,7 +42,7 @@ impl CandleBackend {
     pub(crate) fn glue_reshape(&self, t: &Tensor, shape: &[usize]) -> Result<Tensor> {
         let count = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
         if count != Some(t.elem_count()) {
-            return self.defect(ReferenceBackend.reshape(&self.host(t)?, shape));
+            return Err(BackendError::named_by_reference(self.name, ReferenceBackend.reshape(&self.host(t)?, shape)));
         }
         let t = self.any_dtype(t, "t")?;
         self.dev(t.reshape(shape))
@@ -59,7 +59,7 @@ impl CandleBackend {
             Ok(vec![and(&not(&pad)?, &out_of_range)?])
         };
         if !dims_ok || self.invalid(masks())? {
-            return self.defect(ReferenceBackend.gather_rows(&self.host(&x)?, &self.host(&r)?));
+            return Err(BackendError::named_by_reference(self.name, ReferenceBackend.gather_rows(&self.host(&x)?, &self.host(&r)?)));
         }
         self.dev((|| {
             let dev = x.device();
@@ -78,7 +78,7 @@ impl CandleBackend {
     pub(crate) fn glue_concat_rows(&self, parts: &[&Tensor]) -> Result<Tensor> {
         let named = |this: &Self| -> Result<Tensor> {
             let host = parts.iter().map(|p| this.host(p)).collect::<Result<Vec<RefTensor>>>()?;
-            this.defect(ReferenceBackend.concat_rows(&host.iter().collect::<Vec<_>>()))
+            Err(BackendError::named_by_reference(this.name, ReferenceBackend.concat_rows(&host.iter().collect::<Vec<_>>())))
         };
         let Some(first) = parts.first() else { return named(self) };
         let trailing = first.dims().get(1..).unwrap_or(&[]);
@@ -102,10 +102,13 @@ impl CandleBackend {
         let (x, y) = (self.int(a, "a")?, self.int(b, "b")?);
         let reference = |this: &Self| -> Result<Tensor> {
             let (ha, hb) = (this.host(&x)?, this.host(&y)?);
-            this.defect(match op {
-                IntOp::Add => ReferenceBackend.add_i64(&ha, &hb),
-                IntOp::Sub => ReferenceBackend.sub_i64(&ha, &hb),
-            })
+            Err(BackendError::named_by_reference(
+                this.name,
+                match op {
+                    IntOp::Add => ReferenceBackend.add_i64(&ha, &hb),
+                    IntOp::Sub => ReferenceBackend.sub_i64(&ha, &hb),
+                },
+            ))
         };
         if x.dims() != y.dims() {
             return reference(self);

@@ -139,15 +139,6 @@ impl CandleBackend {
         Ok(self.dev(read_flags(&[flag]))?[0])
     }
 
-    /// The fast check failed: the reference, run on the downloaded inputs,
-    /// names the defect.
-    fn defect<T, U>(&self, reference: Result<U>) -> Result<T> {
-        match reference {
-            Err(e) => Err(e),
-            Ok(_) => Err(BackendError::device(self.name, "the device check rejected an input the reference accepts")),
-        }
-    }
-
     /// The reference cache with this cache's lengths (`full`: its H and D
     /// too), for naming append and trim errors.
     fn reference_cache(&self, cache: &CandleKvCache, full: bool) -> Result<BatchKvCache> {
@@ -253,7 +244,7 @@ impl Backend for CandleBackend {
     fn greedy_verify(&self, scores: &Tensor, drafts: &Tensor, lens: &Tensor) -> Result<Verified<Tensor>> {
         let (s, d, l) = (self.float(scores, "target_scores")?, self.int(drafts, "draft_tokens")?, self.int(lens, "proposal_lens")?);
         if check::verify_dims(s.dims(), d.dims(), l.dims()).is_none() || self.invalid(check::greedy_masks(&s, &d, &l))? {
-            return self.defect(ReferenceBackend.greedy_verify(&self.host(&s)?, &self.host(&d)?, &self.host(&l)?));
+            return Err(BackendError::named_by_reference(self.name, ReferenceBackend.greedy_verify(&self.host(&s)?, &self.host(&d)?, &self.host(&l)?)));
         }
         self.dev(verify::greedy(&s, &d, &l)).map(verified)
     }
@@ -274,7 +265,7 @@ impl Backend for CandleBackend {
         let shapes_ok = matches!(*c.dims(), [bs, block] if bs >= 1 && block >= 2) && vocab >= 1 && t.dims() == c.dims();
         let masks = || Ok(vec![kernels::bad_id(&c, vocab)?, kernels::bad_id(&t, vocab)?]);
         if !shapes_ok || self.invalid(masks())? {
-            return self.defect(ReferenceBackend.dflash_accept(&self.host(&c)?, &self.host(&t)?, vocab));
+            return Err(BackendError::named_by_reference(self.name, ReferenceBackend.dflash_accept(&self.host(&c)?, &self.host(&t)?, vocab)));
         }
         let (accept_len, bonus) = self.dev(verify::dflash(&c, &t))?;
         Ok(DflashAccepted { accept_len, bonus })
@@ -292,7 +283,7 @@ impl Backend for CandleBackend {
             let hq = q.as_ref().map(|q| self.host(q)).transpose()?;
             let args = RejectionArgs { target_probs: &hp, draft_probs: hq.as_ref(), draft_tokens: &hd, proposal_lens: &hl };
             let draw = if uniform { DrawNoiseArg::InverseCdf(&hn) } else { DrawNoiseArg::ExponentialRace(&hn) };
-            return self.defect(ReferenceBackend.rejection_verify(args, RejectionNoise { accept_uniforms: &hu, draw }, cmp));
+            return Err(BackendError::named_by_reference(self.name, ReferenceBackend.rejection_verify(args, RejectionNoise { accept_uniforms: &hu, draw }, cmp)));
         }
         let draw = if uniform { Draw::InverseCdf(&n) } else { Draw::Race(&n) };
         let inputs = RejectInputs { p: &p, q: q.as_ref(), drafts: &d, lens: &l };
@@ -323,7 +314,7 @@ impl Backend for CandleBackend {
             let (hp, hd, hl) = (self.host(&p)?, self.host(&d)?, self.host(&l)?);
             let hq = q.as_ref().map(|q| self.host(q)).transpose()?;
             let args = RejectionArgs { target_probs: &hp, draft_probs: hq.as_ref(), draft_tokens: &hd, proposal_lens: &hl };
-            return self.defect(ReferenceBackend.rejection_verify_seeded(args, method, cmp, seed));
+            return Err(BackendError::named_by_reference(self.name, ReferenceBackend.rejection_verify_seeded(args, method, cmp, seed)));
         };
         let (u, draw) = self.dev(noise::rejection_noise(&self.device, seed, dims, method))?;
         let inputs = RejectInputs { p: &p, q: q.as_ref(), drafts: &d, lens: &l };
@@ -346,7 +337,7 @@ impl Backend for CandleBackend {
         };
         if !dims_ok || self.invalid(masks())? {
             let hq = q.as_ref().map(|q| self.host(q)).transpose()?;
-            return self.defect(ReferenceBackend.residual(&self.host(&p)?, hq.as_ref(), &self.host(&x)?));
+            return Err(BackendError::named_by_reference(self.name, ReferenceBackend.residual(&self.host(&p)?, hq.as_ref(), &self.host(&x)?)));
         }
         self.dev(sampling::residual(&p, q.as_ref(), &x))
     }
@@ -371,7 +362,7 @@ impl Backend for CandleBackend {
             _ => {
                 let (ht, hk, hp) = (self.host(&t)?, self.host(&k)?, self.host(&p)?);
                 let host_params = LogitsParams { temperature: &ht, top_k: &hk, top_p: &hp };
-                self.defect(ReferenceBackend.process_logits(&self.host(&z)?, host_params))
+                Err(BackendError::named_by_reference(self.name, ReferenceBackend.process_logits(&self.host(&z)?, host_params)))
             }
         }
     }
@@ -400,7 +391,7 @@ impl Backend for CandleBackend {
         if !dims_ok || self.invalid(masks())? {
             let hn = self.host(&n)?;
             let arg = if uniform { DrawNoiseArg::InverseCdf(&hn) } else { DrawNoiseArg::ExponentialRace(&hn) };
-            return self.defect(ReferenceBackend.draw(&self.host(&w)?, arg));
+            return Err(BackendError::named_by_reference(self.name, ReferenceBackend.draw(&self.host(&w)?, arg)));
         }
         self.dev(if uniform { sampling::inverse_cdf(&w, &n) } else { sampling::race(&w, &n) })
     }
@@ -409,14 +400,14 @@ impl Backend for CandleBackend {
         let (c, l) = (self.int(contexts, "contexts")?, self.int(lens, "context_lens")?);
         let dims_ok = cfg.validate().is_ok() && matches!(*c.dims(), [b, width] if b >= 1 && width >= 1 && l.dims() == [b]);
         if !dims_ok || self.invalid(check::ngram_masks(&c, &l, vocab, cfg))? {
-            return self.defect(ReferenceBackend.ngram_propose(&self.host(&c)?, &self.host(&l)?, vocab, cfg));
+            return Err(BackendError::named_by_reference(self.name, ReferenceBackend.ngram_propose(&self.host(&c)?, &self.host(&l)?, vocab, cfg)));
         }
         self.dev(ngram::propose(&c, &l, cfg))
     }
 
     fn kv_new(&self, batch: usize, heads: usize, head_dim: usize, capacity: usize) -> Result<CandleKvCache> {
         if [batch, heads, head_dim, capacity].contains(&0) {
-            return self.defect(ReferenceBackend.kv_new(batch, heads, head_dim, capacity));
+            return Err(BackendError::named_by_reference(self.name, ReferenceBackend.kv_new(batch, heads, head_dim, capacity)));
         }
         // The storage has a write-sink slot (`capacity + 1`); a shape whose
         // element count or byte size overflows is the caller's defect, named
@@ -435,7 +426,7 @@ impl Backend for CandleBackend {
         let dims_ok = matches!(*k.dims(), [kb, kh, _, kd] if (kb, kh, kd) == (b, h, d)) && v.dims() == k.dims() && c.dims() == [b];
         if !dims_ok || self.invalid(check::append_masks(cache.lens(), cap, &k, &v, &c))? {
             let mut reference = self.reference_cache(cache, true)?;
-            return self.defect(ReferenceBackend.kv_append(&mut reference, &self.host(&k)?, &self.host(&v)?, &self.host(&c)?));
+            return Err(BackendError::named_by_reference(self.name, ReferenceBackend.kv_append(&mut reference, &self.host(&k)?, &self.host(&v)?, &self.host(&c)?)));
         }
         self.dev(cache.append(&k, &v, &c))
     }
@@ -452,7 +443,7 @@ impl Backend for CandleBackend {
         };
         if a.dims() != [cache.dims().0] || self.invalid(masks())? {
             let mut reference = self.reference_cache(cache, false)?;
-            return self.defect(ReferenceBackend.kv_trim(&mut reference, &self.host(&a)?, mode));
+            return Err(BackendError::named_by_reference(self.name, ReferenceBackend.kv_trim(&mut reference, &self.host(&a)?, mode)));
         }
         // KV-5 trims what there is and says so; KV-4 trims exactly `a`.
         let cut = match mode {
@@ -475,7 +466,7 @@ impl Backend for CandleBackend {
         let (p, t, l) = (self.float(pages, "pages")?, self.int(table, "block_table")?, self.int(lens, "context_lens")?);
         let dims_ok = matches!(*p.dims(), [_, s, h, d] if s >= 1 && h >= 1 && d >= 1) && matches!(*t.dims(), [b, m] if b >= 1 && m >= 1 && l.dims() == [b]);
         if !dims_ok || self.invalid(check::paged_masks(&p, &t, &l))? {
-            return self.defect(ReferenceBackend.paged_gather(&self.host(&p)?, &self.host(&t)?, &self.host(&l)?));
+            return Err(BackendError::named_by_reference(self.name, ReferenceBackend.paged_gather(&self.host(&p)?, &self.host(&t)?, &self.host(&l)?)));
         }
         self.dev(kv::paged_gather(&p, &t, &l))
     }

@@ -6,20 +6,10 @@
 //! copies to the reference backend, whose error names the first defect.
 
 use ndarray::{Array1, ArrayD, ArrayView1, ArrayView2, Axis, Ix1, Ix2, Ix3, Zip};
-use specdec_backend::{BackendError, PAD, Result};
+use specdec_backend::PAD;
 use specdec_reference::SUM_TOLERANCE;
 
 use crate::prim::{below, sum_last};
-use crate::tensor::device;
-
-/// The error for an input a fast check rejected: the reference's own error,
-/// or a device error if the reference unexpectedly accepts the input.
-pub(crate) fn name_defect<T>(reference: Result<T>) -> BackendError {
-    match reference {
-        Err(e) => e,
-        Ok(_) => device("the fast validity check rejected an input that the reference accepts"),
-    }
-}
 
 /// A validated padded draft batch (CONV-5).
 pub(crate) struct Layout {

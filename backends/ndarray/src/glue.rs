@@ -12,10 +12,10 @@
 //! an overflow is the reference's `InvalidParameter`, never a wrap.
 
 use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn, Zip, concatenate};
-use specdec_backend::{Backend, PAD, RefTensor, ReferenceBackend, Result};
+use specdec_backend::{Backend, BackendError, PAD, RefTensor, ReferenceBackend, Result};
 
 use crate::NdarrayBackend;
-use crate::check::name_defect;
+use crate::tensor::NAME;
 use crate::tensor::{NdTensor, device};
 
 /// The elementwise i64 operation of GLUE-4.
@@ -30,7 +30,7 @@ impl NdarrayBackend {
     pub(crate) fn glue_reshape(&self, t: &NdTensor, shape: &[usize]) -> Result<NdTensor> {
         let count = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
         if count != Some(t.shape().iter().product()) {
-            return Err(name_defect(ReferenceBackend.reshape(&t.to_ref(), shape)));
+            return Err(BackendError::named_by_reference(NAME, ReferenceBackend.reshape(&t.to_ref(), shape)));
         }
         fn to<T: Clone>(a: &ArrayD<T>, shape: &[usize]) -> Result<ArrayD<T>> {
             Ok(a.to_shape(IxDyn(shape)).map_err(device)?.into_owned())
@@ -47,7 +47,7 @@ impl NdarrayBackend {
         let n = t.shape().first().copied().unwrap_or(0);
         let valid = r.ndim() == 1 && !r.is_empty() && n >= 1 && Zip::from(r).all(|&i| i == PAD || (0..n as i64).contains(&i));
         if !valid {
-            return Err(name_defect(ReferenceBackend.gather_rows(&t.to_ref(), &rows.to_ref())));
+            return Err(BackendError::named_by_reference(NAME, ReferenceBackend.gather_rows(&t.to_ref(), &rows.to_ref())));
         }
         // PAD reads row 0 (which exists) and is zeroed below.
         let idx: Vec<usize> = r.iter().map(|&i| if i == PAD { 0 } else { i as usize }).collect();
@@ -70,7 +70,7 @@ impl NdarrayBackend {
     pub(crate) fn glue_concat_rows(&self, parts: &[&NdTensor]) -> Result<NdTensor> {
         let named = || {
             let host: Vec<RefTensor> = parts.iter().map(|p| p.to_ref()).collect();
-            name_defect(ReferenceBackend.concat_rows(&host.iter().collect::<Vec<_>>()))
+            BackendError::named_by_reference(NAME, ReferenceBackend.concat_rows(&host.iter().collect::<Vec<_>>()))
         };
         let Some(first) = parts.first() else { return Err(named()) };
         let trailing = first.shape().get(1..).unwrap_or(&[]);
@@ -92,10 +92,13 @@ impl NdarrayBackend {
         let (x, y) = (a.ints("a")?, b.ints("b")?);
         let named = || {
             let (ha, hb) = (a.to_ref(), b.to_ref());
-            name_defect(match op {
-                IntOp::Add => ReferenceBackend.add_i64(&ha, &hb),
-                IntOp::Sub => ReferenceBackend.sub_i64(&ha, &hb),
-            })
+            BackendError::named_by_reference(
+                NAME,
+                match op {
+                    IntOp::Add => ReferenceBackend.add_i64(&ha, &hb),
+                    IntOp::Sub => ReferenceBackend.sub_i64(&ha, &hb),
+                },
+            )
         };
         if x.shape() != y.shape() {
             return Err(named());

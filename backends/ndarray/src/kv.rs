@@ -9,8 +9,9 @@ use specdec_backend::{BackendError, Result, TrimMode};
 use specdec_reference::Tensor;
 use specdec_reference::kvcache::BatchKvCache;
 
-use crate::check::{all_finite, d1, d2, dims, lens_in, name_defect};
+use crate::check::{all_finite, d1, d2, dims, lens_in};
 use crate::prim::{arange, below};
+use crate::tensor::NAME;
 use crate::tensor::{device, host};
 
 /// KV-1: keys and values `[B, H, C, D]` with per-sequence lengths.
@@ -29,7 +30,7 @@ impl NdKvCache {
     /// An empty cache; every dimension must be at least 1.
     pub(crate) fn new(batch: usize, heads: usize, head_dim: usize, capacity: usize) -> Result<Self> {
         if [batch, heads, head_dim, capacity].contains(&0) {
-            return Err(name_defect(BatchKvCache::new(batch, heads, head_dim, capacity).map_err(BackendError::from)));
+            return Err(BackendError::named_by_reference(NAME, BatchKvCache::new(batch, heads, head_dim, capacity).map_err(BackendError::from)));
         }
         // `Array4::zeros` panics when the element count overflows and aborts
         // when it cannot allocate: both are input defects here, answered as
@@ -79,7 +80,7 @@ impl NdKvCache {
     pub(crate) fn append(&mut self, keys: &ArrayD<f64>, values: &ArrayD<f64>, counts: &ArrayD<i64>) -> Result<()> {
         if !self.append_ok(keys, values, counts) {
             let named = self.replica()?.append(&host(keys), &host(values), &host(counts));
-            return Err(name_defect(named.map_err(BackendError::from)));
+            return Err(BackendError::named_by_reference(NAME, named.map_err(BackendError::from)));
         }
         let (k, v) = (d4(keys).ok_or_else(|| device("keys lost rank 4"))?, d4(values).ok_or_else(|| device("values lost rank 4"))?);
         let counts = d1(counts).ok_or_else(|| device("counts lost rank 1"))?.mapv(|c| c as usize);
@@ -116,7 +117,7 @@ impl NdKvCache {
                 TrimMode::Strict => replica.trim_variable(&amounts),
                 TrimMode::Clamped => replica.trim_clamped(&amounts).map(drop),
             };
-            return Err(name_defect(named.map_err(BackendError::from)));
+            return Err(BackendError::named_by_reference(NAME, named.map_err(BackendError::from)));
         }
         let a = d1(amounts).ok_or_else(|| device("amounts lost rank 1"))?;
         let cut = Zip::from(&a).and(&self.lens).map_collect(|&a, &len| (a as usize).min(len));

@@ -41,11 +41,11 @@ pub use tensor::NdTensor;
 
 use ndarray::{ArrayD, ArrayView, Dimension};
 use specdec_backend::{
-    Backend, Comparator, DflashAccepted, DrawMethod, DrawNoiseArg, HostTensor, LogitsParams, NgramConfig, Precision, RefTensor, ReferenceBackend, RejectionArgs, RejectionNoise, Result, TrimMode,
-    Verified,
+    Backend, BackendError, Comparator, DflashAccepted, DrawMethod, DrawNoiseArg, HostTensor, LogitsParams, NgramConfig, Precision, RefTensor, ReferenceBackend, RejectionArgs, RejectionNoise, Result,
+    TrimMode, Verified,
 };
 
-use crate::check::{d1, d2, d3, name_defect};
+use crate::check::{d1, d2, d3};
 use crate::tensor::{NAME, device, host, upload};
 use crate::verify::{Checks, Noise, RejectionIn};
 
@@ -92,7 +92,7 @@ impl NdarrayBackend {
         let (s, d, l) = (scores.floats("target_scores")?, drafts.ints("draft_tokens")?, lens.ints("proposal_lens")?);
         let Some(layout) = verify::greedy_ok(s, d, l, checks) else {
             // The reference names the defect (a layout-only failure is one too).
-            return Err(name_defect(ReferenceBackend.greedy_verify(&scores.to_ref(), &drafts.to_ref(), &lens.to_ref())));
+            return Err(BackendError::named_by_reference(NAME, ReferenceBackend.greedy_verify(&scores.to_ref(), &drafts.to_ref(), &lens.to_ref())));
         };
         Ok(verified(verify::greedy(view(d3(s), "target_scores")?, view(d2(d), "draft_tokens")?, &layout)))
     }
@@ -110,7 +110,7 @@ impl NdarrayBackend {
             noise,
         };
         let Some(layout) = verify::rejection_ok(&input, checks) else {
-            return Err(name_defect(reference_rejection(args, u, noise, cmp)));
+            return Err(BackendError::named_by_reference(NAME, reference_rejection(args, u, noise, cmp)));
         };
         verify::rejection(&input, &layout, cmp).map(verified).ok_or_else(|| device("rejection inputs changed rank after validation"))
     }
@@ -166,7 +166,7 @@ impl Backend for NdarrayBackend {
     fn dflash_accept(&self, candidates: &NdTensor, predict: &NdTensor, vocab: usize) -> Result<DflashAccepted<NdTensor>> {
         let (c, p) = (candidates.ints("candidates")?, predict.ints("target_predict")?);
         if !verify::dflash_ok(c, p, vocab) {
-            return Err(name_defect(ReferenceBackend.dflash_accept(&candidates.to_ref(), &predict.to_ref(), vocab)));
+            return Err(BackendError::named_by_reference(NAME, ReferenceBackend.dflash_accept(&candidates.to_ref(), &predict.to_ref(), vocab)));
         }
         let (accept_len, bonus) = verify::dflash(view(d2(c), "candidates")?, view(d2(p), "target_predict")?);
         Ok(DflashAccepted { accept_len: ints(accept_len), bonus: ints(bonus) })
@@ -220,7 +220,7 @@ impl Backend for NdarrayBackend {
         let x = drafted.ints("drafted")?;
         if !verify::residual_ok(p, q, x) {
             let q_ref = draft.map(NdTensor::to_ref);
-            return Err(name_defect(ReferenceBackend.residual(&target.to_ref(), q_ref.as_ref(), &drafted.to_ref())));
+            return Err(BackendError::named_by_reference(NAME, ReferenceBackend.residual(&target.to_ref(), q_ref.as_ref(), &drafted.to_ref())));
         }
         let q = q.map(|q| view(d2(q), "draft_probs")).transpose()?;
         Ok(floats(verify::residual(view(d2(p), "target_probs")?, q, view(d1(x), "drafted")?)))
@@ -232,7 +232,7 @@ impl Backend for NdarrayBackend {
         if !sample::logits_ok(&input) {
             let (t, k, p) = (params.temperature.to_ref(), params.top_k.to_ref(), params.top_p.to_ref());
             let named = ReferenceBackend.process_logits(&logits.to_ref(), LogitsParams { temperature: &t, top_k: &k, top_p: &p });
-            return Err(name_defect(named));
+            return Err(BackendError::named_by_reference(NAME, named));
         }
         Ok(floats(sample::process_logits(view(d2(input.logits), "logits")?, view(d1(input.temperature), "temperature")?, view(d1(input.top_k), "top_k")?, view(d1(input.top_p), "top_p")?)))
     }
@@ -246,7 +246,7 @@ impl Backend for NdarrayBackend {
         if !sample::draw_ok(w, n, uniforms) {
             let n_ref = RefTensor::F64(host(n));
             let arg = if uniforms { DrawNoiseArg::InverseCdf(&n_ref) } else { DrawNoiseArg::ExponentialRace(&n_ref) };
-            return Err(name_defect(ReferenceBackend.draw(&weights.to_ref(), arg)));
+            return Err(BackendError::named_by_reference(NAME, ReferenceBackend.draw(&weights.to_ref(), arg)));
         }
         let w = view(d2(w), "weights")?;
         let ids = if uniforms { sample::inverse_cdf(w, view(d1(n), "draw_uniforms")?) } else { sample::exponential_race(w, view(d2(n), "draw_exponentials")?) };
@@ -256,7 +256,7 @@ impl Backend for NdarrayBackend {
     fn ngram_propose(&self, contexts: &NdTensor, lens: &NdTensor, vocab: usize, cfg: &NgramConfig) -> Result<(NdTensor, NdTensor)> {
         let (c, l) = (contexts.ints("contexts")?, lens.ints("context_lens")?);
         let Some(lens_ok) = ngram::ngram_ok(c, l, vocab, cfg) else {
-            return Err(name_defect(ReferenceBackend.ngram_propose(&contexts.to_ref(), &lens.to_ref(), vocab, cfg)));
+            return Err(BackendError::named_by_reference(NAME, ReferenceBackend.ngram_propose(&contexts.to_ref(), &lens.to_ref(), vocab, cfg)));
         };
         let (drafts, plen) = ngram::propose(view(d2(c), "contexts")?, lens_ok.view(), cfg);
         Ok((ints(drafts), ints(plen)))
@@ -286,7 +286,7 @@ impl Backend for NdarrayBackend {
     fn paged_gather(&self, pages: &NdTensor, table: &NdTensor, lens: &NdTensor) -> Result<NdTensor> {
         let (p, t, l) = (pages.floats("pages")?, table.ints("block_table")?, lens.ints("context_lens")?);
         let Some(lens_ok) = kv::paged_ok(p, t, l) else {
-            return Err(name_defect(ReferenceBackend.paged_gather(&pages.to_ref(), &table.to_ref(), &lens.to_ref())));
+            return Err(BackendError::named_by_reference(NAME, ReferenceBackend.paged_gather(&pages.to_ref(), &table.to_ref(), &lens.to_ref())));
         };
         let pages4 = view(p.view().into_dimensionality::<ndarray::Ix4>().ok(), "pages")?;
         Ok(floats(kv::paged_gather(pages4, view(d2(t), "block_table")?, lens_ok.view())))

@@ -87,15 +87,6 @@ impl TchBackend {
         self.dev(checks.and_then(|c| verdict(&c)))
     }
 
-    /// The error for an input the device check rejected: the reference's, or a device
-    /// error if the reference accepts it (a disagreement that is this crate's bug).
-    pub(crate) fn refuse<X>(&self, reference: Result<X>) -> BackendError {
-        match reference {
-            Err(e) => e,
-            Ok(_) => BackendError::device(&self.name(), "the device check rejected an input the reference accepts"),
-        }
-    }
-
     /// A float argument as f32 (other kinds are a caller bug, as in the reference backend).
     pub(crate) fn float(&self, t: &TchTensor, arg: &str) -> Result<Tensor> {
         match t.0.f_kind() {
@@ -321,7 +312,7 @@ impl Backend for TchBackend {
         };
         if !ok {
             let r = (|| ReferenceBackend.greedy_verify(&self.ref_tensor(scores)?, &self.ref_tensor(drafts)?, &self.ref_tensor(lens)?))();
-            return Err(self.refuse(r));
+            return Err(BackendError::named_by_reference(&self.name(), r));
         }
         self.dev(kernels::greedy(&s, &d, &l)).map(|v| self.verified(v))
     }
@@ -347,7 +338,7 @@ impl Backend for TchBackend {
         let v = vocab_i64(vocab);
         if !(shapes_ok && self.passes((|| Ok(vec![checks::ids(&c, v)?, checks::ids(&t, v)?]))())?) {
             let r = (|| ReferenceBackend.dflash_accept(&self.ref_tensor(candidates)?, &self.ref_tensor(predict)?, vocab))();
-            return Err(self.refuse(r));
+            return Err(BackendError::named_by_reference(&self.name(), r));
         }
         let (len, bonus) = self.dev(kernels::dflash(&c, &t))?;
         Ok(DflashAccepted { accept_len: TchTensor(len), bonus: TchTensor(bonus) })
@@ -382,7 +373,7 @@ impl Backend for TchBackend {
                 let args = RejectionArgs { target_probs: &p, draft_probs: q.as_ref(), draft_tokens: &d, proposal_lens: &l };
                 ReferenceBackend.rejection_verify(args, RejectionNoise { accept_uniforms: &u, draw }, cmp)
             })();
-            return Err(self.refuse(reference));
+            return Err(BackendError::named_by_reference(&self.name(), reference));
         }
         let noise = if uniform { Noise::Uniform(&draw) } else { Noise::Exponential(&draw) };
         let job = Rejection { p: &r.p, q: r.q.as_ref(), drafts: &r.d, lens: &r.l, u: &u, noise };
@@ -421,7 +412,7 @@ impl Backend for TchBackend {
                 let args = RejectionArgs { target_probs: &p, draft_probs: q.as_ref(), draft_tokens: &d, proposal_lens: &l };
                 ReferenceBackend.rejection_verify_seeded(args, method, cmp, seed)
             })();
-            return Err(self.refuse(reference));
+            return Err(BackendError::named_by_reference(&self.name(), reference));
         };
         let (u, draw) = self.dev(self.seeded_noise(dims, method, seed))?;
         let noise = match method {
@@ -450,7 +441,7 @@ impl Backend for TchBackend {
             })())?;
         if !ok {
             let r = (|| ReferenceBackend.residual(&self.ref_tensor(target)?, self.ref_opt(draft)?.as_ref(), &self.ref_tensor(drafted)?))();
-            return Err(self.refuse(r));
+            return Err(BackendError::named_by_reference(&self.name(), r));
         }
         self.dev(kernels::residual(&p, q.as_ref(), &x)).map(TchTensor)
     }
@@ -476,7 +467,7 @@ impl Backend for TchBackend {
                 let (t, k, p) = (self.ref_tensor(params.temperature)?, self.ref_tensor(params.top_k)?, self.ref_tensor(params.top_p)?);
                 ReferenceBackend.process_logits(&self.ref_tensor(logits)?, LogitsParams { temperature: &t, top_k: &k, top_p: &p })
             })();
-            return Err(self.refuse(r));
+            return Err(BackendError::named_by_reference(&self.name(), r));
         }
         self.dev(kernels::process_logits(&z, &Params { temperature: &t, top_k: &k, top_p: &p })).map(TchTensor)
     }
@@ -502,7 +493,7 @@ impl Backend for TchBackend {
                 let arg = if inverse { DrawNoiseArg::InverseCdf(&n) } else { DrawNoiseArg::ExponentialRace(&n) };
                 ReferenceBackend.draw(&self.ref_tensor(weights)?, arg)
             })();
-            return Err(self.refuse(r));
+            return Err(BackendError::named_by_reference(&self.name(), r));
         }
         let noise = if uniform { Noise::Uniform(&n) } else { Noise::Exponential(&n) };
         self.dev(kernels::draw(&w, noise)).map(TchTensor)
@@ -528,7 +519,7 @@ impl Backend for TchBackend {
         };
         let Some(config) = config.filter(|_| ok) else {
             let r = (|| ReferenceBackend.ngram_propose(&self.ref_tensor(contexts)?, &self.ref_tensor(context_lens)?, vocab, cfg))();
-            return Err(self.refuse(r));
+            return Err(BackendError::named_by_reference(&self.name(), r));
         };
         let (drafts, lens) = self.dev(kernels::ngram(&c, &l, &config))?;
         Ok((TchTensor(drafts), TchTensor(lens)))
@@ -572,7 +563,7 @@ impl Backend for TchBackend {
         };
         if !ok {
             let r = (|| ReferenceBackend.paged_gather(&self.ref_tensor(pages)?, &self.ref_tensor(block_table)?, &self.ref_tensor(context_lens)?))();
-            return Err(self.refuse(r));
+            return Err(BackendError::named_by_reference(&self.name(), r));
         }
         let max_len = self.dev(l.f_max().and_then(|m| i64::try_from(&m)))?;
         self.dev(kernels::paged_gather(&p, &t, &l, max_len)).map(TchTensor)

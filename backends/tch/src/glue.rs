@@ -13,7 +13,7 @@
 //! are always representable, and libtorch's i64 `+`/`-`, which wrap, only
 //! ever see operands whose result fits.
 
-use specdec_backend::{Backend, HostTensor, PAD, RefTensor, ReferenceBackend, Result};
+use specdec_backend::{Backend, BackendError, HostTensor, PAD, RefTensor, ReferenceBackend, Result};
 use tch::{Kind, Tensor};
 
 use crate::backend::{TchBackend, TchTensor};
@@ -51,7 +51,7 @@ impl TchBackend {
         let count = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
         // A count that fits usize fits i64 here: it equals numel, an i64.
         if count != Some(x.numel()) {
-            return Err(self.refuse((|| ReferenceBackend.reshape(&self.ref_tensor(t)?, shape))()));
+            return Err(BackendError::named_by_reference(&self.name(), (|| ReferenceBackend.reshape(&self.ref_tensor(t)?, shape))()));
         }
         let shape: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
         self.dev(x.f_reshape(shape.as_slice())).map(TchTensor::new)
@@ -70,7 +70,7 @@ impl TchBackend {
             })())?;
         if !ok {
             let reference = (|| ReferenceBackend.gather_rows(&self.ref_tensor(t)?, &self.ref_tensor(rows)?))();
-            return Err(self.refuse(reference));
+            return Err(BackendError::named_by_reference(&self.name(), reference));
         }
         self.dev((|| -> TResult<Tensor> {
             let pad = r.f_eq(PAD)?;
@@ -88,7 +88,7 @@ impl TchBackend {
     pub(crate) fn glue_concat_rows(&self, parts: &[&TchTensor]) -> Result<TchTensor> {
         let named = || {
             let host = parts.iter().map(|p| self.ref_tensor(p)).collect::<Result<Vec<RefTensor>>>();
-            self.refuse(host.and_then(|h| ReferenceBackend.concat_rows(&h.iter().collect::<Vec<_>>())))
+            BackendError::named_by_reference(&self.name(), host.and_then(|h| ReferenceBackend.concat_rows(&h.iter().collect::<Vec<_>>())))
         };
         let Some(first) = parts.first() else { return Err(named()) };
         let trailing = dims(first.tensor()).get(1..).map(<[i64]>::to_vec).unwrap_or_default();
@@ -127,7 +127,7 @@ impl TchBackend {
                     IntOp::Sub => ReferenceBackend.sub_i64(&ha, &hb),
                 }
             })();
-            return Err(self.refuse(reference));
+            return Err(BackendError::named_by_reference(&self.name(), reference));
         }
         self.dev(match op {
             IntOp::Add => x.f_add(&y),

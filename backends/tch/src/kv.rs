@@ -3,7 +3,7 @@
 //! an append scatters every `[B, T]` source position at once, and the ones past a
 //! sequence's count land there instead of needing a ragged write. It is never read.
 
-use specdec_backend::{Backend, ReferenceBackend, Result, TrimMode};
+use specdec_backend::{Backend, BackendError, ReferenceBackend, Result, TrimMode};
 use specdec_reference::kvcache::BatchKvCache;
 use tch::{Kind, Tensor};
 
@@ -49,7 +49,7 @@ impl TchKvCache {
 pub(crate) fn new(be: &TchBackend, dims: [usize; 4]) -> Result<TchKvCache> {
     let [batch, heads, head_dim, capacity] = dims;
     if dims.contains(&0) {
-        return Err(be.refuse(ReferenceBackend.kv_new(batch, heads, head_dim, capacity)));
+        return Err(BackendError::named_by_reference(&be.name(), ReferenceBackend.kv_new(batch, heads, head_dim, capacity)));
     }
     let sizes = dims.map(i64::try_from);
     let [Ok(b), Ok(h), Ok(d), Ok(c)] = sizes else {
@@ -94,7 +94,7 @@ pub(crate) fn append(be: &TchBackend, cache: &mut TchKvCache, keys: &TchTensor, 
             let mut r = reference_cache(be, cache)?;
             ReferenceBackend.kv_append(&mut r, &be.ref_tensor(keys)?, &be.ref_tensor(values)?, &be.ref_tensor(counts)?)
         })();
-        return Err(be.refuse(r));
+        return Err(BackendError::named_by_reference(&be.name(), r));
     };
     be.dev((|| {
         let j = arange(t, &n)?.f_unsqueeze(0)?;
@@ -125,7 +125,7 @@ pub(crate) fn trim(be: &TchBackend, cache: &mut TchKvCache, amounts: &TchTensor,
             let mut r = reference_cache(be, cache)?;
             ReferenceBackend.kv_trim(&mut r, &be.ref_tensor(amounts)?, mode)
         })();
-        return Err(be.refuse(r));
+        return Err(BackendError::named_by_reference(&be.name(), r));
     }
     let cut = match mode {
         TrimMode::Strict => a,
