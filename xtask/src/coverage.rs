@@ -1,6 +1,15 @@
 //! Spec-rule coverage: every rule defined in `spec/SPEC.md` must be named in
-//! the source that implements it and in at least one test or case file, and
-//! no test may name a rule the spec does not define.
+//! the source that implements it and by at least one check that runs, and no
+//! file may name a rule the spec does not define.
+//!
+//! "Named by a check that runs" is read from code, never from comments (the
+//! Rust files are tokenised, which drops comments): a rule is tested when its
+//! ID is in a string of the body of a `#[test]` function that is not
+//! `#[ignore]`d (or of a `proptest!` block), in the `rules` of a case in a
+//! `fixtures/` case file, or is a whole string literal in the conformance
+//! suite's own source (its check lists: every backend's conformance test runs
+//! the whole suite). A rule ID in a comment, a doc comment or a helper that no
+//! test calls by that name does not count.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -12,7 +21,7 @@ pub struct Coverage {
     pub defined: BTreeSet<String>,
     /// Rule -> implementation files (`src/` of any crate).
     pub implemented: BTreeMap<String, BTreeSet<PathBuf>>,
-    /// Rule -> test files (`tests/` of any crate, and `fixtures/`).
+    /// Rule -> files whose running checks name it (see the module doc).
     pub tested: BTreeMap<String, BTreeSet<PathBuf>>,
     /// IDs named in code or tests that the spec does not define.
     pub undefined: BTreeMap<String, BTreeSet<PathBuf>>,
@@ -36,7 +45,7 @@ impl Coverage {
         }
         let test_missing = self.missing_test();
         if !test_missing.is_empty() {
-            problems.push(format!("rules named by no test or case file: {test_missing:?}"));
+            problems.push(format!("rules named by no test that runs, no case and no suite check (a comment is not a test): {test_missing:?}"));
         }
         for (id, files) in &self.undefined {
             problems.push(format!("{id} is not defined in spec/SPEC.md but is named in {files:?}"));
@@ -111,28 +120,112 @@ pub fn scan(root: &Path) -> Result<Coverage, String> {
         let rel = f.strip_prefix(root).unwrap_or(&f).to_path_buf();
         let parts: Vec<String> = rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
         let is_fixture = parts.first().is_some_and(|p| p == "fixtures");
-        let is_test = is_fixture || parts.iter().any(|p| p == "tests");
-        let is_src = !is_test && parts.iter().any(|p| p == "src");
-        if !(is_test || is_src) {
+        let is_suite = parts.first().is_some_and(|p| p == "conformance") && parts.get(1).is_some_and(|p| p == "src");
+        let is_test_dir = parts.iter().any(|p| p == "tests");
+        let is_src = !is_fixture && !is_test_dir && parts.iter().any(|p| p == "src");
+        if !(is_fixture || is_test_dir || is_src) {
             continue;
         }
         let Ok(text) = std::fs::read_to_string(&f) else { continue };
+        let is_rust = rel.extension().is_some_and(|e| e == "rs");
+        // Every mention is checked against the spec; only running checks count as tests.
+        let mut tested: BTreeSet<String> = BTreeSet::new();
+        if is_fixture && !is_rust {
+            let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", rel.display()))?;
+            case_rules(&value, &mut tested);
+        } else if is_rust {
+            let file = syn::parse_file(&text).map_err(|e| format!("{}: cannot parse: {e}", rel.display()))?;
+            tested.extend(names_in_running_tests(&file));
+            if is_suite {
+                tested.extend(whole_literals(&quote::ToTokens::to_token_stream(&file)));
+            }
+        }
         for id in rule_ids(&text) {
             let area = id.split('-').next().unwrap_or_default();
             if !areas.contains(area) {
                 continue; // not a spec rule (e.g. an unrelated identifier)
             }
-            let map = if !cov.defined.contains(&id) {
-                &mut cov.undefined
-            } else if is_test {
-                &mut cov.tested
-            } else {
-                &mut cov.implemented
-            };
-            map.entry(id).or_default().insert(rel.clone());
+            if !cov.defined.contains(&id) {
+                cov.undefined.entry(id).or_default().insert(rel.clone());
+            } else if is_src {
+                cov.implemented.entry(id).or_default().insert(rel.clone());
+            }
+        }
+        for id in tested.into_iter().filter(|id| cov.defined.contains(id)) {
+            cov.tested.entry(id).or_default().insert(rel.clone());
         }
     }
     Ok(cov)
+}
+
+/// The rule IDs in the `rules` arrays of every case in a case file.
+fn case_rules(v: &serde_json::Value, out: &mut BTreeSet<String>) {
+    match v {
+        serde_json::Value::Object(map) => {
+            if let Some(serde_json::Value::Array(rules)) = map.get("rules") {
+                out.extend(rules.iter().filter_map(|r| r.as_str()).flat_map(rule_ids));
+            }
+            map.values().for_each(|x| case_rules(x, out));
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|x| case_rules(x, out)),
+        _ => {}
+    }
+}
+
+/// The string literals among `tokens`, macro arguments included (comments are
+/// not tokens; doc comments are `doc` attributes, skipped).
+fn string_literals(tokens: &proc_macro2::TokenStream, out: &mut Vec<String>) {
+    let mut after_doc = false;
+    for tt in tokens.clone() {
+        match tt {
+            proc_macro2::TokenTree::Group(g) => {
+                // `#[doc = "..."]`: a doc comment, not code.
+                let inner: Vec<_> = g.stream().into_iter().collect();
+                let is_doc = g.delimiter() == proc_macro2::Delimiter::Bracket && matches!(inner.first(), Some(proc_macro2::TokenTree::Ident(i)) if i == "doc");
+                if !is_doc {
+                    string_literals(&g.stream(), out);
+                }
+                after_doc = false;
+            }
+            proc_macro2::TokenTree::Literal(l) if !after_doc => {
+                if let Ok(syn::Lit::Str(s)) = syn::parse_str::<syn::Lit>(&l.to_string()) {
+                    out.push(s.value());
+                }
+            }
+            proc_macro2::TokenTree::Ident(i) => after_doc = i == "doc",
+            _ => {}
+        }
+    }
+}
+
+/// Rule IDs that are a whole string literal (a check's rule list).
+fn whole_literals(tokens: &proc_macro2::TokenStream) -> BTreeSet<String> {
+    let mut lits = Vec::new();
+    string_literals(tokens, &mut lits);
+    lits.into_iter().filter(|s| rule_ids(s).len() == 1 && rule_ids(s)[0] == *s).collect()
+}
+
+/// Rule IDs in the strings of running tests: bodies of `#[test]` functions
+/// without `#[ignore]`, and `proptest!` blocks, at any depth of modules.
+fn names_in_running_tests(file: &syn::File) -> BTreeSet<String> {
+    struct Visitor(Vec<String>);
+    impl<'ast> syn::visit::Visit<'ast> for Visitor {
+        fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
+            let has = |name: &str| f.attrs.iter().any(|a| a.path().segments.last().is_some_and(|s| s.ident == name));
+            if has("test") && !has("ignore") {
+                string_literals(&quote::ToTokens::to_token_stream(&f.block), &mut self.0);
+            }
+            syn::visit::visit_item_fn(self, f);
+        }
+        fn visit_macro(&mut self, m: &'ast syn::Macro) {
+            if m.path.segments.last().is_some_and(|s| s.ident == "proptest") {
+                string_literals(&m.tokens, &mut self.0);
+            }
+        }
+    }
+    let mut v = Visitor(Vec::new());
+    syn::visit::Visit::visit_file(&mut v, file);
+    v.0.iter().flat_map(|s| rule_ids(s)).collect()
 }
 
 #[cfg(test)]
