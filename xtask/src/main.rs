@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 
 use xtask::coverage;
 mod cuda;
+mod fuzz;
 mod libtorch;
 mod numpy_venv;
 mod peers;
@@ -71,6 +72,18 @@ enum Task {
         /// Extra arguments for the criterion harness (e.g. a filter).
         #[arg(last = true)]
         rest: Vec<String>,
+    },
+    /// Opt-in, not in CI: AFL++ (from crates.io's `cargo-afl`) on the fuzz targets, each for
+    /// `--seconds`, starting from `fuzz/corpus/`; prints executions and crashes per target.
+    /// (The test command replays the committed corpus without AFL.)
+    Fuzz {
+        /// Targets (`case_file`, `gguf`, `safetensors`, `config`, `tokenizer`, `exec_reply`,
+        /// `ngram_index`) or `all`.
+        #[arg(default_value = "all")]
+        targets: Vec<String>,
+        /// How long each target runs.
+        #[arg(long, default_value_t = 600)]
+        seconds: u64,
     },
     /// Builds `specdec` with candle's CUDA backend from PyPI's CUDA toolkit (no GPU needed
     /// here), to run on a GPU machine: `specdec conform --backend candle-cuda`.
@@ -151,6 +164,7 @@ fn run(task: Task) -> Result<(), String> {
             }
             cargo_with(&root, &["bench", "-p", "specdec-benches", "--features", "specdec-tch/libtorch", "--bench", "report"], &rest_after_dashdash(rest), Some(&lt), &env)
         }
+        Task::Fuzz { targets, seconds } => fuzz::fuzz(&root, &targets, seconds),
         Task::Bless { check } => {
             let args = if check { vec!["bless".to_string(), "--check".into()] } else { vec!["bless".to_string()] };
             cargo(&root, &["run", "--quiet", "-p", "specdec-cli", "--"], &args, None)

@@ -190,7 +190,7 @@ fn start(command: &str, timeout: Duration) -> std::result::Result<(Process, Hand
 /// Parses one reply line (PROTO-5, PROTO-6): `Ok(Ok(outputs))`, `Ok(Err(error))`,
 /// or a malformed-reply error naming the field. The handshake's fields sit
 /// at the top level, an operation's under `outputs`.
-fn parse_reply(op: &str, id: u64, line: &str) -> std::result::Result<std::result::Result<Map<String, Value>, ReplyError>, ExecError> {
+pub fn parse_reply(op: &str, id: u64, line: &str) -> std::result::Result<std::result::Result<Map<String, Value>, ReplyError>, ExecError> {
     let malformed = |field: &str, reason: String| ExecError::Malformed { op: op.into(), field: field.into(), reason };
     let value: Value = serde_json::from_str(line.trim_end()).map_err(|e| {
         let shown: String = line.chars().take(120).collect();

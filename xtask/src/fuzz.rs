@@ -1,0 +1,87 @@
+//! `cargo xtask fuzz`: AFL++ on the targets of `specdec-fuzz` (opt-in, not in CI).
+//!
+//! Why AFL++: it runs on the stable toolchain (libFuzzer through cargo-fuzz
+//! needs nightly's sanitizer flags), and its Rust driver `cargo-afl` installs
+//! from crates.io and builds AFL++ itself from the source it ships, so nothing
+//! comes from another host. `cargo-afl` goes to `.cache/cargo-afl/` (once),
+//! AFL++'s runtime to cargo-afl's own data directory (once). Each target
+//! starts from its committed seeds (`fuzz/corpus/<target>/`); findings go to
+//! `reports/fuzz/<target>/`, and the run ends with each target's executions
+//! and crash count from AFL's `fuzzer_stats`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The targets of `fuzz/src/lib.rs`, in the order `all` runs them.
+pub const TARGETS: [&str; 7] = ["case_file", "gguf", "safetensors", "config", "tokenizer", "exec_reply", "ngram_index"];
+
+fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
+    let status = cmd.status().map_err(|e| format!("{what}: cannot start: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("{what} failed ({status})")) }
+}
+
+/// `cargo-afl`, installed once under `.cache/cargo-afl/`, with AFL++ built.
+fn ensure_cargo_afl(root: &Path) -> Result<PathBuf, String> {
+    let install = root.join(".cache/cargo-afl");
+    let bin = install.join("bin/cargo-afl");
+    if !bin.is_file() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        run(Command::new(cargo).args(["install", "cargo-afl", "--version", "0.18.2", "--locked", "--root"]).arg(&install), "cargo install cargo-afl")?;
+    }
+    // `config --build` is idempotent: it rebuilds nothing once AFL++ is there.
+    let built = Command::new(&bin).args(["afl", "config", "--build"]).output().map_err(|e| format!("cargo-afl: {e}"))?;
+    if !built.status.success() {
+        let text = String::from_utf8_lossy(&built.stderr);
+        if !text.contains("already built") {
+            return Err(format!("cargo afl config --build failed: {text}"));
+        }
+    }
+    Ok(bin)
+}
+
+/// Runs `targets` for `seconds` each, then prints each one's figures.
+pub fn fuzz(root: &Path, targets: &[String], seconds: u64) -> Result<(), String> {
+    let names: Vec<&str> = if targets.iter().any(|t| t == "all") || targets.is_empty() { TARGETS.to_vec() } else { targets.iter().map(String::as_str).collect() };
+    if let Some(bad) = names.iter().find(|n| !TARGETS.contains(n)) {
+        return Err(format!("unknown fuzz target {bad:?}; one of {TARGETS:?} or `all`"));
+    }
+    let afl = ensure_cargo_afl(root)?;
+    run(Command::new(&afl).current_dir(root).args(["afl", "build", "--release", "-p", "specdec-fuzz", "--features", "afl", "--bin", "specdec-fuzz"]), "cargo afl build")?;
+    let binary = root.join("target/release/specdec-fuzz");
+    let mut summary = Vec::new();
+    for name in names {
+        let out = root.join("reports/fuzz").join(name);
+        // A fresh output directory per run: AFL refuses to mix runs.
+        let _ = std::fs::remove_dir_all(&out);
+        std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+        let mut cmd = Command::new(&afl);
+        cmd.current_dir(root)
+            .args(["afl", "fuzz", "-i"])
+            .arg(root.join("fuzz/corpus").join(name))
+            .arg("-o")
+            .arg(&out)
+            .args(["-V", &seconds.to_string(), "-m", "4096", "-t", "5000", "--"])
+            .arg(&binary)
+            .arg(name)
+            // Containers often forbid changing the core pattern or the CPU
+            // governor; neither changes what is found, only how fast.
+            .env("AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES", "1")
+            .env("AFL_SKIP_CPUFREQ", "1")
+            .env("AFL_NO_UI", "1");
+        run(&mut cmd, &format!("afl-fuzz {name}"))?;
+        summary.push((name, stats(&out.join("default/fuzzer_stats"))));
+    }
+    println!("\ntarget        executions   crashes  hangs  corpus");
+    for (name, s) in &summary {
+        println!("{name:<13} {:>10}  {:>8}  {:>5}  {:>6}", s.0, s.1, s.2, s.3);
+    }
+    println!("findings under reports/fuzz/<target>/default/{{crashes,hangs}}; add each, once fixed, to fuzz/corpus/<target>/");
+    if summary.iter().any(|(_, s)| s.1 != "0" || s.2 != "0") { Err("the fuzzer found crashes or hangs".into()) } else { Ok(()) }
+}
+
+/// (executions, crashes, hangs, corpus size) from AFL's `fuzzer_stats`.
+fn stats(path: &Path) -> (String, String, String, String) {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let field = |key: &str| text.lines().filter_map(|l| l.split_once(':')).find(|(k, _)| k.trim() == key).map_or("?".to_string(), |(_, v)| v.trim().to_string());
+    (field("execs_done"), field("saved_crashes"), field("saved_hangs"), field("corpus_count"))
+}
