@@ -238,6 +238,64 @@ mod tests {
         assert!(rule_ids("x-1 A-1 GREEDY- ABC-12x UTF8").is_empty());
     }
 
+    /// A repository under the temp dir with a spec of rules `ABC-1..5`, an
+    /// implementation naming them all, and `files` (path, text).
+    fn scan_repo(name: &str, files: &[(&str, &str)]) -> Coverage {
+        let root = std::env::temp_dir().join(format!("specdec-coverage-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let spec = (1..=5).map(|i| format!("**ABC-{i}** rule {i}\n\n")).collect::<String>();
+        let implementation = "// ABC-1 ABC-2 ABC-3 ABC-4 ABC-5\n";
+        for (path, text) in [("spec/SPEC.md", spec.as_str()), ("lib/src/lib.rs", implementation)].into_iter().chain(files.iter().copied()) {
+            let p = root.join(path);
+            std::fs::create_dir_all(p.parent().expect("a parent")).expect("scratch dir");
+            std::fs::write(p, text).expect("scratch file");
+        }
+        let cov = scan(&root).expect("scannable");
+        let _ = std::fs::remove_dir_all(&root);
+        cov
+    }
+
+    #[test]
+    fn only_checks_that_run_count_as_tests() {
+        let test_file = r#"
+            // ABC-1 is named in a comment only.
+            /// ABC-2 in a doc comment.
+            #[test]
+            fn checks() {
+                assert_eq!(1 + 1, 2, "ABC-3: addition");
+            }
+            #[test]
+            #[ignore]
+            fn skipped() {
+                assert!(true, "ABC-4");
+            }
+            fn helper_nobody_marks() {
+                let _ = "ABC-4";
+            }
+            proptest::proptest! {
+                #[test]
+                fn prop(x in 0..3u8) { prop_assert!(x < 3, "ABC-5"); }
+            }
+        "#;
+        let cov = scan_repo("running", &[("lib/tests/t.rs", test_file)]);
+        let tested: Vec<&String> = cov.tested.keys().collect();
+        assert_eq!(tested, ["ABC-3", "ABC-5"], "a comment, a doc comment, an ignored test and a helper do not count");
+        assert_eq!(cov.missing_test(), ["ABC-1", "ABC-2", "ABC-4"]);
+        assert!(cov.check().is_err());
+    }
+
+    #[test]
+    fn cases_and_suite_rule_lists_count() {
+        let cases = r#"{"format": "x", "cases": [{"id": "a", "rules": ["ABC-1"], "description": "see ABC-2"}]}"#;
+        let suite = r#"
+            // ABC-4 in a comment of the suite.
+            fn items() -> Vec<Item> { vec![Item { rules: vec!["ABC-3"], note: "not ABC-5 in prose" }] }
+        "#;
+        let cov = scan_repo("cases", &[("fixtures/cases/c.json", cases), ("conformance/src/suite.rs", suite)]);
+        let tested: Vec<&String> = cov.tested.keys().collect();
+        assert_eq!(tested, ["ABC-1", "ABC-3"], "a case's rules and a suite rule list count; prose and comments do not");
+    }
+
     #[test]
     fn definitions_are_bold_paragraph_openers() {
         let spec = "**ABC-1** text XYZ-2\n\n**XYZ-2** more\nnot **QQ-1** here";
