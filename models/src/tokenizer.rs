@@ -63,6 +63,19 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
+/// Runs a call into the `tokenizers` crate, turning a panic into an error
+/// naming the file: that crate panics on some hostile `tokenizer.json`
+/// files (found by the `tokenizer` fuzz target: a decoder entry of the wrong
+/// shape panics inside its deserializer), and no input may panic a loader
+/// (MODEL-16). The calls hold no state of ours that a panic could leave
+/// half-written, so unwinding past them is sound.
+fn guarded<T>(file: &str, call: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)).unwrap_or_else(|panic| {
+        let message = panic.downcast_ref::<String>().map(String::as_str).or_else(|| panic.downcast_ref::<&str>().copied()).unwrap_or("no message");
+        Err(tok_err(file, format!("the tokenizers crate panicked on this file: {message}")))
+    })
+}
+
 fn tok_err(file: &str, message: impl std::fmt::Display) -> ModelError {
     ModelError::Tokenizer { file: file.to_string(), message: message.to_string() }
 }
@@ -145,7 +158,7 @@ impl Tokenizer {
         let path = dir.join(TOKENIZER_FILE);
         let file = path.display().to_string();
         let bytes = std::fs::read(&path).map_err(|e| ModelError::io(&path, e))?;
-        let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| tok_err(&file, e))?;
+        let inner = guarded(&file, || tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| tok_err(&file, e)))?;
         let kind = match inner.get_model() {
             tokenizers::ModelWrapper::BPE(_) => "tokenizer.json (BPE)",
             tokenizers::ModelWrapper::WordPiece(_) => "tokenizer.json (WordPiece)",
@@ -244,7 +257,7 @@ impl Tokenizer {
     /// their ids; `add_special_tokens` adds BOS/EOS where the tokenizer
     /// says so (`add_bos_token`).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        let enc = self.inner.encode(text, add_special_tokens).map_err(|e| tok_err(&self.source, e))?;
+        let enc = guarded(&self.source, || self.inner.encode(text, add_special_tokens).map_err(|e| tok_err(&self.source, e)))?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -254,7 +267,7 @@ impl Tokenizer {
         if let Some(bad) = ids.iter().find(|&&id| id as usize >= n) {
             return Err(ModelError::InvalidInput { arg: "ids", reason: format!("id {bad} is outside the vocabulary of {n}") });
         }
-        self.inner.decode(ids, skip_special_tokens).map_err(|e| tok_err(&self.source, e))
+        guarded(&self.source, || self.inner.decode(ids, skip_special_tokens).map_err(|e| tok_err(&self.source, e)))
     }
 
     /// Vocabulary size, added tokens included.
