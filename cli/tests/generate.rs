@@ -34,11 +34,11 @@ fn greedy_from_gguf_and_export_agree() {
     let Some((gguf, hf)) = smollm2() else { return };
     let run = |model: &str| json(&specdec(&["generate", "--model", model, "--backend", "ndarray", "--prompt", "The capital of France is", "--max-tokens", "8", "--temperature", "0", "--json"]));
     let (a, b) = (run(&gguf), run(&hf));
-    assert_eq!(a["token_ids"], b["token_ids"], "GGUF and HF export must give the same tokens");
+    assert_eq!(a["token_ids"], b["token_ids"], "MODEL-15: greedy decoding: GGUF and HF export must give the same tokens");
     assert_eq!(a["prompt_ids"], b["prompt_ids"]);
     assert!(a["text"].as_str().unwrap().contains("Paris"), "{}", a["text"]);
     assert_eq!(a["finish_reason"], "length");
-    assert_eq!(a["token_ids"].as_array().unwrap().len(), 8);
+    assert_eq!(a["token_ids"].as_array().unwrap().len(), 8, "MODEL-15: `--max-tokens` tokens");
 }
 
 /// MODEL-15: sampling is reproducible from the seed, and the seed matters.
@@ -70,9 +70,9 @@ fn sampling_follows_the_seed() {
             .clone()
     };
     let first = run("7");
-    assert_eq!(first, run("7"));
+    assert_eq!(first, run("7"), "MODEL-15: a sampled run is reproducible from `--seed`");
     let others: Vec<_> = ["8", "9", "10"].iter().map(|s| run(s)).collect();
-    assert!(others.iter().any(|o| *o != first), "four seeds gave one output: the seed is not used");
+    assert!(others.iter().any(|o| *o != first), "MODEL-15: four seeds gave one output: the seed is not used");
 }
 
 /// DECODE-2, DECODE-8: at temperature 0 the tokens are the same whatever
@@ -110,9 +110,9 @@ fn every_proposer_gives_the_plain_greedy_tokens() {
         let out = run(p);
         assert_eq!(out["token_ids"], plain["token_ids"], "{p}");
         assert_eq!(out["compare"]["identical_tokens"], true, "{p}");
-        assert!(out["steps"].as_u64().unwrap() >= 1 && out["tokens_per_step"].as_f64().unwrap() >= 1.0, "{p}: {out}");
+        assert!(out["steps"].as_u64().unwrap() >= 1 && out["tokens_per_step"].as_f64().unwrap() >= 1.0, "DECODE-8: {p}: {out}");
         for key in ["acceptance", "mean_accepted", "acceptance_per_position", "timings"] {
-            assert!(!out[key].is_null(), "{p}: no `{key}` in {out}");
+            assert!(!out[key].is_null(), "DECODE-8: {p}: no `{key}` in {out}");
         }
     }
     let n = run("ngram");

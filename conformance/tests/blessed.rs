@@ -14,11 +14,11 @@ fn reference_expectations_do_not_drift() {
         let file: CaseFile = serde_json::from_str(text).expect("shipped files parse");
         for case in file.cases.iter().filter(|c| c.expected_by == ExpectedBy::Reference) {
             let fresh = rebless(case).expect("shipped cases run");
-            assert_eq!(fresh.expect, case.expect, "{path} case {} drifted: run `cargo xtask bless`", case.id);
+            assert_eq!(fresh.expect, case.expect, "CASE-3: {path} case {} drifted: run `cargo xtask bless`", case.id);
             checked += 1;
         }
     }
-    assert!(checked >= diff::ops().count() * 12, "only {checked} reference cases found");
+    assert!(checked >= diff::ops().count() * 12, "CASE-3: only {checked} reference cases found");
 }
 
 #[test]
@@ -28,6 +28,6 @@ fn blessed_files_are_what_bless_writes() {
         let text = GOLDEN_FILES.iter().find(|(p, _)| *p == name).map(|(_, t)| *t).unwrap_or_else(|| panic!("{name} is missing"));
         let on_disk: serde_json::Value = serde_json::from_str(text).expect("parses");
         let wanted = serde_json::to_value(blessed_file(op).expect("generates")).expect("serializes");
-        assert_eq!(on_disk, wanted, "{name} differs from `specdec bless` output");
+        assert_eq!(on_disk, wanted, "CASE-3: {name} differs from `specdec bless` output");
     }
 }

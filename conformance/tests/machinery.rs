@@ -36,8 +36,8 @@ const GOOD: &str = r#"{"id": "ok", "op": "draw", "expected_by": "hand",
 #[test]
 fn format_tag_is_checked() {
     let e = parse(r#"{"format": "other/1", "title": "t", "cases": []}"#, Path::new("f.json")).unwrap_err();
-    assert!(e.message.contains("specdec-cases/1"), "{e}");
-    assert!(parse("not json", Path::new("f.json")).is_err());
+    assert!(e.message.contains("specdec-cases/1"), "CASE-1: a file without the format tag is refused: {e}");
+    assert!(parse("not json", Path::new("f.json")).is_err(), "CASE-1: case files are JSON");
 }
 
 /// CASE-8: a malformed case is reported with its id and field; the rest load.
@@ -45,9 +45,9 @@ fn format_tag_is_checked() {
 fn malformed_cases_fail_alone() {
     let text = file(&format!(r#"{GOOD}, {{"id": "no-expect", "op": "draw", "expected_by": "hand", "inputs": {{}}}}"#));
     let loaded = parse(&text, Path::new("f.json")).unwrap();
-    assert_eq!(loaded.cases.len(), 1);
-    assert_eq!(loaded.errors.len(), 1);
-    assert!(loaded.errors[0].location.contains("no-expect") && loaded.errors[0].message.contains("expect"), "{:?}", loaded.errors[0]);
+    assert_eq!(loaded.cases.len(), 1, "CASE-8: the good case of the file still loads");
+    assert_eq!(loaded.errors.len(), 1, "CASE-8: the malformed case fails alone");
+    assert!(loaded.errors[0].location.contains("no-expect") && loaded.errors[0].message.contains("expect"), "CASE-8: the error names the case and the field: {:?}", loaded.errors[0]);
 
     // A case whose input is ragged names the case and the field when run.
     let text = file(
@@ -56,7 +56,7 @@ fn malformed_cases_fail_alone() {
     );
     let case = parse(&text, Path::new("f.json")).unwrap().cases.remove(0);
     match check_case(&ReferenceBackend, &case) {
-        Verdict::Fail(m) => assert!(m.contains("ragged") && m.contains("inputs.weights"), "{m}"),
+        Verdict::Fail(m) => assert!(m.contains("ragged") && m.contains("inputs.weights"), "CASE-8: {m}"),
         other => panic!("{other:?}"),
     }
     // An unknown op is named too, and does not stop the suite from running the other items.
@@ -64,8 +64,8 @@ fn malformed_cases_fail_alone() {
     let items = suite::items_from_text("x.json", &text);
     let cfg = SuiteConfig { statistical: false, diff_cases_per_op: 0, ..SuiteConfig::default() };
     let results = suite::run(&ReferenceBackend, &items, &cfg, &mut |_| {});
-    assert_eq!(results.iter().map(|r| r.status).collect::<Vec<_>>(), [Status::Pass, Status::Fail]);
-    assert!(results[1].message.contains("teleport"));
+    assert_eq!(results.iter().map(|r| r.status).collect::<Vec<_>>(), [Status::Pass, Status::Fail], "CASE-8: the other cases of the file still run");
+    assert!(results[1].message.contains("teleport"), "CASE-8: {}", results[1].message);
 }
 
 /// CASE-2: tensors as nested arrays or shape/data objects, non-finite floats as strings.
@@ -73,12 +73,12 @@ fn malformed_cases_fail_alone() {
 fn tensor_encodings() {
     let v: serde_json::Value = serde_json::from_str(r#"[["nan", "-inf"], [1, 2.5]]"#).unwrap();
     let t = decode_f64(&v).unwrap();
-    assert_eq!(t.shape(), [2, 2]);
-    assert!(t.data()[0].is_nan() && t.data()[1] == f64::NEG_INFINITY && t.data()[3] == 2.5);
+    assert_eq!(t.shape(), [2, 2], "CASE-2: a nested array's shape");
+    assert!(t.data()[0].is_nan() && t.data()[1] == f64::NEG_INFINITY && t.data()[3] == 2.5, "CASE-2: non-finite floats are the strings `nan`, `inf`, `-inf`");
     let v: serde_json::Value = serde_json::from_str(r#"{"shape": [2, 0], "data": []}"#).unwrap();
-    assert_eq!(decode_f64(&v).unwrap().shape(), [2, 0]);
+    assert_eq!(decode_f64(&v).unwrap().shape(), [2, 0], "CASE-2: a {{shape, data}} object");
     let v: serde_json::Value = serde_json::from_str(r#"["NaNx"]"#).unwrap();
-    assert!(decode_f64(&v).unwrap_err().contains("not a number"));
+    assert!(decode_f64(&v).unwrap_err().contains("not a number"), "CASE-2: only the three spellings are floats");
 }
 
 /// CASE-4, CASE-5, BACKEND-2: one executor runs any case; ids are judged
@@ -88,11 +88,14 @@ fn tensor_encodings() {
 fn judging() {
     let wrong = file(r#"{"id": "w", "op": "draw", "expected_by": "hand", "inputs": {"weights": [[0.5, 0.5]], "draw_uniforms": [0.75]}, "expect": {"tokens": [0]}}"#);
     let case = parse(&wrong, Path::new("f.json")).unwrap().cases.remove(0);
-    assert!(matches!(check_case(&ReferenceBackend, &case), Verdict::Fail(m) if m.contains("expected 0, got 1")));
+    assert!(matches!(check_case(&ReferenceBackend, &case), Verdict::Fail(m) if m.contains("expected 0, got 1")), "CASE-5: ids are judged exactly");
     let wrong_arg =
         file(r#"{"id": "a", "op": "draw", "expected_by": "hand", "inputs": {"weights": [[0.5, 0.5]], "draw_uniforms": [1.0]}, "expect": {"error": "UniformOutOfRange", "arg": "weights"}}"#);
     let case = parse(&wrong_arg, Path::new("f.json")).unwrap().cases.remove(0);
-    assert!(matches!(check_case(&ReferenceBackend, &case), Verdict::Fail(m) if m.contains("draw_uniforms")));
+    assert!(
+        matches!(check_case(&ReferenceBackend, &case), Verdict::Fail(m) if m.contains("draw_uniforms")),
+        "CASE-5, BACKEND-2: an error of the right kind naming another argument than the reference's fails"
+    );
 }
 
 /// A port that shifts every accept uniform by 2e-9: it differs from the
@@ -152,30 +155,34 @@ fn not_supported_is_never_a_pass() {
     let (statement, operations): (Vec<_>, Vec<_>) = results.iter().partition(|r| r.name == "precision/within-cap");
     assert_eq!(statement.len(), 1);
     assert_eq!(statement[0].status, Status::Pass, "{}", statement[0].message);
-    assert!(operations.iter().all(|r| r.status == Status::NotSupported), "{:?}", operations.iter().find(|r| r.status != Status::NotSupported));
+    assert!(
+        operations.iter().all(|r| r.status == Status::NotSupported),
+        "BACKEND-3: an operation the backend lacks is NotSupported: {:?}",
+        operations.iter().find(|r| r.status != Status::NotSupported)
+    );
     let report = specdec_conformance::report::Report::new(&Empty, cfg.seed, results);
-    assert!(!report.summary.failed);
-    assert_eq!(report.count(Status::Pass), 1, "only the precision statement passes");
+    assert!(!report.summary.failed, "SUITE-3: NotSupported is reported and does not fail the run");
+    assert_eq!(report.count(Status::Pass), 1, "BACKEND-3: NotSupported is never counted as a pass; only the precision statement passes");
 }
 
 /// SUITE-1, SUITE-2, SUITE-3: selection globs, xfail and xpass.
 #[test]
 fn selection_and_expected_failures() {
-    assert!(glob("golden/*/err-*", "golden/greedy/err-nan-score"));
-    assert!(!glob("golden/*/err-*", "golden/greedy/all-accepted"));
-    assert!(glob("*", "anything") && glob("a*b*c", "a-b-c") && !glob("a*b", "a-c"));
+    assert!(glob("golden/*/err-*", "golden/greedy/err-nan-score"), "SUITE-1: `*` matches any run of characters");
+    assert!(!glob("golden/*/err-*", "golden/greedy/all-accepted"), "SUITE-1: the rest of the glob must match");
+    assert!(glob("*", "anything") && glob("a*b*c", "a-b-c") && !glob("a*b", "a-c"), "SUITE-1: glob lists");
 
     let selection = Selection::parse("include = [\"golden/rejection/*\"]\nxfail = [\"golden/rejection/seed004-example-residual\", \"golden/rejection/one-hot-target-is-greedy\"]").unwrap();
     let cfg = SuiteConfig { selection, statistical: false, diff_cases_per_op: 0, ..SuiteConfig::default() };
     // The residual-is-target mutant fails the first listed case: an expected failure.
     let results = suite::run(&Mutant(Defect::ResidualIsTarget), &suite::all_items(&cfg), &cfg, &mut |_| {});
     let status = |name: &str| results.iter().find(|r| r.name == name).map(|r| r.status);
-    assert_eq!(status("golden/rejection/seed004-example-residual"), Some(Status::XFail));
+    assert_eq!(status("golden/rejection/seed004-example-residual"), Some(Status::XFail), "SUITE-2: failed and listed is XFail");
     // It does not break the second listed case, whose xfail is stale: a failure.
-    assert_eq!(status("golden/rejection/one-hot-target-is-greedy"), Some(Status::XPass));
-    assert!(Status::XPass.is_failure() && !Status::XFail.is_failure());
-    assert!(results.iter().filter(|r| !r.name.starts_with("golden/rejection/")).all(|r| r.status == Status::Skipped));
-    assert!(Selection::parse("includ = []").is_err(), "unknown keys are rejected");
+    assert_eq!(status("golden/rejection/one-hot-target-is-greedy"), Some(Status::XPass), "SUITE-2: passed although listed is XPass");
+    assert!(Status::XPass.is_failure() && !Status::XFail.is_failure(), "SUITE-3: a run fails on XPass, not on XFail");
+    assert!(results.iter().filter(|r| !r.name.starts_with("golden/rejection/")).all(|r| r.status == Status::Skipped), "SUITE-1, SUITE-2: what `include` leaves out is Skipped");
+    assert!(Selection::parse("includ = []").is_err(), "SUITE-1: unknown keys are rejected");
 }
 
 /// Case files name error kinds by stable strings.
@@ -192,10 +199,60 @@ fn differential_cases_are_reproducible_and_include_defects() {
     use specdec_conformance::diff;
     for op in diff::ops() {
         let a = diff::case(op, 3, 11).unwrap();
-        assert_eq!(a, diff::case(op, 3, 11).unwrap(), "{op} is not reproducible");
-        assert_ne!(a.inputs, diff::case(op, 3, 12).unwrap().inputs, "{op} ignores the seed");
+        assert_eq!(a, diff::case(op, 3, 11).unwrap(), "CASE-6: {op} is not reproducible");
+        assert_ne!(a.inputs, diff::case(op, 3, 12).unwrap().inputs, "CASE-6: {op} ignores the run seed");
         let errors = (0..diff::DEFAULT_CASES_PER_OP).filter(|&i| diff::case(op, i, 11).unwrap().expect.contains_key("error")).count();
-        assert!(errors > 0, "no `{op}` case exercises an error");
+        assert!(errors > 0, "CASE-6: no `{op}` case exercises an injected defect");
+    }
+}
+
+/// CASE-4: one executor defines, per op, what a case reads and returns:
+/// every differential case holds only the params and inputs the op's
+/// executor reads and expects every output it returns (they are checked like
+/// a golden or an external case's), and the executor returns exactly the
+/// outputs the op's definition lists.
+#[test]
+fn one_executor_defines_each_ops_inputs_and_outputs() {
+    use specdec_conformance::case::validate;
+    use specdec_conformance::diff;
+    use specdec_conformance::execute::{execute, op_fields};
+    for op in diff::ops() {
+        for i in 0..8 {
+            let case = diff::case(op, i, 5).unwrap();
+            validate(&case).unwrap_or_else(|e| panic!("CASE-4: differential case {} is not a valid `{op}` case: {e}", case.id));
+            let observed = execute(&ReferenceBackend, &case).expect("a generated case runs");
+            if observed.error.is_none() {
+                let mut got: Vec<&str> = observed.outputs.iter().map(|(n, _)| n.as_str()).collect();
+                let mut want = op_fields(op).outputs.to_vec();
+                got.sort_unstable();
+                want.sort_unstable();
+                assert_eq!(got, want, "CASE-4: the outputs `{op}` returns are the ones its case definition lists");
+            }
+        }
+    }
+    // A golden case of the same op goes through the same definition: an
+    // input the executor does not read is refused, not ignored.
+    let text = file(r#"{"id": "extra", "op": "draw", "expected_by": "hand", "inputs": {"weights": [[0.5, 0.5]], "draw_uniforms": [0.75], "accept_uniforms": [0.5]}, "expect": {"tokens": [1]}}"#);
+    let loaded = parse(&text, Path::new("f.json")).unwrap();
+    assert!(loaded.cases.is_empty() && loaded.errors[0].message.contains("draw_uniforms"), "CASE-4: the error lists what `draw` reads: {:?}", loaded.errors);
+}
+
+/// CASE-7: host cases (worked examples of the reference-only algorithms)
+/// are judged the same way as the golden cases: a right worked example
+/// passes, a wrong one fails naming the output.
+#[test]
+fn host_cases_are_judged_like_golden_cases() {
+    use specdec_conformance::host::check_host_case;
+    let host = |trim: &str| {
+        let text = file(&format!(
+            r#"{{"id": "rollback", "op": "rollback_amounts", "expected_by": "hand", "params": {{"proposal_lens": [2, 3], "num_accepted": [1, 3]}}, "inputs": {{}}, "expect": {{"trim": {trim}}}}}"#
+        ));
+        parse(&text, Path::new("host.json")).unwrap().cases.remove(0)
+    };
+    assert!(matches!(check_host_case(&host("[1, 0]")), Verdict::Pass { .. }), "CASE-7: the worked example is the reference's result");
+    match check_host_case(&host("[1, 1]")) {
+        Verdict::Fail(m) => assert!(m.contains("trim"), "CASE-7: the failure names the output: {m}"),
+        other => panic!("CASE-7: a wrong worked example must fail, got {other:?}"),
     }
 }
 
@@ -239,7 +296,7 @@ fn a_verify_step_downloads_only_tokens_and_counts() {
     let case = parse(&text, Path::new("f.json")).unwrap().cases.remove(0);
     let backend = Counting(std::cell::Cell::new(0));
     assert!(matches!(check_case(&backend, &case), Verdict::Pass { .. }));
-    assert_eq!(backend.0.get(), 2);
+    assert_eq!(backend.0.get(), 2, "BACKEND-1: a verify step downloads only the tokens and the counts");
 }
 
 /// A backend whose verify panics.

@@ -12,7 +12,7 @@ use specdec_conformance::suite::seed_from_env;
 fn reference_is_lossless_by_sampling() {
     let seed = seed_from_env().expect("SPECDEC_SEED, if set, is a u64");
     let outcomes = run_lossless_family(seed, &mut |_| {}).expect("the family runs");
-    assert_eq!(outcomes.len(), lossless_checks().len());
+    assert_eq!(outcomes.len(), lossless_checks().len(), "STAT-4: one outcome per check, none retried or resampled");
     let mut failures = Vec::new();
     for o in &outcomes {
         println!("{}  TV={:.4}", o.report, o.tv_distance);
@@ -23,7 +23,7 @@ fn reference_is_lossless_by_sampling() {
             failures.push(o.report.to_string());
         }
     }
-    assert!(failures.is_empty(), "seed {seed}: lossless checks failed (family-wise false-failure rate {FAMILY_ALPHA:e}):\n{}", failures.join("\n"));
+    assert!(failures.is_empty(), "STAT-1, STAT-4: seed {seed}: lossless checks failed (family-wise false-failure rate {FAMILY_ALPHA:e}):\n{}", failures.join("\n"));
 }
 
 /// STAT-5: every known bug class is rejected by the same machinery,

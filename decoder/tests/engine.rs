@@ -93,7 +93,7 @@ fn greedy_output_equals_plain_greedy_for_every_proposer() {
             for kk in [1, 3, 5] {
                 let out = run(&w, k(kk), &reqs, proposer(name, &w).as_mut());
                 for (i, o) in out.outputs.iter().enumerate() {
-                    assert_eq!(o.tokens, want[i], "{model} {name} k={kk} request {i}");
+                    assert_eq!(o.tokens, want[i], "DECODE-2, DECODE-4: {model} {name} k={kk} request {i}");
                     assert_eq!(o.finish, FinishReason::Length);
                 }
             }
@@ -108,9 +108,9 @@ fn scenario_01_all_accepted_emits_k_plus_one_per_step() {
     let w = tiny("tiny-v12-l2");
     let out = run(&w, k(3), &[Request::greedy(vec![1, 2], 12)], proposer("self", &w).as_mut());
     let a = &out.outputs[0].acceptance;
-    assert_eq!(a.accepted, a.proposed);
-    assert_eq!(a.steps, 3, "12 tokens in steps of 4");
-    assert_eq!(a.tokens_per_step(), 4.0);
+    assert_eq!(a.accepted, a.proposed, "DECODE-8: proposed and accepted drafts are counted");
+    assert_eq!(a.steps, 3, "DECODE-8: 12 tokens in steps of 4");
+    assert_eq!(a.tokens_per_step(), 4.0, "DECODE-8: tokens per step is (accepted + steps) / steps");
 }
 
 /// A scripted proposer: drafts from a function of the context, recording each step's cap.
@@ -199,8 +199,8 @@ fn scenario_05_eos_inside_an_accepted_run_stops_there() {
     let mut req = Request::greedy(vec![3, 1], 12);
     req.eos = vec![eos];
     let out = run(&w, k(4), std::slice::from_ref(&req), proposer("self", &w).as_mut());
-    assert_eq!(out.outputs[0].tokens, full[..=first].to_vec());
-    assert_eq!(out.outputs[0].finish, FinishReason::Eos);
+    assert_eq!(out.outputs[0].tokens, full[..=first].to_vec(), "DECODE-6: the eos is the last token, nothing after it");
+    assert_eq!(out.outputs[0].finish, FinishReason::Eos, "DECODE-6");
 }
 
 /// Seed 001 scenario 6: `max_tokens` cuts an accepted run.
@@ -209,8 +209,8 @@ fn scenario_06_max_tokens_cuts_an_accepted_run() {
     let w = tiny("tiny-v12-l2");
     let full = plain_greedy(&w, &[2, 2, 5], 3, &[]);
     let out = run(&w, k(5), &[Request::greedy(vec![2, 2, 5], 3)], proposer("self", &w).as_mut());
-    assert_eq!(out.outputs[0].tokens, full);
-    assert_eq!(out.outputs[0].acceptance.steps, 1, "one step of 5 accepted drafts, cut to 3");
+    assert_eq!(out.outputs[0].tokens, full, "DECODE-6: `max_tokens` cuts an accepted run");
+    assert_eq!(out.outputs[0].acceptance.steps, 1, "DECODE-6: one step of 5 accepted drafts, cut to 3");
 }
 
 /// Seed 001 scenario 7, DECODE-5: after a speculative run with rejections,
@@ -250,7 +250,7 @@ fn scenario_08_stream_emits_every_token_once_in_order() {
     let mut sink = |slot: usize, ids: &[u32]| streams[slot].extend_from_slice(ids);
     let out = engine.generate(&reqs, proposer("early-exit:1", &w).as_mut(), None, &mut sink).unwrap();
     for (s, o) in streams.iter().zip(&out.outputs) {
-        assert_eq!(s, &o.tokens);
+        assert_eq!(s, &o.tokens, "DECODE-1: each emitted token reaches the stream once, in order");
     }
 }
 
@@ -260,9 +260,9 @@ fn scenario_09_no_proposal_is_a_plain_decode_step() {
     let w = tiny("tiny-v12-l2");
     let want = plain_greedy(&w, &[9], 6, &[]);
     let out = run(&w, k(4), &[Request::greedy(vec![9], 6)], &mut scripted(|_| Vec::new()));
-    assert_eq!(out.outputs[0].tokens, want);
-    assert_eq!(out.outputs[0].acceptance.plain_steps, 6);
-    assert_eq!(out.outputs[0].acceptance.proposed, 0);
+    assert_eq!(out.outputs[0].tokens, want, "DECODE-1: a step where no sequence has a draft is a plain decode step");
+    assert_eq!(out.outputs[0].acceptance.plain_steps, 6, "DECODE-8: plain steps are counted");
+    assert_eq!(out.outputs[0].acceptance.proposed, 0, "DECODE-8");
 }
 
 fn controller(k: usize, disable_by_batch_size: usize) -> EngineConfig {
@@ -311,11 +311,11 @@ fn scenario_13_a_failing_proposer_falls_back_or_fails() {
     };
     let engine = Engine::new(&B, &model, &w.config, k(2)).unwrap();
     let err = engine.generate(&[Request::greedy(vec![4, 4], 10)], &mut make(), None, &mut NoSink).unwrap_err();
-    assert!(matches!(err, DecodeError::Proposer { .. }), "{err}");
+    assert!(matches!(err, DecodeError::Proposer { .. }), "DECODE-8: a failing proposer fails the run with its typed error: {err}");
     let engine = Engine::new(&B, &model, &w.config, EngineConfig { on_proposer_error: OnProposerError::PlainStep, ..k(2) }).unwrap();
     let out = engine.generate(&[Request::greedy(vec![4, 4], 10)], &mut make(), None, &mut NoSink).unwrap();
-    assert_eq!(out.outputs[0].tokens, want);
-    assert!(out.proposer_errors > 0);
+    assert_eq!(out.outputs[0].tokens, want, "DECODE-8: by choice, the failed step is a plain decode step");
+    assert!(out.proposer_errors > 0, "DECODE-8: the failed proposer steps are counted");
 }
 
 /// Seed 001 scenarios 14-15: an empty batch is a no-op; a single sequence works.
@@ -345,8 +345,8 @@ fn stop_string_straddling_tokens_ends_the_output() {
     let model = B.load_model(&w).unwrap();
     let engine = Engine::new(&B, &model, &w.config, k(4)).unwrap();
     let out = engine.generate(&[req], proposer("self", &w).as_mut(), Some(&text), &mut NoSink).unwrap();
-    assert_eq!(out.outputs[0].tokens, full[..=first_end].to_vec());
-    assert_eq!(out.outputs[0].finish, FinishReason::Stop);
+    assert_eq!(out.outputs[0].tokens, full[..=first_end].to_vec(), "DECODE-7: the output ends at the token completing the straddling stop string");
+    assert_eq!(out.outputs[0].finish, FinishReason::Stop, "DECODE-7");
 }
 
 /// DECODE-3: a sampled request's output is the same alone and in a batch

@@ -24,14 +24,15 @@ struct Case {
     values: Vec<f32>,
 }
 
-fn check(cases: Vec<Case>) {
+/// Runs every case under `rules`.
+fn check(rules: &str, cases: Vec<Case>) {
     for c in cases {
         let file = GgufBuilder::default().tensor("t", &c.dims, c.ty, c.bytes.clone()).build();
-        let g = GgufFile::from_bytes(c.name, file).unwrap_or_else(|e| panic!("{}: {e}", c.name));
-        let m = g.tensor_f32("t").unwrap_or_else(|e| panic!("{}: {e}", c.name));
-        assert_eq!(m.shape, c.shape, "{}: shape", c.name);
+        let g = GgufFile::from_bytes(c.name, file).unwrap_or_else(|e| panic!("{rules}: {}: {e}", c.name));
+        let m = g.tensor_f32("t").unwrap_or_else(|e| panic!("{rules}: {}: {e}", c.name));
+        assert_eq!(m.shape, c.shape, "{rules}: {}: shape", c.name);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&m.data), bits(&c.values), "{}: values {:?} != {:?}", c.name, m.data, c.values);
+        assert_eq!(bits(&m.data), bits(&c.values), "{rules}: {}: values {:?} != {:?}", c.name, m.data, c.values);
     }
 }
 
@@ -51,7 +52,7 @@ fn nibble_ramp() -> Vec<u8> {
 
 #[test]
 fn f32_and_f16() {
-    check(vec![
+    let cases = vec![
         Case {
             name: "F32",
             ty: F32,
@@ -69,7 +70,8 @@ fn f32_and_f16() {
             shape: vec![6],
             values: vec![1.0, -2.0, 0.333_251_95, 65504.0, 5.960_464_5e-8, -0.0],
         },
-    ]);
+    ];
+    check("MODEL-3: F32 is read as is, F16 widened exactly", cases);
 }
 
 #[test]
@@ -82,7 +84,7 @@ fn q8_0_blocks() {
     let mut values = vec![-64.0, -0.5, 0.0, 0.5, 63.5];
     values.extend([1.0; 27]);
     values.extend((0..32).map(|q| q as f32 * -0.25));
-    check(vec![Case { name: "Q8_0", ty: Q8_0, dims: vec![64], bytes: cat(&[&h(0x3800), &qs1, &h(0xB400), &qs2]), shape: vec![64], values }]);
+    check("MODEL-3: Q8_0 is d · q", vec![Case { name: "Q8_0", ty: Q8_0, dims: vec![64], bytes: cat(&[&h(0x3800), &qs1, &h(0xB400), &qs2]), shape: vec![64], values }]);
 }
 
 #[test]
@@ -92,7 +94,7 @@ fn q4_0_block() {
         -16.0, -14.0, -12.0, -10.0, -8.0, -6.0, -4.0, -2.0, 0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0, //
         14.0, 12.0, 10.0, 8.0, 6.0, 4.0, 2.0, 0.0, -2.0, -4.0, -6.0, -8.0, -10.0, -12.0, -14.0, -16.0,
     ];
-    check(vec![Case { name: "Q4_0", ty: Q4_0, dims: vec![32], bytes: cat(&[&h(0x4000), &nibble_ramp()]), shape: vec![32], values }]);
+    check("MODEL-3: Q4_0 is d · (q - 8), low nibbles first", vec![Case { name: "Q4_0", ty: Q4_0, dims: vec![32], bytes: cat(&[&h(0x4000), &nibble_ramp()]), shape: vec![32], values }]);
 }
 
 #[test]
@@ -102,7 +104,7 @@ fn q4_1_block() {
         -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.0, 6.5, //
         6.5, 6.0, 5.5, 5.0, 4.5, 4.0, 3.5, 3.0, 2.5, 2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0,
     ];
-    check(vec![Case { name: "Q4_1", ty: Q4_1, dims: vec![32], bytes: cat(&[&h(0x3800), &h(0xBC00), &nibble_ramp()]), shape: vec![32], values }]);
+    check("MODEL-3: Q4_1 is d · q + m, low nibbles first", vec![Case { name: "Q4_1", ty: Q4_1, dims: vec![32], bytes: cat(&[&h(0x3800), &h(0xBC00), &nibble_ramp()]), shape: vec![32], values }]);
 }
 
 /// GGUF dims `[32, 2]` (fastest first) are a 2 x 32 matrix; each row is one
@@ -114,7 +116,7 @@ fn two_dimensional_shape_is_reversed() {
     let mut values = vec![1.0; 32];
     values.extend([3.0; 16]);
     values.extend([5.0; 16]);
-    check(vec![Case { name: "Q4_1 2-D", ty: Q4_1, dims: vec![32, 2], bytes: cat(&[&row0, &row1]), shape: vec![2, 32], values }]);
+    check("MODEL-3: dimensions are listed fastest-first", vec![Case { name: "Q4_1 2-D", ty: Q4_1, dims: vec![32, 2], bytes: cat(&[&row0, &row1]), shape: vec![2, 32], values }]);
 }
 
 /// An unsupported type is reported with the tensor's name and the type's.
@@ -125,9 +127,9 @@ fn unsupported_types_are_named() {
         let g = GgufFile::from_bytes("types.gguf", file).unwrap();
         assert_eq!(g.tensors()[0].type_name(), name);
         let e = g.tensor_f32("blk.3.ffn_down.weight").unwrap_err();
-        assert_eq!(e.kind(), "UnsupportedTensorType", "{name}: {e}");
+        assert_eq!(e.kind(), "UnsupportedTensorType", "MODEL-3: any other tensor type is an error: {name}: {e}");
         let msg = e.to_string();
-        assert!(msg.contains("blk.3.ffn_down.weight") && msg.contains(name) && msg.contains("types.gguf"), "{msg}");
+        assert!(msg.contains("blk.3.ffn_down.weight") && msg.contains(name) && msg.contains("types.gguf"), "MODEL-3: the error names the tensor and the type: {msg}");
     }
     let g = GgufFile::from_bytes("types.gguf", GgufBuilder::default().build()).unwrap();
     assert_eq!(g.tensor_f32("nope").unwrap_err().kind(), "MissingTensor");

@@ -92,7 +92,7 @@ fn case(name: impl Into<String>, kind: &'static str, needles: &[&str], run: impl
 }
 
 /// Runs every case and reports all mismatches at once.
-fn check(cases: Vec<Case>) {
+fn check(rules: &str, cases: Vec<Case>) {
     let mut failures = vec![];
     for c in &cases {
         match (c.run)() {
@@ -110,7 +110,7 @@ fn check(cases: Vec<Case>) {
             }
         }
     }
-    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    assert!(failures.is_empty(), "{rules}: {} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
 }
 
 const CFG: &str = "draft/config.json";
@@ -180,7 +180,7 @@ fn draft_6_config_validation_errors_are_typed() {
         w.fc = Matrix::new(vec![9, 16], vec![0.1; 144], "fc").unwrap();
         DflashDraft::new(cfg.clone(), w, &tcfg).map(|_| ())
     }));
-    check(cases);
+    check("DRAFT-6, DRAFT-7: a config or fc defect, checked against the target's config, is a typed error naming the field", cases);
 }
 
 /// Exports `s.draft`, then rewrites its tensors with `edit` (F32).
@@ -238,7 +238,7 @@ fn draft_6_hostile_checkpoints_give_typed_errors() {
     edit_config(&string_mask, |v| v["dflash_config"] = json!({"block_size": 4, "target_layer_ids": [1, 0], "mask_token": "<|MASK|>"}));
     let (t2, sm) = (s.target.config.clone(), string_mask.clone());
 
-    check(vec![
+    let cases = vec![
         case("safetensors shorter than its length field", "Truncated", &["model.safetensors"], load(short)),
         case("safetensors cut in half", "InvalidField", &["model.safetensors", "header"], load(cut)),
         case("header length beyond the file", "HeaderTooLarge", &["model.safetensors", "header length"], load(huge)),
@@ -251,7 +251,8 @@ fn draft_6_hostile_checkpoints_give_typed_errors() {
         case("no config.json", "Io", &["config.json"], load(no_config)),
         case("string mask without a resolved id", "InvalidField", &["config.json", "dflash_config.mask_token", "<|MASK|>"], load(string_mask)),
         case("resolved mask id outside the vocabulary", "InvalidField", &["config.json", "dflash_config.mask_token_id"], move || load_dflash_with_mask_id(&sm, &t2, 12).map(|_| ())),
-    ]);
+    ];
+    check("DRAFT-6, DRAFT-7, MODEL-16: a hostile or inconsistent checkpoint is a typed error naming the file and the field or tensor", cases);
 }
 
 /// DRAFT-6: export then load gives the same drafter bit for bit, under the
@@ -264,10 +265,10 @@ fn draft_6_export_load_round_trip_is_bit_identical() {
         let dir = scratch_dir(&format!("roundtrip-{preset}"));
         export_dflash(&s.draft, &dir, SaveDtype::F32).unwrap();
         let back = load_dflash(&dir, &s.target.config).unwrap();
-        assert_eq!(back, s.draft, "{preset}");
+        assert_eq!(back, s.draft, "DRAFT-6: an F32 export loads back: {preset}");
         for ((n1, a), (n2, b)) in back.weights().named().iter().zip(s.draft.weights().named()) {
             assert_eq!(n1, &n2);
-            assert_eq!(a.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{preset} {n1}");
+            assert_eq!(a.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "DRAFT-6: bit for bit: {preset} {n1}");
         }
         let names: Vec<String> = SafetensorsFile::open(&dir.join("model.safetensors")).unwrap().tensors().into_keys().collect();
         let mut want = vec!["fc.weight".to_string(), "hidden_norm.weight".into(), "norm.weight".into()];
@@ -277,19 +278,19 @@ fn draft_6_export_load_round_trip_is_bit_identical() {
             }
         }
         want.sort();
-        assert_eq!(names, want, "{preset}");
+        assert_eq!(names, want, "DRAFT-6: the drafter's tensors, no embedding and no head: {preset}");
         let k = s.draft.config().num_target_layers();
         let h = s.target.config.hidden_size;
-        assert_eq!(back.weights().fc.shape, vec![h, k * h], "{preset}: the fc contract");
+        assert_eq!(back.weights().fc.shape, vec![h, k * h], "DRAFT-7: {preset}: the fc contract");
         let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
         let v: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["architectures"], json!(["DFlashDraftModel"]));
         assert_eq!(v["dflash_config"]["block_size"], json!(4));
 
         edit_config(&dir, |v| v["dflash_config"] = json!({"block_size": 4, "target_layer_ids": s.draft.config().target_layer_ids, "mask_token": 2}));
-        assert_eq!(load_dflash(&dir, &s.target.config).unwrap().config().mask_token_id, 2, "{preset}: integer mask_token");
+        assert_eq!(load_dflash(&dir, &s.target.config).unwrap().config().mask_token_id, 2, "DRAFT-6: {preset}: integer mask_token");
         edit_config(&dir, |v| v["dflash_config"]["mask_token"] = json!("<|MASK|>"));
-        assert_eq!(load_dflash_with_mask_id(&dir, &s.target.config, 5).unwrap().config().mask_token_id, 5, "{preset}: resolved string mask");
+        assert_eq!(load_dflash_with_mask_id(&dir, &s.target.config, 5).unwrap().config().mask_token_id, 5, "DRAFT-6: {preset}: resolved string mask");
     }
 }
 
@@ -351,7 +352,7 @@ fn draft_8_invalid_inputs_are_typed_errors() {
             s.draft.block_logits(&s.target, &other.context(2), &[1, 15, 15, 15]).map(|_| ())
         }),
     );
-    check(cases);
+    check("DRAFT-7, DRAFT-8, DRAFT-9: a bad context row, block, position or step count is a typed error naming the argument", cases);
 }
 
 // ---------------------------------------------------------------------------
@@ -370,8 +371,8 @@ fn draft_8_block_attention_is_not_causal() {
         let a = rows_of(&s.draft.block_logits(&s.target, &ctx, &block).unwrap(), v);
         *block.last_mut().unwrap() = 0;
         let b = rows_of(&s.draft.block_logits(&s.target, &ctx, &block).unwrap(), v);
-        assert!(max_diff(&a[1], &b[1]) > 1e-6, "{preset}: row 1 ignores the last block position");
-        assert!(max_diff(&a[0], &b[0]) > 1e-6, "{preset}: row 0 ignores the last block position");
+        assert!(max_diff(&a[1], &b[1]) > 1e-6, "DRAFT-8: no causal mask inside the block: {preset}: row 1 ignores the last block position");
+        assert!(max_diff(&a[0], &b[0]) > 1e-6, "DRAFT-8: no causal mask inside the block: {preset}: row 0 ignores the last block position");
     }
 }
 
@@ -391,7 +392,7 @@ fn draft_8_context_changes_the_logits() {
         s.draft.extend(&mut ctx, &rows).unwrap();
         let b = rows_of(&s.draft.block_logits(&s.target, &ctx, &block).unwrap(), v);
         for i in 0..4 {
-            assert!(max_diff(&a[i], &b[i]) > 1e-9, "{preset}: row {i} ignores context position 0");
+            assert!(max_diff(&a[i], &b[i]) > 1e-9, "DRAFT-7, DRAFT-8: every block query attends to the whole context: {preset}: row {i} ignores context position 0");
         }
     }
 }
@@ -411,17 +412,17 @@ fn draft_7_incremental_context_is_bit_exact() {
                 s.draft.extend(&mut ctx, &s.rows[at * w..(at + n) * w]).unwrap();
                 at += n;
             }
-            assert_eq!(ctx, whole, "{preset} {splits:?}");
+            assert_eq!(ctx, whole, "DRAFT-7: extending in several calls equals one call: {preset} {splits:?}");
         }
         let mut ctx = s.context(6);
         ctx.truncate(2).unwrap();
-        assert_eq!(ctx, s.context(2), "{preset}: truncate");
+        assert_eq!(ctx, s.context(2), "DRAFT-7: {preset}: truncate");
         s.draft.extend(&mut ctx, &s.rows[2 * w..6 * w]).unwrap();
-        assert_eq!(ctx, whole, "{preset}: truncate then extend");
+        assert_eq!(ctx, whole, "DRAFT-7: {preset}: truncate then extend");
         let block = s.draft.block_input(3).unwrap();
         let a = s.draft.block_logits(&s.target, &whole, &block).unwrap();
         let b = s.draft.block_logits(&s.target, &ctx, &block).unwrap();
-        assert_eq!(bits(&a), bits(&b), "{preset}");
+        assert_eq!(bits(&a), bits(&b), "DRAFT-7: the same logits, bit for bit: {preset}");
     }
 }
 
@@ -526,11 +527,11 @@ fn draft_8_matches_an_independent_implementation() {
             let mut far = 0.0f64;
             for i in 0..block {
                 for (x, y) in got[i].iter().zip(&want[i]) {
-                    assert!((x - y).abs() <= 1e-9 * (1.0 + y.abs()), "{preset} L{layers} B{block} n{n} row {i}: {x} vs {y}");
+                    assert!((x - y).abs() <= 1e-9 * (1.0 + y.abs()), "DRAFT-7, DRAFT-8: {preset} L{layers} B{block} n{n} row {i}: {x} vs {y}");
                 }
                 far = far.max(max_diff(&got[i], &wrong[i]));
             }
-            assert!(far > 1e-4, "{preset} L{layers} B{block} n{n}: block positions 0.. are not distinguishable ({far})");
+            assert!(far > 1e-4, "DRAFT-8: the block sits at positions n..n+B-1: {preset} L{layers} B{block} n{n}: block positions 0.. are not distinguishable ({far})");
         }
     }
 }
@@ -545,7 +546,7 @@ fn draft_8_parallel_drafts_are_row_argmaxes() {
         let ctx = s.context(6);
         let drafts = s.draft.draft_parallel(&s.target, &ctx, 9).unwrap();
         let block = s.draft.block_input(9).unwrap();
-        assert_eq!(block, [9, v as u32 - 1, v as u32 - 1, v as u32 - 1, v as u32 - 1, v as u32 - 1]);
+        assert_eq!(block, [9, v as u32 - 1, v as u32 - 1, v as u32 - 1, v as u32 - 1, v as u32 - 1], "DRAFT-8: the block is [v, m, .., m]");
         let logits = rows_of(&s.draft.block_logits(&s.target, &ctx, &block).unwrap(), v);
         let want: Vec<u32> = logits[1..]
             .iter()
@@ -554,7 +555,7 @@ fn draft_8_parallel_drafts_are_row_argmaxes() {
                 r.iter().position(|&x| x == top).unwrap() as u32
             })
             .collect();
-        assert_eq!(drafts, want, "{preset}");
+        assert_eq!(drafts, want, "DRAFT-8: parallel drafts are the lowest-id argmax of rows 1..B: {preset}");
     }
 }
 
@@ -573,9 +574,9 @@ fn draft_9_iterative_with_one_step_equals_parallel() {
                 let parallel = s.draft.draft_parallel(&s.target, &ctx, verified).unwrap();
                 for schedule in SCHEDULES {
                     let it = s.draft.draft_iterative(&s.target, &ctx, verified, 1, schedule).unwrap();
-                    assert_eq!(it.tokens, parallel, "{preset} B{block} {schedule:?}");
-                    assert_eq!(it.unmasked.len(), 1);
-                    assert_eq!(it, s.draft.draft_iterative(&s.target, &ctx, verified, 1, schedule).unwrap(), "deterministic");
+                    assert_eq!(it.tokens, parallel, "DRAFT-9: T = 1 gives the parallel drafts: {preset} B{block} {schedule:?}");
+                    assert_eq!(it.unmasked.len(), 1, "DRAFT-9: one step");
+                    assert_eq!(it, s.draft.draft_iterative(&s.target, &ctx, verified, 1, schedule).unwrap(), "DRAFT-9: equal inputs give equal drafts");
                 }
             }
         }
@@ -595,7 +596,7 @@ fn draft_9_unmask_counts_follow_the_schedule() {
             for steps in 1..=7 {
                 let it = s.draft.draft_iterative(&s.target, &ctx, 5, steps, schedule).unwrap();
                 let counts: Vec<usize> = it.unmasked.iter().map(Vec::len).collect();
-                assert_eq!(counts, unmask_order(7, steps, schedule).unwrap(), "{preset} {schedule:?} T{steps}");
+                assert_eq!(counts, unmask_order(7, steps, schedule).unwrap(), "DRAFT-9: step s fixes unmask_order(B - 1, T, schedule)[s] positions: {preset} {schedule:?} T{steps}");
                 let mut block = vec![5u32];
                 block.extend(std::iter::repeat_n(mask, 7));
                 let mut masked = [true; 8];
@@ -611,15 +612,15 @@ fn draft_9_unmask_counts_follow_the_schedule() {
                     };
                     let mut order: Vec<usize> = (1..8).filter(|&p| masked[p]).collect();
                     order.sort_by(|&a, &b| conf(b).partial_cmp(&conf(a)).unwrap().then(a.cmp(&b)));
-                    assert_eq!(chosen, &order[..chosen.len()], "{preset} {schedule:?} T{steps}");
+                    assert_eq!(chosen, &order[..chosen.len()], "DRAFT-9: the most confident still-masked positions: {preset} {schedule:?} T{steps}");
                     for &p in chosen {
                         let top = logits[p].iter().cloned().fold(f64::MIN, f64::max);
                         block[p] = logits[p].iter().position(|&x| x == top).unwrap() as u32;
                         masked[p] = false;
                     }
                 }
-                assert!(masked.iter().all(|m| !m), "{preset} {schedule:?} T{steps}: a position was never fixed");
-                assert_eq!(it.tokens, block[1..], "{preset} {schedule:?} T{steps}");
+                assert!(masked.iter().all(|m| !m), "DRAFT-9: {preset} {schedule:?} T{steps}: a position was never fixed");
+                assert_eq!(it.tokens, block[1..], "DRAFT-9: fixed to their argmax: {preset} {schedule:?} T{steps}");
             }
         }
     }

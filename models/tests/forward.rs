@@ -137,7 +137,8 @@ fn early_exit_is_the_head_on_an_inner_layer() {
         let want: Vec<f64> = matvec(w.output_matrix(), &specdec_models::reference::rms_norm(&hidden[t * cfg.hidden_size..(t + 1) * cfg.hidden_size], &w.final_norm, cfg.rms_norm_eps));
         close(&got[t], &want, 1e-12);
     }
-    assert!(w.truncated(0).is_err() && w.truncated(3).is_err());
+    assert_eq!(w.truncated(1).unwrap().layers, &w.layers[..1], "MODEL-7: the early-exit draft is the target's first L layers");
+    assert!(w.truncated(0).is_err() && w.truncated(3).is_err(), "MODEL-7: 1 <= L <= layers");
 }
 
 /// MODEL-8: every malformed request is a typed error naming the argument.
@@ -170,13 +171,13 @@ fn bad_requests_are_typed_errors() {
 #[test]
 fn tiny_models_are_seeded_and_bounded() {
     for (name, spec) in TinySpec::PRESETS {
-        assert_eq!(spec.weights().unwrap(), spec.weights().unwrap(), "{name}");
+        assert_eq!(spec.weights().unwrap(), spec.weights().unwrap(), "MODEL-12: {name} is a pure function of its shape and seed");
         let other = TinySpec { seed: spec.seed + 100, ..spec };
-        assert_ne!(spec.weights().unwrap(), other.weights().unwrap(), "{name}: the seed must matter");
+        assert_ne!(spec.weights().unwrap(), other.weights().unwrap(), "MODEL-12: {name}: the seed must matter");
     }
     let base = TinySpec::PRESETS[0].1;
     for bad in [TinySpec { vocab: 7, ..base }, TinySpec { vocab: 33, ..base }, TinySpec { layers: 3, ..base }, TinySpec { hidden: 6, ..base }, TinySpec { kv_heads: 3, ..base }] {
-        assert!(bad.weights().is_err(), "{bad:?}");
+        assert!(bad.weights().is_err(), "MODEL-12: a shape out of range: {bad:?}");
     }
 }
 
@@ -209,14 +210,14 @@ fn weights_must_match_the_config() {
     let w = tiny("tiny-v16-l1");
     let named: std::collections::HashMap<String, specdec_models::Matrix> = w.named().into_iter().map(|(n, m)| (n, m.clone())).collect();
     let rebuilt = LlamaWeights::from_named(w.config.clone(), "t", |n| Ok(named.get(n).cloned())).unwrap();
-    assert_eq!(rebuilt, w);
+    assert_eq!(rebuilt, w, "MODEL-2: weights assembled from their HF names");
     let err = LlamaWeights::from_named(w.config.clone(), "t", |n| Ok(if n.ends_with("q_proj.weight") { None } else { named.get(n).cloned() })).unwrap_err();
-    assert_eq!(err.kind(), "MissingTensor");
+    assert_eq!(err.kind(), "MissingTensor", "MODEL-2: every tensor the config implies is present");
     let err = LlamaWeights::from_named(w.config.clone(), "t", |n| {
         Ok(named.get(n).cloned().map(|m| if n == "model.norm.weight" { specdec_models::Matrix { shape: vec![m.data.len() - 1], data: m.data[1..].to_vec() } } else { m }))
     })
     .unwrap_err();
-    assert_eq!(err.kind(), "TensorShape");
+    assert_eq!(err.kind(), "TensorShape", "MODEL-2: every shape is checked against the config");
     let err = LlamaWeights::from_named(w.config.clone(), "t", |n| {
         Ok(named.get(n).cloned().map(|mut m| {
             if n == "model.norm.weight" {
@@ -226,5 +227,5 @@ fn weights_must_match_the_config() {
         }))
     })
     .unwrap_err();
-    assert_eq!(err.kind(), "InvalidField");
+    assert_eq!(err.kind(), "InvalidField", "MODEL-2: every value is finite");
 }

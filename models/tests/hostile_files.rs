@@ -26,8 +26,8 @@ fn case(name: &'static str, kind: &'static str, needles: &[&str], run: impl Fn()
     Case { name, run: Box::new(run), kind, needles: needles.iter().map(|s| s.to_string()).collect() }
 }
 
-/// Runs every case and reports all mismatches at once.
-fn check(cases: Vec<Case>) {
+/// Runs every case and reports all mismatches at once, under `rules`.
+fn check(rules: &str, cases: Vec<Case>) {
     let mut failures = vec![];
     for c in &cases {
         match (c.run)() {
@@ -45,7 +45,7 @@ fn check(cases: Vec<Case>) {
             }
         }
     }
-    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    assert!(failures.is_empty(), "{rules}: {} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
 }
 
 fn parse(bytes: Vec<u8>) -> Result<()> {
@@ -215,7 +215,7 @@ fn hostile_gguf_headers() {
     let empty_st = dir.join("empty.safetensors");
     std::fs::write(&empty_st, b"").unwrap();
     cases.push(case("empty safetensors", "Truncated", &["empty.safetensors"], move || specdec_models::hf::SafetensorsFile::open(&empty_st).map(|_| ())));
-    check(cases);
+    check("MODEL-3, MODEL-16: a hostile GGUF file is a typed error naming the file and the field or tensor", cases);
 }
 
 /// A Q6_K tensor of one 256-element block (210 bytes), named `name`.
@@ -231,15 +231,15 @@ fn truncated_at_every_cut() {
     let bytes = tiny_llama().build();
     assert!(GgufFile::from_bytes("whole.gguf", bytes.clone()).is_ok());
     for cut in 0..bytes.len() {
-        let err = GgufFile::from_bytes("cut.gguf", bytes[..cut].to_vec()).expect_err("a prefix must fail");
-        assert!(matches!(err.kind(), "Truncated" | "HeaderTooLarge"), "cut at {cut}: {} {err}", err.kind());
-        assert!(err.to_string().contains("cut.gguf"), "cut at {cut}: {err}");
+        let err = GgufFile::from_bytes("cut.gguf", bytes[..cut].to_vec()).expect_err("MODEL-16: a prefix must fail");
+        assert!(matches!(err.kind(), "Truncated" | "HeaderTooLarge"), "MODEL-16: cut at {cut}: {} {err}", err.kind());
+        assert!(err.to_string().contains("cut.gguf"), "MODEL-16: the error names the file: cut at {cut}: {err}");
     }
     // Named cut points land on the field being read.
     let expect = |cut: usize, field: &str| {
         let err = GgufFile::from_bytes("cut.gguf", bytes[..cut].to_vec()).unwrap_err();
-        assert_eq!(err.kind(), "Truncated", "cut at {cut}: {err}");
-        assert!(err.to_string().contains(field), "cut at {cut}: {err} lacks {field}");
+        assert_eq!(err.kind(), "Truncated", "MODEL-16: cut at {cut}: {err}");
+        assert!(err.to_string().contains(field), "MODEL-16: cut at {cut}: {err} lacks {field}");
     };
     expect(2, "magic");
     expect(6, "version");
@@ -250,7 +250,7 @@ fn truncated_at_every_cut() {
     let with_tok = with_small_tokenizer(tiny_llama()).build();
     for cut in (0..with_tok.len()).step_by(97) {
         let err = GgufFile::from_bytes("cut.gguf", with_tok[..cut].to_vec()).unwrap_err();
-        assert!(matches!(err.kind(), "Truncated" | "HeaderTooLarge"), "cut at {cut}: {err}");
+        assert!(matches!(err.kind(), "Truncated" | "HeaderTooLarge"), "MODEL-16: cut at {cut}: {err}");
     }
 }
 
@@ -395,7 +395,7 @@ fn hostile_hf_dirs() {
             load_hf_dir(&dir).map(|_| ())
         }),
     ];
-    check(cases);
+    check("MODEL-5, MODEL-16: a hostile HF directory is a typed error naming the file and the field or tensor", cases);
 }
 
 /// MODEL-6, MODEL-16: tokenizer metadata defects.
@@ -425,7 +425,7 @@ fn hostile_tokenizers() {
             load(path).map(|_| ())
         }),
     ];
-    check(cases);
+    check("MODEL-6, MODEL-16: hostile tokenizer metadata is a typed error naming the file and the field", cases);
 }
 
 #[test]

@@ -57,6 +57,6 @@ fn randomness_is_an_explicit_input() {
         let inputs = RejectionInputs { target_probs: &p, draft_probs: Some(&q), draft_tokens: &d, proposal_lens: &l, accept_uniforms: &ut, draw: &draw };
         rejection_verify(&inputs, Comparator::Strict).unwrap().tokens
     };
-    assert_eq!(run(0.2, 0.3), run(0.2, 0.3));
-    assert_ne!(run(0.2, 0.3), run(0.9, 0.3), "0.2 * 0.9 < 0.5 accepts, 0.9 * 0.9 >= 0.5 rejects");
+    assert_eq!(run(0.2, 0.3), run(0.2, 0.3), "CONV-10: the same noise gives the same answer");
+    assert_ne!(run(0.2, 0.3), run(0.9, 0.3), "CONV-10: the caller's noise decides: 0.2 * 0.9 < 0.5 accepts, 0.9 * 0.9 >= 0.5 rejects");
 }

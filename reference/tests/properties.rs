@@ -67,8 +67,8 @@ proptest! {
         let predict = Tensor::new(vec![b, k + 1], predict).unwrap();
         let dflash = dflash_accept(&candidates, &predict, v).unwrap();
         for s in 0..b {
-            prop_assert_eq!(dflash.accept_len[s], greedy.num_accepted[s]);
-            prop_assert_eq!(Some(dflash.bonus[s]), greedy.next_token(s));
+            prop_assert_eq!(dflash.accept_len[s], greedy.num_accepted[s], "DFLASH-4: accept_len is GREEDY's accepted count");
+            prop_assert_eq!(Some(dflash.bonus[s]), greedy.next_token(s), "DFLASH-4: the bonus is GREEDY's next token");
         }
     }
 

@@ -52,8 +52,8 @@ fn pearson_with_pooling() {
     // scipy.stats.chisquare([45,33,12,10], f_exp=[50,30,10,10])
     //   -> statistic 1.2000000000000002, pvalue 0.753004311656458
     let r = chi_squared_gof(&POOL_OBS, &POOL_P).unwrap();
-    assert_eq!(r.pooling.pooled, vec![4, 3]);
-    assert_eq!(r.pooling.cells_after_pooling, 4);
+    assert_eq!(r.pooling.pooled, vec![4, 3], "STAT-6: cells with expected count below 5 are pooled");
+    assert_eq!(r.pooling.cells_after_pooling, 4, "STAT-6: pooled cells");
     let (s, df, p) = tested(&r);
     close(s, 1.2, 1e-12);
     assert_eq!(df, 3);
@@ -81,7 +81,7 @@ fn pooling_tie_break_is_by_index() {
     let p = [0.03, 0.06, 0.06, 0.85];
     let obs = [2, 5, 8, 85];
     let plan = plan_pooling(100, &p).unwrap();
-    assert_eq!(plan.pooled, vec![0, 1]);
+    assert_eq!(plan.pooled, vec![0, 1], "STAT-6: pooling depends only on n and the expected law, ties by index");
     assert_eq!(plan.cells_after_pooling, 3);
     let (s, df, pv) = tested(&chi_squared_gof(&obs, &p).unwrap());
     close(s, 1.1111111111111112, 1e-12);
@@ -107,7 +107,7 @@ fn structural_zero_is_dropped_not_counted() {
 fn observed_zero_probability_cell_is_impossible() {
     for r in [chi_squared_gof(&[10, 12, 1, 3], &[0.5, 0.5, 0.0, 0.0]).unwrap(), g_test_gof(&[10, 12, 1, 3], &[0.5, 0.5, 0.0, 0.0]).unwrap()] {
         assert_eq!(r.outcome, GofOutcome::ImpossibleOutcome { cells: vec![2, 3] });
-        assert_eq!(r.p_value(), Some(0.0));
+        assert_eq!(r.p_value(), Some(0.0), "STAT-6: an observed outcome of expected probability 0 gives p = 0");
         let mut rep = r.to_report("impossible");
         assert!(rep.impossible_outcome);
         rep.judge(1e-12).unwrap();
@@ -137,7 +137,9 @@ fn chi_squared_survival_values() {
     // scipy.stats.chi2.sf(3.5, 2) -> 0.1737739434504451
     close(chi_squared_p_value(3.5, 2).unwrap().value, 0.1737739434504451, 1e-12);
     // scipy.stats.chi2.sf(100, 5) -> 5.285148360943219e-20 (1 - cdf would give 0)
-    close(chi_squared_p_value(100.0, 5).unwrap().value, 5.285148360943219e-20, 1e-12);
+    let p = chi_squared_p_value(100.0, 5).unwrap().value;
+    assert!(p > 0.0, "STAT-6: p-values come from the survival function, never 1 - cdf");
+    close(p, 5.285148360943219e-20, 1e-12);
     // scipy.stats.chi2.sf(1000, 5) -> 6.0100776879208495e-214
     let p = chi_squared_p_value(1000.0, 5).unwrap();
     close(p.value, 6.0100776879208495e-214, 1e-12);

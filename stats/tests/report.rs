@@ -37,11 +37,11 @@ fn reports_carry_everything_and_print_one_line() {
 
     let json = serde_json::to_value(&reports[1]).unwrap();
     for key in ["label", "kind", "n", "cells", "cells_pooled", "statistic", "df", "p_value", "log10_p_value", "p_value_floored", "impossible_outcome", "alpha", "power", "decision"] {
-        assert!(json.get(key).is_some(), "missing {key} in {json}");
+        assert!(json.get(key).is_some(), "STAT-6: every result reports {key}; missing in {json}");
     }
     assert_eq!(json["kind"], "g_test");
     assert_eq!(json["decision"], "reject");
-    assert!(json["power"]["detectable_delta"].as_f64().unwrap() > 0.0);
+    assert!(json["power"]["detectable_delta"].as_f64().unwrap() > 0.0, "STAT-6: every result reports its detectable distance");
 }
 
 #[test]
