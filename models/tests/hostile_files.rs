@@ -434,3 +434,17 @@ fn errors_are_typed_values() {
     let e = ModelError::MissingTensor { file: "f".into(), tensor: "t".into() };
     assert_eq!(e.kind(), "MissingTensor");
 }
+
+/// MODEL-15, MODEL-16: a `tokenizer.json` on which the `tokenizers` crate
+/// itself panics (a syntax error where the decoder starts: its deserializer
+/// `expect`s; found by the `tokenizer` fuzz target) is a typed error naming the file, never a panic.
+#[test]
+fn a_tokenizer_json_that_panics_the_tokenizers_crate() {
+    let dir = scratch_dir("panicking-tokenizer");
+    let json = r#"{"version": "1.0", "added_tokens": [], "normalizer": null, "pre_tokenizer": null,
+        "post_processor": null, "decoder": riom,
+        "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "a": 1}, "unk_token": "[UNK]"}}"#;
+    std::fs::write(dir.join("tokenizer.json"), json).unwrap();
+    let dir2 = dir.clone();
+    check("MODEL-15, MODEL-16", vec![case("syntax error in the decoder", "Tokenizer", &["tokenizer.json", "panicked"], move || specdec_models::Tokenizer::from_dir(&dir2).map(|_| ()))]);
+}
