@@ -454,12 +454,7 @@ const LARGE_VOCAB_SHAPES: [&str; 4] = ["head-heavy", "flat", "zipf", "zero-tail"
 /// [`between_f64_and_f32_sums`]), so a scan accumulated in f32 where f64 is
 /// declared picks another id. Exponential-race cases are random.
 pub fn large_vocab_case(op: Op, index: usize, seed: u64) -> Result<Case, CaseError> {
-    // The draw cases keep the stream their margins were checked with (tests/large_vocab.rs).
-    let op_stream = if op == Op::Draw { 0 } else { (op as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) };
-    let mut g = Gen(Pcg64::seed_from_u64(seed ^ 0x4C41_5247_4556_4F43 ^ op_stream ^ (index as u64) << 20));
-    let vocab = [32768, 151936][index % 2];
-    let shape = LARGE_VOCAB_SHAPES[(index / 2) % 4];
-    let inverse = (index / 8).is_multiple_of(2);
+    let (mut g, vocab, shape, inverse) = large_vocab_setup(op, index, seed);
     let (params, inputs) = match op {
         Op::Draw => large_vocab_draw(&mut g, vocab, shape, inverse),
         Op::RejectionVerify => large_vocab_rejection(&mut g, vocab, shape, inverse),
@@ -477,6 +472,15 @@ pub fn large_vocab_case(op: Op, index: usize, seed: u64) -> Result<Case, CaseErr
         expect: Map::new(),
     };
     bless(&case)
+}
+
+/// The generator, vocabulary, row shape and draw method of large-vocabulary
+/// case `index` of `op`.
+fn large_vocab_setup(op: Op, index: usize, seed: u64) -> (Gen, usize, &'static str, bool) {
+    // The draw cases keep the stream their margins were checked with (tests/large_vocab.rs).
+    let op_stream = if op == Op::Draw { 0 } else { (op as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) };
+    let g = Gen(Pcg64::seed_from_u64(seed ^ 0x4C41_5247_4556_4F43 ^ op_stream ^ (index as u64) << 20));
+    (g, [32768, 151936][index % 2], LARGE_VOCAB_SHAPES[(index / 2) % 4], (index / 8).is_multiple_of(2))
 }
 
 /// Two rows of one shape. Row 0's uniform is aimed between the f64 and f32
@@ -506,10 +510,12 @@ pub struct LargeVocabVerifyRows {
     /// `q[0, j]` for every j: half of `p[0, .]` plus four spikes of 1/8, so
     /// the residual keeps the row's shape (halved) with the spikes cut out.
     pub draft0: Vec<f64>,
-    /// Sequence 0's first draft: a spike, where `p / q < 0.9`.
-    pub rejected: usize,
+    /// Sequence 0's drafts: two spikes, the first where `p / q < 0.9`.
+    pub drafts0: [usize; 2],
     /// `p[1, j]` and `q[1, j]` for every j.
     pub target1: Vec<f64>,
+    /// Sequence 1's drafts: twice the top id of `target1`.
+    pub top1: usize,
 }
 
 impl LargeVocabVerifyRows {
@@ -517,34 +523,37 @@ impl LargeVocabVerifyRows {
     pub fn residual0(&self) -> Vec<f64> {
         self.target0.iter().zip(&self.draft0).map(|(p, q)| (p - q).max(0.0)).collect()
     }
+
+    fn generate(g: &mut Gen, vocab: usize, shape: &str) -> Self {
+        let normalised = |w: Vec<f64>| {
+            let total: f64 = w.iter().sum();
+            w.into_iter().map(|x| x / total).collect::<Vec<f64>>()
+        };
+        let target0 = normalised(large_vocab_row(g, vocab, shape));
+        // Spikes only where p < 0.1: there p / q = p / (p / 2 + 1/8) < 0.9, so an
+        // accept uniform of 0.999 rejects under either comparator.
+        let mut spike = || loop {
+            let id = g.int(0, vocab - 1);
+            if target0[id] < 0.1 {
+                break id;
+            }
+        };
+        let spikes: Vec<usize> = (0..4).map(|_| spike()).collect();
+        let mut draft0: Vec<f64> = target0.iter().map(|x| x / 2.0).collect();
+        spikes.iter().for_each(|&s| draft0[s] += 0.125);
+        let draft0 = normalised(draft0);
+        let target1 = normalised(large_vocab_row(g, vocab, shape));
+        let top1 = (0..vocab).max_by(|&a, &b| target1[a].total_cmp(&target1[b])).unwrap_or(0);
+        LargeVocabVerifyRows { target0, draft0, drafts0: [spikes[0], spikes[1]], target1, top1 }
+    }
 }
 
 fn large_vocab_rejection(g: &mut Gen, vocab: usize, shape: &str, inverse: bool) -> (Map<String, Value>, Map<String, Value>) {
-    let normalised = |w: Vec<f64>| {
-        let total: f64 = w.iter().sum();
-        w.into_iter().map(|x| x / total).collect::<Vec<f64>>()
-    };
-    let target0 = normalised(large_vocab_row(g, vocab, shape));
-    // Spikes only where p < 0.1: there p / q = p / (p / 2 + 1/8) < 0.9, so an
-    // accept uniform of 0.999 rejects under either comparator.
-    let mut spike = || loop {
-        let id = g.int(0, vocab - 1);
-        if target0[id] < 0.1 {
-            break id;
-        }
-    };
-    let spikes: Vec<usize> = (0..4).map(|_| spike()).collect();
-    let mut draft0: Vec<f64> = target0.iter().map(|x| x / 2.0).collect();
-    spikes.iter().for_each(|&s| draft0[s] += 0.125);
-    let draft0 = normalised(draft0);
-    let rejected = spikes[0];
-    let target1 = normalised(large_vocab_row(g, vocab, shape));
-    let top1 = (0..vocab).max_by(|&a, &b| target1[a].total_cmp(&target1[b])).unwrap_or(0);
-    let rows = LargeVocabVerifyRows { target0, draft0, rejected, target1 };
+    let rows = LargeVocabVerifyRows::generate(g, vocab, shape);
     let (k, b) = (2, 2);
     let p = [&rows.target0, &rows.target0, &rows.target0, &rows.target1, &rows.target1, &rows.target1].map(|r| r.as_slice()).concat();
     let q = [&rows.draft0, &rows.draft0, &rows.target1, &rows.target1].map(|r| r.as_slice()).concat();
-    let drafts = vec![rows.rejected as i64, spikes[1] as i64, top1 as i64, top1 as i64];
+    let drafts = [rows.drafts0[0], rows.drafts0[1], rows.top1, rows.top1].map(|t| t as i64).to_vec();
     let mut inputs = obj(vec![
         ("target_probs", f(vec![b, k + 1, vocab], p)),
         ("draft_probs", f(vec![b, k, vocab], q)),
@@ -563,15 +572,11 @@ fn large_vocab_rejection(g: &mut Gen, vocab: usize, shape: &str, inverse: bool) 
 }
 
 /// The verify rows of large-vocabulary `rejection_verify` case `index` for
-/// `seed`, as [`large_vocab_case`] builds them (for tests that check where
-/// the decisive draws sit).
-pub fn large_vocab_verify_rows(index: usize, seed: u64) -> Result<LargeVocabVerifyRows, CaseError> {
-    let case = large_vocab_case(Op::RejectionVerify, index, seed)?;
-    let floats = |name: &str| crate::case::decode_f64(&case.inputs[name]).map_err(|e| CaseError::new(case.id.clone(), e));
-    let (p, q) = (floats("target_probs")?, floats("draft_probs")?);
-    let vocab = p.shape()[2];
-    let drafts = crate::case::decode_i64(&case.inputs["draft_tokens"]).map_err(|e| CaseError::new(case.id.clone(), e))?;
-    Ok(LargeVocabVerifyRows { target0: p.data()[..vocab].to_vec(), draft0: q.data()[..vocab].to_vec(), rejected: drafts.data()[0] as usize, target1: p.data()[3 * vocab..4 * vocab].to_vec() })
+/// `seed`, drawn from the case's own stream (for tests that check where the
+/// decisive draws sit).
+pub fn large_vocab_verify_rows(index: usize, seed: u64) -> LargeVocabVerifyRows {
+    let (mut g, vocab, shape, _) = large_vocab_setup(Op::RejectionVerify, index, seed);
+    LargeVocabVerifyRows::generate(&mut g, vocab, shape)
 }
 
 fn large_vocab_row(g: &mut Gen, vocab: usize, shape: &str) -> Vec<f64> {

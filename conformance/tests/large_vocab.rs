@@ -83,9 +83,12 @@ fn f32_accumulation_in_the_correction_and_the_bonus_is_caught_far_from_any_bound
     // REJECT-3 (sequence 0: the residual of row 0) and REJECT-4 (sequence 1:
     // the bonus from row 2), each uniform aimed between the f64 and f32 sums.
     let beyond = check(Op::RejectionVerify, |index, seed, case| {
-        let rows = large_vocab_verify_rows(index, seed).expect("generated");
+        let rows = large_vocab_verify_rows(index, seed);
         let u = floats(&case.inputs["draw_uniforms"]);
-        let (p, q) = (rows.target0[rows.rejected], rows.draft0[rows.rejected]);
+        let vocab = rows.target0.len();
+        assert_eq!(&floats(&case.inputs["target_probs"]).data()[..vocab], rows.target0.as_slice(), "{}: the rows are the case's", case.id);
+        assert_eq!(&floats(&case.inputs["draft_probs"]).data()[..vocab], rows.draft0.as_slice(), "{}: the rows are the case's", case.id);
+        let (p, q) = (rows.target0[rows.drafts0[0]], rows.draft0[rows.drafts0[0]]);
         assert!(p / q < 0.9, "{}: the first draft must be rejected under either comparator (p/q = {})", case.id, p / q);
         vec![margin(&rows.residual0(), u.data()[0]), margin(&rows.target1, u.data()[5])]
     });

@@ -83,11 +83,11 @@ pub fn config(data: &[u8]) {
 /// A `tokenizer.json` (MODEL-15), loaded as the HF directory loader does,
 /// then used to encode and decode.
 pub fn tokenizer(data: &[u8]) {
-    let dir = scratch().join("tokenizer");
-    if std::fs::create_dir_all(&dir).is_err() || std::fs::write(dir.join("tokenizer.json"), data).is_err() {
+    let dir = scratch();
+    if std::fs::write(dir.join("tokenizer.json"), data).is_err() {
         return;
     }
-    if let Ok(t) = Tokenizer::from_dir(&dir) {
+    if let Ok(t) = Tokenizer::from_dir(dir) {
         exercise_tokenizer(&t, data);
     }
 }
@@ -147,9 +147,13 @@ pub fn ngram_index(data: &[u8]) {
     }
 }
 
-/// A directory of this process's own for targets that must read from disk.
-fn scratch() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("specdec-fuzz-{}", std::process::id()));
-    let _ = std::fs::create_dir_all(&dir);
-    dir
+/// A directory of this process's own for targets that must read from disk,
+/// created once (the persistent loop calls a target millions of times).
+fn scratch() -> &'static Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("specdec-fuzz-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        dir
+    })
 }

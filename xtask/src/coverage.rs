@@ -175,24 +175,20 @@ fn case_rules(v: &serde_json::Value, out: &mut BTreeSet<String>) {
 /// The string literals among `tokens`, macro arguments included (comments are
 /// not tokens; doc comments are `doc` attributes, skipped).
 fn string_literals(tokens: &proc_macro2::TokenStream, out: &mut Vec<String>) {
-    let mut after_doc = false;
     for tt in tokens.clone() {
         match tt {
+            // `#[doc = "..."]` is a doc comment, not code: its bracket group is skipped.
             proc_macro2::TokenTree::Group(g) => {
-                // `#[doc = "..."]`: a doc comment, not code.
-                let inner: Vec<_> = g.stream().into_iter().collect();
-                let is_doc = g.delimiter() == proc_macro2::Delimiter::Bracket && matches!(inner.first(), Some(proc_macro2::TokenTree::Ident(i)) if i == "doc");
+                let is_doc = g.delimiter() == proc_macro2::Delimiter::Bracket && matches!(g.stream().into_iter().next(), Some(proc_macro2::TokenTree::Ident(i)) if i == "doc");
                 if !is_doc {
                     string_literals(&g.stream(), out);
                 }
-                after_doc = false;
             }
-            proc_macro2::TokenTree::Literal(l) if !after_doc => {
+            proc_macro2::TokenTree::Literal(l) => {
                 if let Ok(syn::Lit::Str(s)) = syn::parse_str::<syn::Lit>(&l.to_string()) {
                     out.push(s.value());
                 }
             }
-            proc_macro2::TokenTree::Ident(i) => after_doc = i == "doc",
             _ => {}
         }
     }
@@ -202,7 +198,7 @@ fn string_literals(tokens: &proc_macro2::TokenStream, out: &mut Vec<String>) {
 fn whole_literals(tokens: &proc_macro2::TokenStream) -> BTreeSet<String> {
     let mut lits = Vec::new();
     string_literals(tokens, &mut lits);
-    lits.into_iter().filter(|s| rule_ids(s).len() == 1 && rule_ids(s)[0] == *s).collect()
+    lits.into_iter().filter(|s| rule_ids(s) == [s.as_str()]).collect()
 }
 
 /// Rule IDs in the strings of running tests: bodies of `#[test]` functions
