@@ -18,6 +18,7 @@ use specdec_conformance::suite::{self, CheckResult, Item, Kind, Selection, Statu
 mod backends;
 mod bless;
 mod campaign;
+mod draft_data;
 mod generate;
 mod model;
 
@@ -108,6 +109,30 @@ enum Command {
         #[arg(long)]
         compare: bool,
     },
+    /// Training data for a draft: the target's greedy continuations of one
+    /// split of a prompt file, with its hidden states at `--layers`.
+    DraftData {
+        /// An HF-layout directory or a `.gguf` file.
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long, default_value = "reference")]
+        backend: String,
+        #[arg(long, default_value = "fixtures/dflash/prompts.json")]
+        prompts: PathBuf,
+        /// `train` or `heldout`.
+        #[arg(long, default_value = "train")]
+        split: String,
+        /// Target layers to record, comma-separated (a DFlash draft's `target_layer_ids`).
+        #[arg(long, value_delimiter = ',', required = true)]
+        layers: Vec<usize>,
+        #[arg(long, default_value_t = 128)]
+        max_tokens: usize,
+        /// Requests decoded together.
+        #[arg(long, default_value_t = 16)]
+        batch: usize,
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Runs a case file written by anyone, reporting each case.
     Check {
         cases: PathBuf,
@@ -157,6 +182,10 @@ fn main() -> ExitCode {
                 with_backend(&backend, &job)?.map(|()| true)
             })
         }
+        Command::DraftData { model, backend, prompts, split, layers, max_tokens, batch, out } => specdec_models::load(&model).map_err(|e| e.to_string()).and_then(|loaded| {
+            let job = draft_data::DraftDataJob { model: loaded, prompts, split, layers, max_tokens, batch, out };
+            with_backend(&backend, &job)?.map(|()| true)
+        }),
         Command::Check { cases, backend, filter, case_id, report } => check(&cases, &backend, filter, case_id.as_deref(), &report),
         Command::Bless { check, fixtures } => bless::run(&fixtures, check),
         Command::Stats { seed, out, sweep } => match seed.map_or_else(suite::seed_from_env, Ok) {

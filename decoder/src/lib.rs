@@ -26,7 +26,7 @@ pub mod stop;
 
 pub use choice::ProposerChoice;
 pub use engine::{Engine, EngineConfig, Fault, NoSink, OnProposerError, Rollback, Sink, noise_streams};
-pub use proposer::{DflashMode, DflashProposer, DraftModelProposer, NgramProposer, NoProposer, Proposal, Proposer, SeqView, VerifyRule};
+pub use proposer::{DflashMode, DflashProposer, DraftModelProposer, HiddenRecorder, NgramProposer, NoProposer, Proposal, Proposer, Recorded, SeqView, VerifyRule, record_hidden};
 pub use request::{Acceptance, FinishReason, Output, Request, RunOutput, Timings};
 pub use stop::Detokenize;
 

@@ -11,6 +11,7 @@
 pub mod dflash;
 pub mod draft;
 pub mod ngram;
+pub mod record;
 
 use rand_pcg::Pcg64;
 use specdec_backend::SamplingParams;
@@ -21,6 +22,7 @@ use crate::DecodeError;
 pub use dflash::{DflashMode, DflashProposer};
 pub use draft::DraftModelProposer;
 pub use ngram::NgramProposer;
+pub use record::{HiddenRecorder, Recorded, record_hidden};
 
 /// One active sequence, as a proposer sees it.
 #[derive(Debug, Clone, Copy)]
