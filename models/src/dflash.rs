@@ -443,17 +443,7 @@ impl DflashDraft {
         self.check_context(ctx)?;
         let c = &self.config.layers;
         let width = self.config.feature_width();
-        let bad = |reason: String| Err(ModelError::InvalidInput { arg: "rows", reason });
-        if rows.is_empty() || !rows.len().is_multiple_of(width) {
-            return bad(format!("{} values are not a positive number of K·hidden = {width} rows", rows.len()));
-        }
-        if let Some(i) = rows.iter().position(|v| !v.is_finite()) {
-            return bad(format!("non-finite value {} at row {}, column {}", rows[i], i / width, i % width));
-        }
-        let count = rows.len() / width;
-        if ctx.len + count > c.max_position_embeddings {
-            return bad(format!("{count} positions after {} exceed the draft's max_position_embeddings {}", ctx.len, c.max_position_embeddings));
-        }
+        let count = self.check_rows(ctx.len, rows)?;
         let feats: Vec<Vec<f64>> = rows.chunks(width).map(<[f64]>::to_vec).collect();
         let features: Vec<Vec<f64>> = matmul(&self.weights.fc, &feats).iter().map(|r| rms_norm(r, &self.weights.hidden_norm, c.rms_norm_eps)).collect();
         let hd = c.head_dim();
@@ -468,6 +458,48 @@ impl DflashDraft {
             }
         }
         ctx.len += count;
+        Ok(())
+    }
+
+    /// Checks context rows to append after `len` positions (DRAFT-7); returns how many.
+    pub(crate) fn check_rows(&self, len: usize, rows: &[f64]) -> Result<usize> {
+        let c = &self.config.layers;
+        let width = self.config.feature_width();
+        let bad = |reason: String| Err(ModelError::InvalidInput { arg: "rows", reason });
+        if rows.is_empty() || !rows.len().is_multiple_of(width) {
+            return bad(format!("{} values are not a positive number of K·hidden = {width} rows", rows.len()));
+        }
+        if let Some(i) = rows.iter().position(|v| !v.is_finite()) {
+            return bad(format!("non-finite value {} at row {}, column {}", rows[i], i / width, i % width));
+        }
+        let count = rows.len() / width;
+        if len + count > c.max_position_embeddings {
+            return bad(format!("{count} positions after {len} exceed the draft's max_position_embeddings {}", c.max_position_embeddings));
+        }
+        Ok(count)
+    }
+
+    /// Checks a block forward's arguments (DRAFT-6, DRAFT-8): the target,
+    /// `B` in-vocabulary tokens, a non-empty context of `n` positions, and
+    /// room for the block.
+    pub(crate) fn check_block(&self, target: &LlamaWeights, n: usize, block_tokens: &[u32]) -> Result<()> {
+        self.check_target(target)?;
+        let c = &self.config.layers;
+        let b = self.config.block_size;
+        let bad = |arg: &'static str, reason: String| Err(ModelError::InvalidInput { arg, reason });
+        if block_tokens.len() != b {
+            return bad("block_tokens", format!("{} tokens, the block size is {b}", block_tokens.len()));
+        }
+        if let Some((i, t)) = block_tokens.iter().enumerate().find(|(_, t)| **t as usize >= c.vocab_size) {
+            return bad("block_tokens", format!("token {i} is id {t}, outside the vocabulary of {}", c.vocab_size));
+        }
+        if n == 0 {
+            return bad("ctx", "the context is empty: a block is drafted after at least one verified position".into());
+        }
+        let max_pos = c.max_position_embeddings.min(target.config.max_position_embeddings);
+        if n + b > max_pos {
+            return bad("ctx", format!("a block at positions {n}..{} exceeds max_position_embeddings {max_pos}", n + b));
+        }
         Ok(())
     }
 
@@ -494,25 +526,11 @@ impl DflashDraft {
     /// the target's head (its `lm_head`, or its embedding when tied). Row `i
     /// >= 1` is the draft for block position `i`; row 0 is unused.
     pub fn block_logits(&self, target: &LlamaWeights, ctx: &DflashContext, block_tokens: &[u32]) -> Result<Vec<f64>> {
-        self.check_target(target)?;
         self.check_context(ctx)?;
+        self.check_block(target, ctx.len, block_tokens)?;
         let c = &self.config.layers;
         let b = self.config.block_size;
-        let bad = |arg: &'static str, reason: String| Err(ModelError::InvalidInput { arg, reason });
-        if block_tokens.len() != b {
-            return bad("block_tokens", format!("{} tokens, the block size is {b}", block_tokens.len()));
-        }
-        if let Some((i, t)) = block_tokens.iter().enumerate().find(|(_, t)| **t as usize >= c.vocab_size) {
-            return bad("block_tokens", format!("token {i} is id {t}, outside the vocabulary of {}", c.vocab_size));
-        }
-        if ctx.is_empty() {
-            return bad("ctx", "the context is empty: a block is drafted after at least one verified position".into());
-        }
         let n = ctx.len;
-        let max_pos = c.max_position_embeddings.min(target.config.max_position_embeddings);
-        if n + b > max_pos {
-            return bad("ctx", format!("a block at positions {n}..{} exceeds max_position_embeddings {max_pos}", n + b));
-        }
         let (hd, nh, nkv, eps) = (c.head_dim(), c.num_attention_heads, c.num_key_value_heads, c.rms_norm_eps);
         let group = nh / nkv;
         let scale = 1.0 / (hd as f64).sqrt();
@@ -682,21 +700,31 @@ pub struct DflashSpec {
     pub mask_token_id: u32,
 }
 
+impl DflashSpec {
+    /// The drafter's config for `target`: its layers are Llama layers with
+    /// the target's hidden width, vocabulary, norm epsilon, RoPE base and
+    /// positions; validated against the target (DRAFT-6).
+    pub fn config(&self, target: &LlamaConfig) -> Result<DflashConfig> {
+        let mut layers = target.clone();
+        layers.architectures = vec!["LlamaForCausalLM".into()];
+        layers.num_hidden_layers = self.layers;
+        layers.num_attention_heads = self.heads;
+        layers.num_key_value_heads = self.kv_heads;
+        layers.intermediate_size = self.intermediate;
+        layers.head_dim = None;
+        layers.tie_word_embeddings = false;
+        layers.torch_dtype = Some("float32".into());
+        let config = DflashConfig { layers, block_size: self.block_size, target_layer_ids: self.target_layer_ids.clone(), mask_token_id: self.mask_token_id };
+        config.validate(target, "draft spec")?;
+        Ok(config)
+    }
+}
+
 /// A drafter with deterministic PCG64 weights (the scales of `tiny.rs`:
 /// linear weights uniform in `±1/sqrt(in)`, norm gains `1 ± 0.25`), validated
 /// against `target` like a loaded one.
 pub fn seeded_dflash(target: &LlamaConfig, spec: DflashSpec, seed: u64) -> Result<DflashDraft> {
-    let mut layers = target.clone();
-    layers.architectures = vec!["LlamaForCausalLM".into()];
-    layers.num_hidden_layers = spec.layers;
-    layers.num_attention_heads = spec.heads;
-    layers.num_key_value_heads = spec.kv_heads;
-    layers.intermediate_size = spec.intermediate;
-    layers.head_dim = None;
-    layers.tie_word_embeddings = false;
-    layers.torch_dtype = Some("float32".into());
-    let config = DflashConfig { layers, block_size: spec.block_size, target_layer_ids: spec.target_layer_ids, mask_token_id: spec.mask_token_id };
-    config.validate(target, "seeded")?;
+    let config = spec.config(target)?;
     let mut rng = Pcg64::seed_from_u64(seed);
     let mut tensors = HashMap::new();
     for (name, shape) in config.tensor_shapes() {

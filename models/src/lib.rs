@@ -23,6 +23,8 @@
 
 pub mod config;
 pub mod dflash;
+pub mod dflash_f32;
+pub mod draft_data;
 pub mod error;
 pub mod export;
 pub mod forward;
@@ -36,6 +38,7 @@ pub mod weights;
 
 pub use config::LlamaConfig;
 pub use dflash::{DflashConfig, DflashContext, DflashDraft, DflashSpec, DflashWeights, export_dflash, load_dflash, seeded_dflash};
+pub use draft_data::{DraftData, DraftSequence};
 pub use error::{ModelError, Result};
 pub use forward::{ForwardPlan, ForwardRequest, LogitRows, SeqRows};
 pub use load::{LoadedModel, load};

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use common::scratch_dir;
 use serde_json::{Value, json};
 use specdec_models::dflash::{DflashConfig, DflashContext, DflashDraft, DflashSpec, Schedule, export_dflash, load_dflash, load_dflash_with_mask_id, seeded_dflash};
+use specdec_models::dflash_f32::DflashF32;
 use specdec_models::forward::{ForwardRequest, LogitRows};
 use specdec_models::hf::{SafetensorsFile, SaveDtype, write_safetensors};
 use specdec_models::tiny::TinySpec;
@@ -624,4 +625,75 @@ fn draft_9_unmask_counts_follow_the_schedule() {
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// The f32 host forward the decoder runs.
+
+/// DRAFT-7, DRAFT-8: the f32 forward (`dflash_f32`, what the decoder's
+/// parallel drafter runs) gives the f64 reference's logits to f32 accuracy,
+/// with its context built in two pieces; its parallel drafts are its own
+/// rows' argmaxes and equal the reference's wherever the reference's top
+/// two differ by more than the tolerance; its argument checks are the
+/// reference's.
+#[test]
+fn draft_8_f32_forward_matches_the_reference() {
+    // n = 11: the second piece has 10 rows, past the few-row path (sgemm).
+    let configs = [("tiny-v16-l1", 1, 2, 1), ("tiny-v16-l1", 2, 4, 5), ("tiny-v12-l2", 1, 3, 2), ("tiny-v12-l2", 2, 8, 11), ("tiny-v32-l2", 2, 4, 4)];
+    let mut compared_drafts = 0;
+    for (preset, layers, block, n) in configs {
+        let s = setup_with(preset, layers, block, None, 12, 17);
+        let (v, w) = (s.vocab(), s.width());
+        let fast = DflashF32::new(s.draft.clone());
+        let mut fctx = fast.new_context();
+        fast.extend(&mut fctx, &s.rows[..w]).unwrap();
+        if n > 1 {
+            fast.extend(&mut fctx, &s.rows[w..n * w]).unwrap();
+        }
+        assert_eq!(fctx.len(), n);
+        let ctx = s.context(n);
+        let mut tokens = s.draft.block_input(4).unwrap();
+        let mut blocks = vec![tokens.clone()];
+        tokens[block - 1] = 7;
+        blocks.push(tokens);
+        for b in &blocks {
+            let want = s.draft.block_logits(&s.target, &ctx, b).unwrap();
+            let got = fast.block_logits(&s.target, &fctx, b).unwrap();
+            assert_eq!(got.len(), want.len(), "DRAFT-8: [B, V] logits");
+            let scale = 1.0 + want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+            for (i, (x, y)) in got.iter().zip(&want).enumerate() {
+                assert!((f64::from(*x) - y).abs() <= 1e-5 * scale, "DRAFT-8: {preset} L{layers} B{block} n{n}: f32 logit {i} is {x}, the reference's {y}");
+            }
+        }
+        let drafts = fast.draft_parallel(&s.target, &fctx, 4, block - 1).unwrap();
+        assert_eq!(fast.draft_parallel(&s.target, &fctx, 4, 1).unwrap(), drafts[..1], "DRAFT-8: asking for fewer drafts gives a prefix of the block's drafts");
+        let reference = s.draft.draft_parallel(&s.target, &ctx, 4).unwrap();
+        let logits = rows_of(&s.draft.block_logits(&s.target, &ctx, &blocks[0]).unwrap(), v);
+        for (i, row) in logits.iter().enumerate().skip(1) {
+            let mut sorted = row.clone();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            if sorted[0] - sorted[1] > 1e-3 {
+                assert_eq!(drafts[i - 1], reference[i - 1], "DRAFT-8: {preset} B{block}: the f32 draft at position {i} differs from the reference's with a clear top token");
+                compared_drafts += 1;
+            }
+        }
+    }
+    assert!(compared_drafts >= 5, "the drafts comparison must not be vacuous: {compared_drafts} clear positions");
+    let s = setup("tiny-v16-l1");
+    let fast = DflashF32::new(s.draft.clone());
+    let err = fast.block_logits(&s.target, &fast.new_context(), &[1, 15, 15, 15]).unwrap_err().to_string();
+    assert!(err.contains("ctx") && err.contains("empty"), "DRAFT-8: an empty context is refused: {err}");
+    let ctx2 = {
+        let mut c = fast.new_context();
+        fast.extend(&mut c, &s.rows[..2 * s.width()]).unwrap();
+        c
+    };
+    for count in [0, 4] {
+        let err = fast.draft_parallel(&s.target, &ctx2, 1, count).unwrap_err().to_string();
+        assert!(err.contains("count"), "DRAFT-8: {count} drafts of a block of 4 are refused: {err}");
+    }
+    let err = fast.extend(&mut fast.new_context(), &[f64::NAN; 16]).unwrap_err().to_string();
+    assert!(err.contains("rows") && err.contains("non-finite"), "DRAFT-7: a NaN row is refused: {err}");
+    let err = fast.block_logits(&s.target, &ctx2, &[1, 16, 15, 15]).unwrap_err().to_string();
+    assert!(err.contains("block_tokens"), "DRAFT-8: an id outside the vocabulary is refused: {err}");
 }

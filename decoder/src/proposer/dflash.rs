@@ -13,9 +13,13 @@
 //! are a deterministic function of the context: verified without `q`
 //! (RESID-2, erratum E12), never with its per-step softmax.
 //!
-//! The drafter runs on the host in f64 (`specdec_models::dflash`) on every
-//! backend: the target's hidden rows of the kept tokens are downloaded after
-//! each step. A device port of the drafter is future work.
+//! The drafter runs on the host on every backend: the target's hidden rows
+//! of the kept tokens are downloaded after each step. Parallel drafting uses
+//! the f32 forward (`specdec_models::dflash_f32`, sgemm on every core), so a
+//! block costs a fraction of a target step; the iterative variant runs the
+//! f64 reference forward. Either way verification decides what is emitted,
+//! so the forward's precision changes only how much is accepted. A device
+//! port of the drafter is future work.
 
 use std::sync::Arc;
 
@@ -23,6 +27,7 @@ use rand::RngExt;
 use rand_pcg::Pcg64;
 use specdec_backend::model::{LlamaWeights, ModelBackend};
 use specdec_models::dflash::{DflashContext, DflashDraft, Schedule};
+use specdec_models::dflash_f32::{ContextF32, DflashF32};
 use specdec_reference::process_logits;
 use specdec_reference::sampling::sample_inverse_cdf;
 
@@ -41,10 +46,48 @@ pub enum DflashMode {
 /// The DFlash proposer.
 pub struct DflashProposer {
     name: String,
-    draft: DflashDraft,
     target: Arc<LlamaWeights>,
     mode: DflashMode,
-    contexts: Vec<DflashContext>,
+    /// The f32 forward; it also holds the validated checkpoint.
+    fast: DflashF32,
+    contexts: Contexts,
+}
+
+/// Per-sequence drafter contexts: the f32 forward's (parallel drafting) or
+/// the f64 reference's (iterative unmasking).
+enum Contexts {
+    F32(Vec<ContextF32>),
+    F64(Vec<DflashContext>),
+}
+
+impl Contexts {
+    fn new(fast: &DflashF32, mode: DflashMode, batch: usize) -> Self {
+        match mode {
+            DflashMode::Parallel => Contexts::F32((0..batch).map(|_| fast.new_context()).collect()),
+            DflashMode::Iterative { .. } => Contexts::F64((0..batch).map(|_| fast.draft().new_context()).collect()),
+        }
+    }
+
+    fn is_empty(&self, slot: usize) -> bool {
+        match self {
+            Contexts::F32(c) => c[slot].is_empty(),
+            Contexts::F64(c) => c[slot].is_empty(),
+        }
+    }
+
+    fn reset(&mut self, fast: &DflashF32, slot: usize) {
+        match self {
+            Contexts::F32(c) => c[slot] = fast.new_context(),
+            Contexts::F64(c) => c[slot] = fast.draft().new_context(),
+        }
+    }
+
+    fn extend(&mut self, fast: &DflashF32, slot: usize, rows: &[f64]) -> specdec_models::Result<()> {
+        match self {
+            Contexts::F32(c) => fast.extend(&mut c[slot], rows),
+            Contexts::F64(c) => fast.draft().extend(&mut c[slot], rows),
+        }
+    }
 }
 
 impl DflashProposer {
@@ -57,7 +100,9 @@ impl DflashProposer {
         {
             return Err(DecodeError::Config(format!("{name}: {steps} unmasking steps for a block of {}", draft.config().block_size)));
         }
-        Ok(DflashProposer { name, draft, target, mode, contexts: Vec::new() })
+        let fast = DflashF32::new(draft);
+        let contexts = Contexts::new(&fast, mode, 0);
+        Ok(DflashProposer { name, fast, target, mode, contexts })
     }
 
     fn err(&self, e: impl std::fmt::Display) -> DecodeError {
@@ -71,44 +116,48 @@ impl<B: ModelBackend> Proposer<B> for DflashProposer {
     }
 
     fn hidden_layers(&self) -> &[usize] {
-        &self.draft.config().target_layer_ids
+        &self.fast.draft().config().target_layer_ids
     }
 
     fn begin(&mut self, _: &B, batch: usize, _: usize, _: usize) -> Result<(), DecodeError> {
-        self.contexts = (0..batch).map(|_| self.draft.new_context()).collect();
+        self.contexts = Contexts::new(&self.fast, self.mode, batch);
         Ok(())
     }
 
     fn propose(&mut self, backend: &B, seqs: &[SeqView<'_>], rngs: &mut [Pcg64]) -> Result<Proposal<B::Tensor>, DecodeError> {
         let vocab = self.target.config.vocab_size;
-        let block = self.draft.config().block_size;
+        let block = self.fast.draft().config().block_size;
         let sampled = self.mode == DflashMode::Parallel && seqs.iter().any(|s| s.sampling.temperature > 0.0);
         let mut drafts = Vec::with_capacity(seqs.len());
         let mut q = Vec::new();
         for (s, rng) in seqs.iter().zip(rngs.iter_mut()) {
-            let ctx = &self.contexts[s.slot];
             let verified = *s.context.last().expect("contexts are never empty");
             // No target hidden state yet (a one-token prompt): a plain step.
-            if ctx.is_empty() || s.max_drafts == 0 {
+            if self.contexts.is_empty(s.slot) || s.max_drafts == 0 {
                 drafts.push(Vec::new());
                 q.extend(std::iter::repeat_n(0.0, (block - 1) * vocab));
                 continue;
             }
-            let mut d = if sampled {
-                let tokens = self.draft.block_input(verified).map_err(|e| self.err(e))?;
-                let logits = self.draft.block_logits(&self.target, ctx, &tokens).map_err(|e| self.err(e))?;
-                let mut d = Vec::with_capacity(block - 1);
-                for row in logits.chunks(vocab).skip(1) {
-                    let p = process_logits(row, s.sampling).map_err(|e| self.err(e))?;
-                    let drawn = sample_inverse_cdf(&p, rng.random::<f64>()).map_err(|e| self.err(e))?;
-                    d.push(drawn.token as u32);
-                    q.extend(p);
+            let mut d = match &self.contexts {
+                Contexts::F32(c) if sampled => {
+                    let ctx = &c[s.slot];
+                    let tokens = self.fast.draft().block_input(verified).map_err(|e| self.err(e))?;
+                    let logits = self.fast.block_logits(&self.target, ctx, &tokens).map_err(|e| self.err(e))?;
+                    let mut d = Vec::with_capacity(block - 1);
+                    for row in logits.chunks(vocab).skip(1) {
+                        // Widening is exact: q is the law of exactly these logits.
+                        let row: Vec<f64> = row.iter().map(|&v| f64::from(v)).collect();
+                        let p = process_logits(&row, s.sampling).map_err(|e| self.err(e))?;
+                        let drawn = sample_inverse_cdf(&p, rng.random::<f64>()).map_err(|e| self.err(e))?;
+                        d.push(drawn.token as u32);
+                        q.extend(p);
+                    }
+                    d
                 }
-                d
-            } else {
-                match self.mode {
-                    DflashMode::Parallel => self.draft.draft_parallel(&self.target, ctx, verified).map_err(|e| self.err(e))?,
-                    DflashMode::Iterative { steps, schedule } => self.draft.draft_iterative(&self.target, ctx, verified, steps, schedule).map_err(|e| self.err(e))?.tokens,
+                Contexts::F32(c) => self.fast.draft_parallel(&self.target, &c[s.slot], verified, s.max_drafts.min(block - 1)).map_err(|e| self.err(e))?,
+                Contexts::F64(c) => {
+                    let DflashMode::Iterative { steps, schedule } = self.mode else { return Err(DecodeError::Internal("f64 contexts outside iterative mode".into())) };
+                    self.fast.draft().draft_iterative(&self.target, &c[s.slot], verified, steps, schedule).map_err(|e| self.err(e))?.tokens
                 }
             };
             d.truncate(s.max_drafts);
@@ -125,16 +174,15 @@ impl<B: ModelBackend> Proposer<B> for DflashProposer {
     fn observe(&mut self, backend: &B, observed: &Observed<'_, B::Tensor>) -> Result<(), DecodeError> {
         let hidden = observed.hidden.ok_or_else(|| self.err("the target forward returned no hidden states"))?;
         let hidden = backend.download_f64(hidden)?;
-        let width = self.draft.config().feature_width();
+        let width = self.fast.draft().config().feature_width();
         for s in observed.seqs {
             if s.finished {
-                self.contexts[s.slot] = self.draft.new_context();
+                self.contexts.reset(&self.fast, s.slot);
                 continue;
             }
             let rows = observed.plan.rows.iter().find(|r| r.seq == s.slot).ok_or_else(|| self.err(format!("no hidden rows for sequence {}", s.slot)))?;
             let kept = &hidden.data()[rows.token_row * width..(rows.token_row + s.kept) * width];
-            let ctx = &mut self.contexts[s.slot];
-            self.draft.extend(ctx, kept).map_err(|e| DecodeError::proposer(&self.name, e))?;
+            self.contexts.extend(&self.fast, s.slot, kept).map_err(|e| DecodeError::proposer(&self.name, e))?;
         }
         Ok(())
     }

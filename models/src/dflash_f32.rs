@@ -1,0 +1,261 @@
+//! The DFlash drafter's fast host forward: the same computation as
+//! [`crate::dflash`] (DRAFT-7, DRAFT-8) in f32, with every matrix product
+//! through `matrixmultiply`'s sgemm (both cores).
+//!
+//! Role: the drafter the decoder runs. A drafter only proposes: whatever it
+//! drafts, verification keeps the output lossless (DECODE-1), so its forward
+//! need not be the reference's bit for bit; it must be cheap next to a target
+//! step. The f64 forward of [`crate::dflash`] stays the oracle: tests bound
+//! the distance between the two forwards' logits.
+//!
+//! Invariants: the argument checks are the f64 forward's (one function); the
+//! weights are the validated [`DflashDraft`]'s, copied once; a context's keys
+//! and values depend only on its own rows and positions.
+
+use crate::config::LlamaConfig;
+use crate::dflash::{DflashConfig, DflashDraft};
+use crate::error::{ModelError, Result};
+use crate::forward::rope_angles;
+use crate::weights::{LlamaWeights, Matrix};
+
+/// Up to this many rows a product streams the weight once, row by row
+/// (sgemm would first pack all of `wᵀ`, which for the target's head costs
+/// more than the product itself when only a few rows are asked for).
+const FEW_ROWS: usize = 8;
+
+/// A weight at least this large is split across threads in the few-row path.
+const PARALLEL_ELEMENTS: usize = 1 << 20;
+
+/// `x · w[r]` for `FEW_ROWS` or fewer rows of `x`, into `y[row·out + r]`
+/// for `r` in `first..first + part.len() / inp`.
+fn few_rows_part(x: &[f32], inp: usize, part: &[f32], first: usize, out: usize, y: &mut [(usize, f32)]) {
+    let rows = x.len() / inp;
+    for (j, w) in part.chunks_exact(inp).enumerate() {
+        for row in 0..rows {
+            let xr = &x[row * inp..(row + 1) * inp];
+            // Sixteen partial sums so the loop vectorises.
+            let mut acc = [0.0f32; 16];
+            let (wc, xc) = (w.chunks_exact(16), xr.chunks_exact(16));
+            let tail: f32 = wc.remainder().iter().zip(xc.remainder()).map(|(a, b)| a * b).sum();
+            for (a, b) in wc.zip(xc) {
+                for l in 0..16 {
+                    acc[l] += a[l] * b[l];
+                }
+            }
+            y[j * rows + row] = (row * out + first + j, acc.iter().sum::<f32>() + tail);
+        }
+    }
+}
+
+/// `y[rows, out] = x[rows, in] · wᵀ` for `w` `[out, in]` row-major.
+fn linear(x: &[f32], w: &Matrix) -> Vec<f32> {
+    let (out, inp) = (w.rows(), w.cols());
+    let rows = x.len() / inp;
+    debug_assert_eq!(rows * inp, x.len(), "x holds whole rows");
+    if rows <= FEW_ROWS {
+        let threads = if out * inp >= PARALLEL_ELEMENTS { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { 1 };
+        let per = out.div_ceil(threads);
+        let mut parts = vec![(0usize, 0.0f32); rows * out];
+        std::thread::scope(|scope| {
+            for (t, (wpart, ypart)) in w.data.chunks(per * inp).zip(parts.chunks_mut(per * rows)).enumerate() {
+                scope.spawn(move || few_rows_part(x, inp, wpart, t * per, out, ypart));
+            }
+        });
+        let mut y = vec![0.0f32; rows * out];
+        for (i, v) in parts {
+            y[i] = v;
+        }
+        return y;
+    }
+    let mut y = vec![0.0f32; rows * out];
+    // SAFETY: a is rows×inp (row stride inp), b = wᵀ is inp×out read from w
+    // (b[k][n] = w[n·inp + k]: row stride 1, column stride inp), c is
+    // rows×out; all three slices hold exactly those many elements.
+    unsafe {
+        matrixmultiply::sgemm(rows, inp, out, 1.0, x.as_ptr(), inp as isize, 1, w.data.as_ptr(), 1, inp as isize, 0.0, y.as_mut_ptr(), out as isize, 1);
+    }
+    y
+}
+
+fn rms_norm(x: &mut [f32], gain: &[f32], eps: f64) {
+    for row in x.chunks_mut(gain.len()) {
+        let ms = row.iter().map(|v| f64::from(*v) * f64::from(*v)).sum::<f64>() / row.len() as f64;
+        let inv = (1.0 / (ms + eps).sqrt()) as f32;
+        row.iter_mut().zip(gain).for_each(|(v, g)| *v = *v * inv * g);
+    }
+}
+
+/// Rotate-half RoPE (MODEL-10) of every head of one row at one position.
+fn rope(row: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
+    let half = head_dim / 2;
+    for head in row.chunks_mut(head_dim) {
+        for i in 0..half {
+            let (a, b) = (head[i], head[i + half]);
+            head[i] = a * cos[i] - b * sin[i];
+            head[i + half] = b * cos[i] + a * sin[i];
+        }
+    }
+}
+
+fn angles(pos: usize, head_dim: usize, theta: f64) -> (Vec<f32>, Vec<f32>) {
+    let (c, s) = rope_angles(pos, head_dim, theta);
+    (c.into_iter().map(|v| v as f32).collect(), s.into_iter().map(|v| v as f32).collect())
+}
+
+/// Per-sequence context of [`DflashF32`]: per draft layer, keys (RoPE at
+/// their position) and values `[len, kv_heads·head_dim]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContextF32 {
+    len: usize,
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+}
+
+impl ContextF32 {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// The f32 drafter.
+#[derive(Debug, Clone)]
+pub struct DflashF32 {
+    draft: DflashDraft,
+}
+
+impl DflashF32 {
+    pub fn new(draft: DflashDraft) -> Self {
+        DflashF32 { draft }
+    }
+
+    pub fn config(&self) -> &DflashConfig {
+        self.draft.config()
+    }
+
+    pub fn draft(&self) -> &DflashDraft {
+        &self.draft
+    }
+
+    pub fn new_context(&self) -> ContextF32 {
+        let layers = self.config().layers.num_hidden_layers;
+        ContextF32 { len: 0, keys: vec![Vec::new(); layers], values: vec![Vec::new(); layers] }
+    }
+
+    fn layers_config(&self) -> &LlamaConfig {
+        &self.config().layers
+    }
+
+    /// Appends context positions (DRAFT-7): `rows` holds one `K·hidden`
+    /// row per position, the target's hidden states at `target_layer_ids`.
+    pub fn extend(&self, ctx: &mut ContextF32, rows: &[f64]) -> Result<()> {
+        if ctx.keys.len() != self.layers_config().num_hidden_layers {
+            return Err(ModelError::InvalidInput { arg: "ctx", reason: "the context belongs to a drafter of another shape".into() });
+        }
+        let count = self.draft.check_rows(ctx.len, rows)?;
+        let c = self.layers_config();
+        let w = self.draft.weights();
+        let rows: Vec<f32> = rows.iter().map(|&v| v as f32).collect();
+        let mut features = linear(&rows, &w.fc);
+        rms_norm(&mut features, &w.hidden_norm.data, c.rms_norm_eps);
+        let (hd, kv) = (c.head_dim(), c.num_key_value_heads * c.head_dim());
+        let tables: Vec<(Vec<f32>, Vec<f32>)> = (0..count).map(|i| angles(ctx.len + i, hd, c.rope_theta)).collect();
+        for (li, layer) in w.layers.iter().enumerate() {
+            let mut k = linear(&features, &layer.wk);
+            for (row, (cos, sin)) in k.chunks_mut(kv).zip(&tables) {
+                rope(row, hd, cos, sin);
+            }
+            ctx.keys[li].extend_from_slice(&k);
+            ctx.values[li].extend(linear(&features, &layer.wv));
+        }
+        ctx.len += count;
+        Ok(())
+    }
+
+    /// The block forward (DRAFT-8) in f32: logits `[B, V]`; row `i >= 1`
+    /// drafts block position `i`. Same arguments and checks as
+    /// [`DflashDraft::block_logits`].
+    pub fn block_logits(&self, target: &LlamaWeights, ctx: &ContextF32, block_tokens: &[u32]) -> Result<Vec<f32>> {
+        let states = self.block_states(target, ctx, block_tokens)?;
+        Ok(linear(&states, target.output_matrix()))
+    }
+
+    /// The block's final states `[B, hidden]` (after the draft's norm), before the head.
+    fn block_states(&self, target: &LlamaWeights, ctx: &ContextF32, block_tokens: &[u32]) -> Result<Vec<f32>> {
+        self.draft.check_block(target, ctx.len, block_tokens)?;
+        let c = self.layers_config();
+        let w = self.draft.weights();
+        let (b, n, h) = (block_tokens.len(), ctx.len, c.hidden_size);
+        let (hd, nh, nkv, eps) = (c.head_dim(), c.num_attention_heads, c.num_key_value_heads, c.rms_norm_eps);
+        let (group, kv) = (nh / nkv, nkv * hd);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut x: Vec<f32> = block_tokens.iter().flat_map(|&t| target.embed.row(t as usize).iter().copied()).collect();
+        let tables: Vec<(Vec<f32>, Vec<f32>)> = (0..b).map(|i| angles(n + i, hd, c.rope_theta)).collect();
+        let mut scores = vec![0.0f32; n + b];
+        for (li, layer) in w.layers.iter().enumerate() {
+            let mut normed = x.clone();
+            rms_norm(&mut normed, &layer.attn_norm.data, eps);
+            let mut q = linear(&normed, &layer.wq);
+            let mut k = linear(&normed, &layer.wk);
+            let v = linear(&normed, &layer.wv);
+            for (i, (cos, sin)) in tables.iter().enumerate() {
+                rope(&mut q[i * nh * hd..(i + 1) * nh * hd], hd, cos, sin);
+                rope(&mut k[i * kv..(i + 1) * kv], hd, cos, sin);
+            }
+            // Key j: the context's first, then the block's (not causal).
+            let key = |j: usize, g: usize| if j < n { &ctx.keys[li][j * kv + g * hd..j * kv + (g + 1) * hd] } else { &k[(j - n) * kv + g * hd..(j - n) * kv + (g + 1) * hd] };
+            let value = |j: usize, g: usize| if j < n { &ctx.values[li][j * kv + g * hd..j * kv + (g + 1) * hd] } else { &v[(j - n) * kv + g * hd..(j - n) * kv + (g + 1) * hd] };
+            let mut attended = vec![0.0f32; b * nh * hd];
+            for i in 0..b {
+                for head in 0..nh {
+                    let g = head / group;
+                    let qh = &q[(i * nh + head) * hd..(i * nh + head + 1) * hd];
+                    for (j, s) in scores.iter_mut().enumerate() {
+                        *s = qh.iter().zip(key(j, g)).map(|(a, b)| a * b).sum::<f32>() * scale;
+                    }
+                    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let mut total = 0.0f32;
+                    scores.iter_mut().for_each(|s| {
+                        *s = (*s - max).exp();
+                        total += *s;
+                    });
+                    let out = &mut attended[(i * nh + head) * hd..(i * nh + head + 1) * hd];
+                    for (j, &p) in scores.iter().enumerate() {
+                        out.iter_mut().zip(value(j, g)).for_each(|(o, v)| *o += p / total * v);
+                    }
+                }
+            }
+            linear(&attended, &layer.wo).iter().zip(x.iter_mut()).for_each(|(o, x)| *x += o);
+            let mut normed = x.clone();
+            rms_norm(&mut normed, &layer.mlp_norm.data, eps);
+            let gate = linear(&normed, &layer.w_gate);
+            let up = linear(&normed, &layer.w_up);
+            let act: Vec<f32> = gate.iter().zip(&up).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+            linear(&act, &layer.w_down).iter().zip(x.iter_mut()).for_each(|(d, x)| *x += d);
+        }
+        rms_norm(&mut x, &w.norm.data, eps);
+        debug_assert_eq!(x.len(), b * h);
+        Ok(x)
+    }
+
+    /// Single-step parallel drafting (DRAFT-8): the argmax (lowest id on
+    /// ties) of rows `1 ..= count` of one block forward on
+    /// `[verified, mask..]`, `count <= B - 1`. The block runs whole (its
+    /// attention is not causal); only the head, most of the cost, is
+    /// limited to the rows asked for.
+    pub fn draft_parallel(&self, target: &LlamaWeights, ctx: &ContextF32, verified: u32, count: usize) -> Result<Vec<u32>> {
+        let b = self.config().block_size;
+        if count == 0 || count >= b {
+            return Err(ModelError::InvalidInput { arg: "count", reason: format!("{count} drafts are outside [1, block_size - 1 = {}]", b - 1) });
+        }
+        let block = self.draft.block_input(verified)?;
+        let states = self.block_states(target, ctx, &block)?;
+        let h = self.layers_config().hidden_size;
+        let logits = linear(&states[h..(count + 1) * h], target.output_matrix());
+        let v = self.layers_config().vocab_size;
+        Ok(logits.chunks(v).map(|row| row.iter().enumerate().fold(0, |best, (i, &x)| if x > row[best] { i } else { best }) as u32).collect())
+    }
+}
