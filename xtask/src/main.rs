@@ -19,6 +19,7 @@ mod libtorch;
 mod numpy_venv;
 mod peers;
 mod smollm2;
+mod train_dflash;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "specdec repository tasks")]
@@ -85,6 +86,20 @@ enum Task {
         #[arg(long, default_value_t = 600)]
         seconds: u64,
     },
+    /// Opt-in, not in CI: trains the DFlash draft of SmolLM2-135M-Instruct the way the shipped
+    /// one (`fixtures/dflash/smollm2-135m-instruct`) was made: greedy continuations and hidden
+    /// states of `fixtures/dflash/prompts.json` (cached), then libtorch training on the CPU.
+    TrainDflash {
+        /// The backend that decodes the training data.
+        #[arg(long, default_value = "tch")]
+        backend: String,
+        #[arg(long, default_value_t = train_dflash::STEPS)]
+        steps: usize,
+        /// Where the checkpoint goes (default `.cache/dflash/smollm2-135m-instruct`; the shipped
+        /// one is `fixtures/dflash/smollm2-135m-instruct`).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Builds `specdec` with candle's CUDA backend from PyPI's CUDA toolkit (no GPU needed
     /// here), to run on a GPU machine: `specdec conform --backend candle-cuda`.
     Cuda {
@@ -135,8 +150,8 @@ fn run(task: Task) -> Result<(), String> {
             // Style gates first, over every crate and target (tch included): a
             // formatting drift or a clippy warning fails the run.
             cargo(&root, &["fmt", "--all", "--check"], &[], None)?;
-            cargo_with(&root, &["clippy", "--workspace", "--all-targets", "--features", "specdec-tch/libtorch", "--", "-D", "warnings"], &[], Some(&lt), &env)?;
-            cargo_with(&root, &["test", "--workspace", "--features", "specdec-tch/libtorch"], &rest_after_dashdash(rest), Some(&lt), &env)
+            cargo_with(&root, &["clippy", "--workspace", "--all-targets", "--features", "specdec-tch/libtorch,specdec-train/libtorch", "--", "-D", "warnings"], &[], Some(&lt), &env)?;
+            cargo_with(&root, &["test", "--workspace", "--features", "specdec-tch/libtorch,specdec-train/libtorch"], &rest_after_dashdash(rest), Some(&lt), &env)
         }
         Task::Conform { rest } => {
             let lt = libtorch::ensure_libtorch(&root)?;
@@ -164,6 +179,7 @@ fn run(task: Task) -> Result<(), String> {
             }
             cargo_with(&root, &["bench", "-p", "specdec-benches", "--features", "specdec-tch/libtorch", "--bench", "report"], &rest_after_dashdash(rest), Some(&lt), &env)
         }
+        Task::TrainDflash { backend, steps, out } => train_dflash::train(&root, &backend, steps, out),
         Task::Fuzz { targets, seconds } => fuzz::fuzz(&root, &targets, seconds),
         Task::Bless { check } => {
             let args = if check { vec!["bless".to_string(), "--check".into()] } else { vec!["bless".to_string()] };
