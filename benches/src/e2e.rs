@@ -23,11 +23,51 @@ pub const PROMPTS: [(&str, &str); 3] = [("code-rename", "repetitive (editing cod
 /// Draft lengths swept.
 pub const KS: [usize; 4] = [1, 2, 4, 8];
 
-/// The proposers of the report: prompt lookup, and the target's first 10
-/// of 30 layers as a self-draft (early exit). SmolLM2-135M is the smallest
+/// The proposers of the report: prompt lookup, the target's first 10 of 30
+/// layers as a self-draft (early exit), and the shipped DFlash block draft
+/// trained for SmolLM2 (`cargo xtask train-dflash`; none of the report's
+/// prompts is among its training prompts). SmolLM2-135M is the smallest
 /// model of its family, so there is no separate draft model to run.
 pub fn proposers() -> Vec<ProposerChoice> {
-    vec![ProposerChoice::Ngram, ProposerChoice::EarlyExit(10)]
+    vec![ProposerChoice::Ngram, ProposerChoice::EarlyExit(10), ProposerChoice::Dflash(dflash_dir())]
+}
+
+fn dflash_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/dflash/smollm2-135m-instruct")
+}
+
+/// What the shipped DFlash draft's `training.json` says about its training
+/// and its held-out acceptance, as a Markdown paragraph; `None` without one.
+pub fn dflash_training() -> Option<String> {
+    let text = std::fs::read_to_string(dflash_dir().join("training.json")).ok()?;
+    let log: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let c = &log["config"];
+    let last = log["evals"].as_array()?.last()?;
+    let per: Vec<String> = last["acceptance_per_position"].as_array()?.iter().filter_map(|a| a.as_f64()).map(|a| format!("{a:.3}")).collect();
+    Some(format!(
+        "`fixtures/dflash/smollm2-135m-instruct` (`cargo xtask train-dflash`): {} draft layer(s), block {}, target layers {}; {} steps of {} sequences x {} blocks over {} training anchors ({} sequences), {:.0} s on this machine's CPU. On the {} held-out sequences (greedy continuations of prompts it never saw), every fourth anchor: tau {:.3} ({:.3} drafts accepted per block), the fraction of blocks whose first i drafts all match: {}.",
+        c["draft_layers"],
+        c["block_size"],
+        log["target_layer_ids"],
+        c["steps"],
+        c["seqs_per_step"],
+        c["anchors_per_seq"],
+        log["train_anchors"],
+        log["train_sequences"],
+        log["seconds"].as_f64()?,
+        log["heldout_sequences"],
+        last["tau"].as_f64()?,
+        last["accepted_per_block"].as_f64()?,
+        per.join(", ")
+    ))
+}
+
+/// A proposer's name in the report: a checkpoint by its directory's name, not its path.
+pub fn label(p: &ProposerChoice) -> String {
+    match p {
+        ProposerChoice::Dflash(dir) => format!("dflash:{}", dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned())),
+        other => other.to_string(),
+    }
 }
 
 /// A prompt, tokenized.
@@ -98,6 +138,9 @@ pub struct BestK {
     /// The measured `k` with the highest geometric-mean measured speedup over the prompts.
     pub measured_k: usize,
     pub measured_speedup: f64,
+    /// `tau` at the measured `k`: tokens per verify step (accepted drafts plus
+    /// the target's own token), mean over the prompts.
+    pub measured_tau: f64,
 }
 
 /// Everything one backend produced.
@@ -145,7 +188,7 @@ impl<B: ModelBackend> Runner<'_, B> {
     fn spec(&self, p: &BenchPrompt, k: usize, proposer: &ProposerChoice, plain: &Plain) -> Result<SpecRun, String> {
         let r = self.run(&p.ids, k, proposer)?;
         if r.outputs[0].tokens != plain.tokens {
-            return Err(format!("{}, {}, k = {k}, prompt {}: greedy speculative tokens differ from plain decoding", self.name, proposer, p.id));
+            return Err(format!("{}, {}, k = {k}, prompt {}: greedy speculative tokens differ from plain decoding", self.name, label(proposer), p.id));
         }
         let a = &r.acceptance;
         let drafts_per_step = if a.steps == 0 { 0.0 } else { a.proposed as f64 / a.steps as f64 };
@@ -154,7 +197,7 @@ impl<B: ModelBackend> Runner<'_, B> {
         let speedup = r.decode_tokens_per_s() / plain.tokens_per_s;
         Ok(SpecRun {
             backend: self.name.into(),
-            proposer: proposer.to_string(),
+            proposer: label(proposer),
             prompt: p.id.clone(),
             k,
             tokens: r.outputs[0].tokens.len(),
@@ -189,7 +232,7 @@ pub fn measure<B: ModelBackend>(name: &str, b: &B, w: &LlamaWeights, prompts: &[
         let sweep = |k: usize, out: &mut E2e, progress: &mut dyn FnMut(&str)| -> Result<(), String> {
             for (p, plain) in prompts.iter().zip(&plains) {
                 out.spec.push(runner.spec(p, k, &proposer, plain)?);
-                progress(&format!("{name} {} {} k={k}", p.id, proposer));
+                progress(&format!("{name} {} {} k={k}", p.id, label(&proposer)));
             }
             Ok(())
         };
@@ -197,11 +240,11 @@ pub fn measure<B: ModelBackend>(name: &str, b: &B, w: &LlamaWeights, prompts: &[
             sweep(k, &mut out, progress)?;
         }
         // THEORY-4's k, checked by measurement when the sweep did not run it.
-        let theory_k = best_k(name, &proposer.to_string(), &out)?.theory_k;
+        let theory_k = best_k(name, &label(&proposer), &out)?.theory_k;
         if !KS.contains(&theory_k) {
             sweep(theory_k, &mut out, progress)?;
         }
-        out.best_k.push(best_k(name, &proposer.to_string(), &out)?);
+        out.best_k.push(best_k(name, &label(&proposer), &out)?);
     }
     Ok(out)
 }
@@ -238,7 +281,8 @@ fn best_k(backend: &str, proposer: &str, e: &E2e) -> Result<BestK, String> {
             measured_best = (k, g);
         }
     }
-    Ok(BestK { backend: backend.into(), proposer: proposer.into(), fitted_beta, cost_ratio, theory_k, theory_speedup, measured_k: measured_best.0, measured_speedup: measured_best.1 })
+    let measured_tau = at(measured_best.0).map(|r| r.tokens_per_step).sum::<f64>() / at(measured_best.0).count().max(1) as f64;
+    Ok(BestK { backend: backend.into(), proposer: proposer.into(), fitted_beta, cost_ratio, theory_k, theory_speedup, measured_k: measured_best.0, measured_speedup: measured_best.1, measured_tau })
 }
 
 #[cfg(test)]

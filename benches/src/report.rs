@@ -221,14 +221,17 @@ impl Report {
         }
         let _ = writeln!(
             md,
-            "\n### Best k\n\nTheory: THEORY-4 over k in 1..=8 with beta fitted to the measured tokens per step at k = 8 (a step without a proposal counts as a rejection, so for n-gram drafts it is the acceptance per step, below the per-draft rate) and c pooled over the prompts (run too when outside the sweep). Measured: the k with the highest geometric-mean speedup over the prompts.\n\n| backend | proposer | fitted beta (per step) | c | theory k | predicted speedup | measured k | measured speedup |\n|---|---|---|---|---|---|---|---|"
+            "\n### Best k\n\nTheory: THEORY-4 over k in 1..=8 with beta fitted to the measured tokens per step at k = 8 (a step without a proposal counts as a rejection, so for n-gram drafts it is the acceptance per step, below the per-draft rate) and c pooled over the prompts (run too when outside the sweep). Measured: the k with the highest geometric-mean speedup over the prompts. tau: tokens per verify step at the measured k (accepted drafts plus the target's own token), mean over the prompts.\n\n| backend | proposer | fitted beta (per step) | c | theory k | predicted speedup | measured k | tau | measured speedup |\n|---|---|---|---|---|---|---|---|---|"
         );
         for b in &e.best_k {
             let _ = writeln!(
                 md,
-                "| {} | {} | {:.3} | {:.3} | {} | {:.2} | {} | {:.2} |",
-                b.backend, b.proposer, b.fitted_beta, b.cost_ratio, b.theory_k, b.theory_speedup, b.measured_k, b.measured_speedup
+                "| {} | {} | {:.3} | {:.3} | {} | {:.2} | {} | {:.2} | {:.2} |",
+                b.backend, b.proposer, b.fitted_beta, b.cost_ratio, b.theory_k, b.theory_speedup, b.measured_k, b.measured_tau, b.measured_speedup
             );
+        }
+        if let Some(t) = crate::e2e::dflash_training() {
+            let _ = writeln!(md, "\n### The DFlash draft\n\n{t}");
         }
         let _ = writeln!(
             md,

@@ -4,9 +4,9 @@
 //! (DECODE-2 .. DECODE-5).
 //!
 //! Proposers: n-gram, a seeded draft model, the target as its own draft
-//! (every draft accepted: bonus and eos paths), early exit, and seeded DFlash
-//! drafters (parallel and iterative unmasking; tiny model only: the drafter
-//! runs on the host).
+//! (every draft accepted: bonus and eos paths), early exit, seeded DFlash
+//! drafters (parallel and iterative unmasking) on the tiny model, and the
+//! shipped DFlash draft trained for SmolLM2 (`fixtures/dflash/`).
 //!
 //! Checks, `e2e/<model>/<proposer>/<check>`:
 //! - `greedy`: speculative greedy output equals the same backend's plain
@@ -67,7 +67,7 @@ const SAMPLED_BATCH: usize = 512;
 
 /// The proposers of the section, by model.
 pub fn proposers(model: &str) -> Vec<&'static str> {
-    if model == SMOLLM2 { vec!["ngram", "early-exit:8", "draft:seeded"] } else { vec!["ngram", "draft:seeded", "draft:self", "early-exit:1", "dflash:seeded", "dflash-iter:seeded"] }
+    if model == SMOLLM2 { vec!["ngram", "early-exit:8", "draft:seeded", "dflash:trained"] } else { vec!["ngram", "draft:seeded", "draft:self", "early-exit:1", "dflash:seeded", "dflash-iter:seeded"] }
 }
 
 /// One end-to-end check.
@@ -106,6 +106,11 @@ pub fn build_proposer<B: ModelBackend>(b: &B, name: &str, w: &LlamaWeights) -> R
         "draft:self" => Box::new(DraftModelProposer::new(b, name, w, vocab).map_err(e)?),
         "draft:seeded" => Box::new(DraftModelProposer::new(b, name, &seeded_draft(w)?, vocab).map_err(e)?),
         "dflash:seeded" => Box::new(DflashProposer::new(name, seeded_dflash(w)?, Arc::new(w.clone()), DflashMode::Parallel).map_err(e)?),
+        // The shipped draft trained for SmolLM2 (its checkpoint is validated against `w` at load).
+        "dflash:trained" => {
+            let draft = specdec_models::load_dflash(model_section::shipped_dflash_dir(), &w.config).map_err(|e| format!("the shipped DFlash draft: {e}"))?;
+            Box::new(DflashProposer::new(name, draft, Arc::new(w.clone()), DflashMode::Parallel).map_err(e)?)
+        }
         "dflash-iter:seeded" => {
             let mode = DflashMode::Iterative { steps: 2, schedule: specdec_models::dflash::Schedule::Cosine };
             Box::new(DflashProposer::new(name, seeded_dflash(w)?, Arc::new(w.clone()), mode).map_err(e)?)

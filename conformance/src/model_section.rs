@@ -510,6 +510,11 @@ struct PromptFile {
 }
 
 /// The shipped SmolLM2 prompts.
+/// The shipped DFlash draft of SmolLM2-135M-Instruct (`cargo xtask train-dflash`).
+pub fn shipped_dflash_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/dflash/smollm2-135m-instruct")
+}
+
 pub fn shipped_prompts() -> Vec<Prompt> {
     let text = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/prompts/smollm2.json"));
     serde_json::from_str::<PromptFile>(text).expect("the shipped prompt file parses (checked by the model tests)").prompts
