@@ -16,6 +16,7 @@ use crate::config::LlamaConfig;
 use crate::dflash::{DflashConfig, DflashDraft};
 use crate::error::{ModelError, Result};
 use crate::forward::rope_angles;
+use crate::reference::rope;
 use crate::weights::{LlamaWeights, Matrix};
 
 /// Up to this many rows a product streams the weight once, row by row
@@ -82,18 +83,6 @@ fn rms_norm(x: &mut [f32], gain: &[f32], eps: f64) {
         let ms = row.iter().map(|v| f64::from(*v) * f64::from(*v)).sum::<f64>() / row.len() as f64;
         let inv = (1.0 / (ms + eps).sqrt()) as f32;
         row.iter_mut().zip(gain).for_each(|(v, g)| *v = *v * inv * g);
-    }
-}
-
-/// Rotate-half RoPE (MODEL-10) of every head of one row at one position.
-fn rope(row: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
-    let half = head_dim / 2;
-    for head in row.chunks_mut(head_dim) {
-        for i in 0..half {
-            let (a, b) = (head[i], head[i + half]);
-            head[i] = a * cos[i] - b * sin[i];
-            head[i + half] = b * cos[i] + a * sin[i];
-        }
     }
 }
 

@@ -278,8 +278,9 @@ pub fn rms_norm(x: &[f64], w: &Matrix, eps: f64) -> Vec<f64> {
     x.iter().zip(&w.data).map(|(v, w)| v * inv * f64::from(*w)).collect()
 }
 
-/// Rotate-half RoPE on every head of `x` (`[heads·head_dim]`), MODEL-10.
-pub(crate) fn rope(x: &mut [f64], hd: usize, cos: &[f64], sin: &[f64]) {
+/// Rotate-half RoPE on every head of `x` (`[heads·head_dim]`), MODEL-10;
+/// f64 in the reference, f32 in the host drafter (`dflash_f32`).
+pub(crate) fn rope<T: Copy + std::ops::Mul<Output = T> + std::ops::Add<Output = T> + std::ops::Sub<Output = T>>(x: &mut [T], hd: usize, cos: &[T], sin: &[T]) {
     let half = hd / 2;
     for head in x.chunks_mut(hd) {
         for i in 0..half {
