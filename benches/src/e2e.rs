@@ -29,17 +29,13 @@ pub const KS: [usize; 4] = [1, 2, 4, 8];
 /// prompts is among its training prompts). SmolLM2-135M is the smallest
 /// model of its family, so there is no separate draft model to run.
 pub fn proposers() -> Vec<ProposerChoice> {
-    vec![ProposerChoice::Ngram, ProposerChoice::EarlyExit(10), ProposerChoice::Dflash(dflash_dir())]
-}
-
-fn dflash_dir() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/dflash/smollm2-135m-instruct")
+    vec![ProposerChoice::Ngram, ProposerChoice::EarlyExit(10), ProposerChoice::Dflash(specdec_conformance::model_section::shipped_dflash_dir())]
 }
 
 /// What the shipped DFlash draft's `training.json` says about its training
 /// and its held-out acceptance, as a Markdown paragraph; `None` without one.
 pub fn dflash_training() -> Option<String> {
-    let text = std::fs::read_to_string(dflash_dir().join("training.json")).ok()?;
+    let text = std::fs::read_to_string(specdec_conformance::model_section::shipped_dflash_dir().join("training.json")).ok()?;
     let log: serde_json::Value = serde_json::from_str(&text).ok()?;
     let c = &log["config"];
     let last = log["evals"].as_array()?.last()?;

@@ -43,9 +43,6 @@ impl Job for DraftDataJob {
         }
         let model = b.load_model(weights).map_err(|e| e.to_string())?;
         let engine = Engine::new(b, &model, cfg, EngineConfig { k: 0, ..EngineConfig::default() }).map_err(|e| e.to_string())?;
-        if self.layers.is_empty() {
-            return Err("--layers names no target layer".into());
-        }
         let width = self.layers.len() * cfg.hidden_size;
         let bar = ProgressBar::new(prompts.len() as u64)
             .with_style(ProgressStyle::with_template("{prefix:>10} [{bar:30}] {pos}/{len} prompts {elapsed} {wide_msg}").expect("valid template").progress_chars("=> "));

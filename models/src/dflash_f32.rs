@@ -1,6 +1,8 @@
 //! The DFlash drafter's fast host forward: the same computation as
-//! [`crate::dflash`] (DRAFT-7, DRAFT-8) in f32, with every matrix product
-//! through `matrixmultiply`'s sgemm (both cores).
+//! [`crate::dflash`] (DRAFT-7, DRAFT-8) in f32. Matrix products of many rows
+//! go through `matrixmultiply`'s sgemm; those of a few rows (a block, or the
+//! head over the rows a step verifies) stream each weight once, split
+//! across the cores when the weight is large.
 //!
 //! Role: the drafter the decoder runs. A drafter only proposes: whatever it
 //! drafts, verification keeps the output lossless (DECODE-1), so its forward
@@ -9,8 +11,8 @@
 //! the distance between the two forwards' logits.
 //!
 //! Invariants: the argument checks are the f64 forward's (one function); the
-//! weights are the validated [`DflashDraft`]'s, copied once; a context's keys
-//! and values depend only on its own rows and positions.
+//! weights are the validated [`DflashDraft`]'s, owned, not converted; a
+//! context's keys and values depend only on its own rows and positions.
 
 use crate::config::LlamaConfig;
 use crate::dflash::{DflashConfig, DflashDraft};
@@ -27,9 +29,9 @@ const FEW_ROWS: usize = 8;
 /// A weight at least this large is split across threads in the few-row path.
 const PARALLEL_ELEMENTS: usize = 1 << 20;
 
-/// `x · w[r]` for `FEW_ROWS` or fewer rows of `x`, into `y[row·out + r]`
-/// for `r` in `first..first + part.len() / inp`.
-fn few_rows_part(x: &[f32], inp: usize, part: &[f32], first: usize, out: usize, y: &mut [(usize, f32)]) {
+/// `x · w[r]ᵀ` for the weight rows in `part`, written transposed:
+/// `yt[j·rows + row]` for the `j`-th row of `part`.
+fn few_rows_part(x: &[f32], inp: usize, part: &[f32], yt: &mut [f32]) {
     let rows = x.len() / inp;
     for (j, w) in part.chunks_exact(inp).enumerate() {
         for row in 0..rows {
@@ -43,7 +45,7 @@ fn few_rows_part(x: &[f32], inp: usize, part: &[f32], first: usize, out: usize, 
                     acc[l] += a[l] * b[l];
                 }
             }
-            y[j * rows + row] = (row * out + first + j, acc.iter().sum::<f32>() + tail);
+            yt[j * rows + row] = acc.iter().sum::<f32>() + tail;
         }
     }
 }
@@ -56,17 +58,14 @@ fn linear(x: &[f32], w: &Matrix) -> Vec<f32> {
     if rows <= FEW_ROWS {
         let threads = if out * inp >= PARALLEL_ELEMENTS { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { 1 };
         let per = out.div_ceil(threads);
-        let mut parts = vec![(0usize, 0.0f32); rows * out];
+        // Transposed (`[out, rows]`) so each thread owns one contiguous slice.
+        let mut yt = vec![0.0f32; out * rows];
         std::thread::scope(|scope| {
-            for (t, (wpart, ypart)) in w.data.chunks(per * inp).zip(parts.chunks_mut(per * rows)).enumerate() {
-                scope.spawn(move || few_rows_part(x, inp, wpart, t * per, out, ypart));
+            for (wpart, ypart) in w.data.chunks(per * inp).zip(yt.chunks_mut(per * rows)) {
+                scope.spawn(move || few_rows_part(x, inp, wpart, ypart));
             }
         });
-        let mut y = vec![0.0f32; rows * out];
-        for (i, v) in parts {
-            y[i] = v;
-        }
-        return y;
+        return (0..rows * out).map(|i| yt[(i % out) * rows + i / out]).collect();
     }
     let mut y = vec![0.0f32; rows * out];
     // SAFETY: a is rows×inp (row stride inp), b = wᵀ is inp×out read from w
@@ -212,8 +211,9 @@ impl DflashF32 {
                         total += *s;
                     });
                     let out = &mut attended[(i * nh + head) * hd..(i * nh + head + 1) * hd];
+                    let inv = 1.0 / total;
                     for (j, &p) in scores.iter().enumerate() {
-                        out.iter_mut().zip(value(j, g)).for_each(|(o, v)| *o += p / total * v);
+                        out.iter_mut().zip(value(j, g)).for_each(|(o, v)| *o += p * inv * v);
                     }
                 }
             }
@@ -246,5 +246,32 @@ impl DflashF32 {
         let logits = linear(&states[h..(count + 1) * h], target.output_matrix());
         let v = self.layers_config().vocab_size;
         Ok(logits.chunks(v).map(|row| row.iter().enumerate().fold(0, |best, (i, &x)| if x > row[best] { i } else { best }) as u32).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both product paths, the few-row one split across threads (a weight
+    /// of more than `PARALLEL_ELEMENTS`, an output not divisible by the thread
+    /// count), equal an f64 dot product to f32 accuracy.
+    #[test]
+    fn linear_paths_match_a_plain_dot_product() {
+        let (out, inp) = (1501, 701);
+        assert!(out * inp >= PARALLEL_ELEMENTS);
+        let value = |i: usize, m: usize| ((i * 2_654_435_761 % m) as f32 / m as f32) - 0.5;
+        let w = Matrix::new(vec![out, inp], (0..out * inp).map(|i| value(i, 1009)).collect(), "w").unwrap();
+        for rows in [1, 3, FEW_ROWS, FEW_ROWS + 1] {
+            let x: Vec<f32> = (0..rows * inp).map(|i| value(i, 997)).collect();
+            let y = linear(&x, &w);
+            assert_eq!(y.len(), rows * out);
+            for r in 0..rows {
+                for o in [0, 1, out / 2, out - 1] {
+                    let want: f64 = (0..inp).map(|k| f64::from(x[r * inp + k]) * f64::from(w.data[o * inp + k])).sum();
+                    assert!((f64::from(y[r * out + o]) - want).abs() < 1e-3, "rows {rows}: y[{r}, {o}] = {} vs {want}", y[r * out + o]);
+                }
+            }
+        }
     }
 }

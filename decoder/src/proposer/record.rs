@@ -39,11 +39,6 @@ impl HiddenRecorder {
         self.width
     }
 
-    /// Request `slot`'s rows, `[positions, K·hidden]` row-major.
-    pub fn rows(&self, slot: usize) -> &[f64] {
-        &self.rows[slot]
-    }
-
     /// Takes every request's rows, leaving the recorder empty.
     pub fn take(&mut self) -> Vec<Vec<f64>> {
         std::mem::take(&mut self.rows)
