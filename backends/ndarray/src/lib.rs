@@ -1,10 +1,15 @@
 //! The ndarray port of the specdec [`Backend`] contract: a CPU backend whose
 //! ops are whole-array ndarray operations (`Zip` maps and `where`s,
 //! `fold_axis` reductions, `accumulate_axis_inplace` scans, `select`
-//! gathers, argmax as "row max, then the smallest position holding it" for
-//! lowest-id ties), never the reference's per-element loops; host loops run
-//! only over rows where ndarray has no vectorised form (the per-lane sort of
-//! top-k/top-p) and over n-gram sizes. Tensors ([`NdTensor`]) are
+//! gathers), never the reference's per-element loops, with two exceptions
+//! where whole-array passes cost many reads of the logits: greedy verify
+//! and `process_logits` without top-k or top-p (the decoder's hot path) run
+//! one fused pass per row (`prim::for_rows`: argmax as "row max in eight
+//! vectorisable lanes, then the smallest position holding it" for lowest-id
+//! ties, the score check folded in; then the softmax), with rows split
+//! across threads. Host loops otherwise run only over rows where ndarray
+//! has no vectorised form (the per-lane sort of top-k/top-p) and over
+//! n-gram sizes. Tensors ([`NdTensor`]) are
 //! `ArrayD<f64>` or `ArrayD<i64>`, and verify outputs stay in them until the
 //! caller downloads them. Validation (ERR-1, CONV-*): each op checks shapes
 //! from the array dims and folds every value condition into one boolean with
@@ -90,11 +95,10 @@ fn reference_rejection(args: &RejectionArgs<'_, NdTensor>, u: &ArrayD<f64>, nois
 impl NdarrayBackend {
     fn greedy(&self, scores: &NdTensor, drafts: &NdTensor, lens: &NdTensor, checks: Checks) -> Result<Verified<NdTensor>> {
         let (s, d, l) = (scores.floats("target_scores")?, drafts.ints("draft_tokens")?, lens.ints("proposal_lens")?);
-        let Some(layout) = verify::greedy_ok(s, d, l, checks) else {
-            // The reference names the defect (a layout-only failure is one too).
-            return Err(BackendError::named_by_reference(NAME, ReferenceBackend.greedy_verify(&scores.to_ref(), &drafts.to_ref(), &lens.to_ref())));
-        };
-        Ok(verified(verify::greedy(view(d3(s), "target_scores")?, view(d2(d), "draft_tokens")?, &layout)))
+        // The reference names the defect (a layout-only failure is one too).
+        let named = || BackendError::named_by_reference(NAME, ReferenceBackend.greedy_verify(&scores.to_ref(), &drafts.to_ref(), &lens.to_ref()));
+        let layout = verify::greedy_ok(s, d, l).ok_or_else(named)?;
+        verify::greedy(view(d3(s), "target_scores")?, view(d2(d), "draft_tokens")?, &layout, checks).map(verified).ok_or_else(named)
     }
 
     /// REJECT-1 .. REJECT-5 with the given noise (explicit or seeded). With
@@ -229,12 +233,15 @@ impl Backend for NdarrayBackend {
     fn process_logits(&self, logits: &NdTensor, params: LogitsParams<'_, NdTensor>) -> Result<NdTensor> {
         let input =
             sample::LogitsIn { logits: logits.floats("logits")?, temperature: params.temperature.floats("temperature")?, top_k: params.top_k.ints("top_k")?, top_p: params.top_p.floats("top_p")? };
-        if !sample::logits_ok(&input) {
+        let named = || {
             let (t, k, p) = (params.temperature.to_ref(), params.top_k.to_ref(), params.top_p.to_ref());
-            let named = ReferenceBackend.process_logits(&logits.to_ref(), LogitsParams { temperature: &t, top_k: &k, top_p: &p });
-            return Err(BackendError::named_by_reference(NAME, named));
+            BackendError::named_by_reference(NAME, ReferenceBackend.process_logits(&logits.to_ref(), LogitsParams { temperature: &t, top_k: &k, top_p: &p }))
+        };
+        if !sample::logits_ok(&input) {
+            return Err(named());
         }
-        Ok(floats(sample::process_logits(view(d2(input.logits), "logits")?, view(d1(input.temperature), "temperature")?, view(d1(input.top_k), "top_k")?, view(d1(input.top_p), "top_p")?)))
+        let processed = sample::process_logits(view(d2(input.logits), "logits")?, view(d1(input.temperature), "temperature")?, view(d1(input.top_k), "top_k")?, view(d1(input.top_p), "top_p")?);
+        processed.map(floats).ok_or_else(named)
     }
 
     fn draw(&self, weights: &NdTensor, noise: DrawNoiseArg<'_, NdTensor>) -> Result<NdTensor> {

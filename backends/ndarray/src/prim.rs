@@ -8,9 +8,10 @@
 //! Gathers index with values the caller has validated or computed in range;
 //! they clamp anyway so that no index can panic.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 
-use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ArrayView3, Axis, Zip};
+use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut2, Axis, Zip};
 
 /// Row sums over the last axis, accumulated in index order.
 pub(crate) fn sum_last(a: ArrayView2<'_, f64>) -> Array1<f64> {
@@ -44,18 +45,92 @@ pub(crate) fn below(bound: ArrayView1<'_, usize>, width: usize) -> Array2<bool> 
     Zip::from(grid).and_broadcast(bound.insert_axis(Axis(1))).map_collect(|&j, &n| j < n)
 }
 
-/// Argmax over the last axis with ties to the lowest id (CONV-8): the row
-/// maximum, then the smallest position holding it. Rows must be NaN-free.
+/// Argmax over the last axis with ties to the lowest id (CONV-8). Rows
+/// must be NaN-free.
 pub(crate) fn argmax_last(a: ArrayView2<'_, f64>) -> Array1<usize> {
-    let v = a.ncols();
-    let max = a.fold_axis(Axis(1), f64::NEG_INFINITY, |m, &x| m.max(x));
-    let pos = arange(v);
-    Zip::from(&a)
-        .and_broadcast(pos.view().insert_axis(Axis(0)))
-        .and_broadcast(max.view().insert_axis(Axis(1)))
-        .map_collect(|&x, &i, &m| if x == m { i } else { v })
-        .fold_axis(Axis(1), v, |best, &i| (*best).min(i))
-        .mapv(|i| i.min(v.saturating_sub(1)))
+    a.rows().into_iter().map(|row| row_argmax(&row.as_slice().map_or_else(|| Cow::Owned(row.to_vec()), Cow::Borrowed)).0).collect()
+}
+
+/// Lowest-id argmax (CONV-8) of every live row of `[R, V]`, and whether
+/// every live row is a valid score row (GREEDY-1: no NaN, no `+inf`, some
+/// finite value), reading each live row once. Dead rows (CONV-7) are not
+/// read: their argmax is 0. A greedy verify needs nothing else from the
+/// scores, so this one pass is the whole of its O(B k V) work; with enough
+/// to read, the rows are split across threads.
+pub(crate) fn argmax_rows_checked(a: ArrayView2<'_, f64>, live: ArrayView1<'_, bool>) -> (Array1<usize>, bool) {
+    let mut out = Array2::zeros((a.nrows(), 1));
+    let valid = for_rows(a, live, out.view_mut(), |_, row, top| {
+        let (i, ok) = row_argmax(row);
+        top[0] = i;
+        ok
+    });
+    (out.remove_axis(Axis(1)), valid)
+}
+
+/// `f(r, row, out_row)` for every live row `r` of `a` (as a slice) and its
+/// row of `out`, returning whether every call returned `true`. With enough values
+/// to read, the rows are split across the machine's threads (each writes
+/// only its own output rows, so the result does not depend on the split).
+pub(crate) fn for_rows<T: Send>(a: ArrayView2<'_, f64>, live: ArrayView1<'_, bool>, mut out: ArrayViewMut2<'_, T>, f: impl Fn(usize, &[f64], &mut [T]) -> bool + Sync) -> bool {
+    /// Below this many live values a thread costs more than it saves.
+    const PER_THREAD: usize = 1 << 18;
+    let rows = a.nrows();
+    let read = live.iter().filter(|&&l| l).count() * a.ncols();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(read / PER_THREAD).clamp(1, rows.max(1));
+    let run = |first: usize, a: ArrayView2<'_, f64>, live: ArrayView1<'_, bool>, mut out: ArrayViewMut2<'_, T>| {
+        let mut ok = true;
+        for (r, ((row, &l), mut o)) in a.rows().into_iter().zip(live).zip(out.rows_mut()).enumerate() {
+            if l {
+                let row = row.to_slice().map_or_else(|| Cow::Owned(row.to_vec()), Cow::Borrowed);
+                // The callers' `out` is a fresh standard-layout array: its rows are slices.
+                ok &= o.as_slice_mut().is_some_and(|o| f(first + r, &row, o));
+            }
+        }
+        ok
+    };
+    if threads == 1 {
+        return run(0, a, live, out);
+    }
+    let per = rows.div_ceil(threads);
+    std::thread::scope(|s| {
+        let run = &run;
+        let handles: Vec<_> = a
+            .axis_chunks_iter(Axis(0), per)
+            .zip(live.axis_chunks_iter(Axis(0), per))
+            .zip(out.axis_chunks_iter_mut(Axis(0), per))
+            .enumerate()
+            .map(|(i, ((a, live), out))| s.spawn(move || run(i * per, a, live, out)))
+            .collect();
+        // Join every thread before judging, so none outlives a failed row.
+        let oks: Vec<bool> = handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect();
+        oks.into_iter().all(|ok| ok)
+    })
+}
+
+/// One row's lowest-id argmax and GREEDY-1 validity. The maximum and the
+/// NaN flag are kept in eight independent lanes so the compiler can
+/// vectorise the one pass over the row (`x > m` ignores NaN, and a row with
+/// a NaN is invalid whatever its maximum); the first id holding the maximum
+/// is then found with an early-exit scan of a row still in cache.
+pub(crate) fn row_argmax(row: &[f64]) -> (usize, bool) {
+    const LANES: usize = 8;
+    let mut max = [f64::NEG_INFINITY; LANES];
+    let mut nan = [false; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for j in 0..LANES {
+            nan[j] |= c[j].is_nan();
+            max[j] = if c[j] > max[j] { c[j] } else { max[j] };
+        }
+    }
+    let (mut m, mut any_nan) = (f64::NEG_INFINITY, nan.contains(&true));
+    for &x in max.iter().chain(tail) {
+        any_nan |= x.is_nan();
+        m = if x > m { x } else { m };
+    }
+    // `m` is `+inf` (invalid), `-inf` (every id masked: invalid) or finite.
+    (row.iter().position(|&x| x == m).unwrap_or(0), !any_nan && m.is_finite())
 }
 
 /// `a[r, idx[r]]`: one element per row (a gather on the flattened array).
@@ -114,6 +189,41 @@ mod tests {
     fn argmax_ties_go_to_the_lowest_id() {
         let a = array![[1.0, 3.0, 3.0], [f64::NEG_INFINITY, -1.0, -1.0], [0.0, -0.0, 0.0]];
         assert_eq!(argmax_last(a.view()).to_vec(), vec![1, 1, 0]);
+    }
+
+    /// The one-pass kernel against a plain scan, on rows whose maxima and
+    /// defects sit in every lane and in the tail, split across threads and not.
+    #[test]
+    fn one_pass_argmax_and_score_check_match_a_plain_scan() {
+        use rand::{RngExt, SeedableRng};
+        fn plain(row: &[f64]) -> (usize, bool) {
+            let m = row.iter().copied().filter(|x| !x.is_nan()).fold(f64::NEG_INFINITY, f64::max);
+            let valid = !row.iter().any(|x| x.is_nan() || *x == f64::INFINITY) && row.iter().any(|x| x.is_finite());
+            (row.iter().position(|&x| x == m).unwrap_or(0), valid)
+        }
+        let mut rng = rand_pcg::Pcg64::seed_from_u64(7);
+        for (rows, v) in [(3, 1), (5, 13), (9, 8), (4, 1 << 17), (64, 4099)] {
+            let mut a = Array2::from_shape_fn((rows, v), |_| (rng.random_range(0..8) as f64) - 4.0);
+            for r in 0..rows {
+                let j = rng.random_range(0..v);
+                match r % 5 {
+                    0 => a[[r, j]] = f64::NAN,
+                    1 => a[[r, j]] = f64::INFINITY,
+                    2 => a.row_mut(r).fill(f64::NEG_INFINITY),
+                    _ => a[[r, j]] = 9.0,
+                }
+            }
+            for live_every in [1, 2] {
+                let live = Array1::from_shape_fn(rows, |r| r % live_every == 0);
+                let (top, valid) = argmax_rows_checked(a.view(), live.view());
+                let want: Vec<(usize, bool)> = a.rows().into_iter().zip(&live).map(|(row, &l)| if l { plain(&row.to_vec()) } else { (0, true) }).collect();
+                assert_eq!(top.to_vec(), want.iter().map(|w| w.0).collect::<Vec<_>>(), "{rows}x{v}, live every {live_every}");
+                assert_eq!(valid, want.iter().all(|w| w.1), "{rows}x{v}, live every {live_every}");
+                let clean: Vec<usize> = (0..rows).filter(|&r| r % 5 > 2 && live[r]).collect();
+                let (top, valid) = argmax_rows_checked(a.select(Axis(0), &clean).view(), Array1::from_elem(clean.len(), true).view());
+                assert!(valid && top.iter().zip(&clean).all(|(&t, &r)| t == plain(&a.row(r).to_vec()).0));
+            }
+        }
     }
 
     #[test]

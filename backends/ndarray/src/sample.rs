@@ -4,7 +4,7 @@
 use ndarray::{Array1, Array2, ArrayD, ArrayView1, ArrayView2, Axis, Zip, aview0, s};
 
 use crate::check::{d1, d2, exponentials_ok, score_rows_ok, uniforms_ok, weight_rows_ok};
-use crate::prim::{arange, argmax_last, argsort_rows, cumsum_last, sum_last, take_along_last, take_along_last2};
+use crate::prim::{arange, argmax_last, argsort_rows, cumsum_last, for_rows, row_argmax, sum_last, take_along_last, take_along_last2};
 
 /// SAMPLE-1: per row, the smallest `i` with `v * S < C_i`; if rounding
 /// leaves none, the last id of positive weight.
@@ -51,13 +51,14 @@ pub(crate) struct LogitsIn<'a> {
     pub top_p: &'a ArrayD<f64>,
 }
 
-/// LOGITS-1 and CONV-8 fast check.
+/// LOGITS-1 fast check of the shapes and parameters; the score rows are
+/// checked by [`process_logits`] as it reads them.
 pub(crate) fn logits_ok(x: &LogitsIn<'_>) -> bool {
     let Some(z) = d2(x.logits) else { return false };
     let (rows, vocab) = z.dim();
     let (Some(t), Some(k), Some(p)) = (d1(x.temperature), d1(x.top_k), d1(x.top_p)) else { return false };
     let shapes = rows >= 1 && vocab >= 1 && t.len() == rows && k.len() == rows && p.len() == rows;
-    shapes && Zip::from(&t).and(&k).and(&p).all(|&t, &k, &p| t.is_finite() && t >= 0.0 && k >= 0 && p > 0.0 && p <= 1.0) && score_rows_ok(z, Array1::from_elem(rows, true).view())
+    shapes && Zip::from(&t).and(&k).and(&p).all(|&t, &k, &p| t.is_finite() && t >= 0.0 && k >= 0 && p > 0.0 && p <= 1.0)
 }
 
 /// `softmax((z - max) / T)` over the kept ids, exactly 0 elsewhere (LOGITS-3/6).
@@ -100,8 +101,52 @@ enum Mode {
     Full,
 }
 
-/// LOGITS-2 .. LOGITS-6 on validated input.
-pub(crate) fn process_logits(z: ArrayView2<'_, f64>, t: ArrayView1<'_, f64>, top_k: ArrayView1<'_, i64>, top_p: ArrayView1<'_, f64>) -> Array2<f64> {
+/// LOGITS-1's score rows (CONV-8) and LOGITS-2 .. LOGITS-6 on input
+/// [`logits_ok`] passed; `None` when a score row is invalid.
+///
+/// When no row uses top-k or top-p (the decoder's usual case), each row is
+/// done in one fused pass that reads its logits once for the maximum and
+/// the check, once for the weights and their sum, then scales its output:
+/// the same operations in the same order as the reference, so the same
+/// bits, with rows split across threads. Otherwise the sorts dominate and
+/// the whole-array path below runs.
+pub(crate) fn process_logits(z: ArrayView2<'_, f64>, t: ArrayView1<'_, f64>, top_k: ArrayView1<'_, i64>, top_p: ArrayView1<'_, f64>) -> Option<Array2<f64>> {
+    let vocab = z.ncols();
+    let top_k_used = top_k.iter().any(|&k| k > 0 && (k as usize) < vocab);
+    let nucleus_used = Zip::from(&t).and(&top_p).fold(false, |any, &t, &p| any || (t > 0.0 && p < 1.0));
+    let every = Array1::from_elem(z.nrows(), true);
+    if top_k_used || nucleus_used {
+        return score_rows_ok(z, every.view()).then(|| sorted_process_logits(z, t, top_k, top_p));
+    }
+    let mut out = Array2::zeros(z.dim());
+    for_rows(z, every.view(), out.view_mut(), |r, row, out| softmax_row(row, t[r], out)).then_some(out)
+}
+
+/// LOGITS-2/3 for one row without top-k or top-p: one-hot at the lowest-id
+/// argmax when `t = 0`, else `exp((l - max) / t)` over the index-order sum
+/// (CONV-9), exactly the reference's `process_row`. Returns the row's
+/// LOGITS-1 validity (no NaN or `+inf`, some finite value).
+fn softmax_row(z: &[f64], t: f64, out: &mut [f64]) -> bool {
+    let (top, valid) = row_argmax(z);
+    if t == 0.0 {
+        out[top] = 1.0;
+        return valid;
+    }
+    let max = z[top];
+    let mut total = 0.0;
+    for (o, &l) in out.iter_mut().zip(z) {
+        *o = ((l - max) / t).exp();
+        total += *o;
+    }
+    for o in out.iter_mut() {
+        *o /= total;
+    }
+    valid
+}
+
+/// LOGITS-2 .. LOGITS-6 on validated input, as whole-array operations
+/// (top-k and top-p sort every row that uses them).
+fn sorted_process_logits(z: ArrayView2<'_, f64>, t: ArrayView1<'_, f64>, top_k: ArrayView1<'_, i64>, top_p: ArrayView1<'_, f64>) -> Array2<f64> {
     let top = argmax_last(z);
     let max = take_along_last(z, top.view());
     // T = 0 rows are one-hot; a stand-in T keeps their unused softmax finite.
@@ -146,4 +191,34 @@ pub(crate) fn process_logits(z: ArrayView2<'_, f64>, t: ArrayView1<'_, f64>, top
             Mode::Full => all,
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::{RngExt, SeedableRng};
+
+    use super::*;
+
+    /// The fused per-row path (threaded at this size) gives the same bits as
+    /// the whole-array path on rows without top-k or top-p, greedy rows
+    /// included, and reports an invalid row wherever it is.
+    #[test]
+    fn fused_rows_match_the_whole_array_path_bit_for_bit() {
+        let mut rng = rand_pcg::Pcg64::seed_from_u64(11);
+        let (rows, vocab) = (6, 100_003);
+        let z = Array2::from_shape_fn((rows, vocab), |_| rng.random_range(-20.0..20.0));
+        let t = ndarray::array![1.0, 0.0, 0.7, 2.5, 1e-3, 1.0];
+        let (k, p) = (Array1::zeros(rows), Array1::ones(rows));
+        let fused = process_logits(z.view(), t.view(), k.view(), p.view()).expect("valid rows");
+        let whole = sorted_process_logits(z.view(), t.view(), k.view(), p.view());
+        assert!(fused.iter().zip(&whole).all(|(a, b)| a.to_bits() == b.to_bits()));
+        for (r, bad) in [(0, f64::NAN), (5, f64::INFINITY)] {
+            let mut broken = z.clone();
+            broken[[r, vocab - 1]] = bad;
+            assert!(process_logits(broken.view(), t.view(), k.view(), p.view()).is_none(), "row {r}: {bad}");
+        }
+        let mut masked = z.clone();
+        masked.row_mut(3).fill(f64::NEG_INFINITY);
+        assert!(process_logits(masked.view(), t.view(), k.view(), p.view()).is_none(), "an all -inf row");
+    }
 }

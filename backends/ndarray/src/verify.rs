@@ -1,6 +1,7 @@
 //! Verification: greedy (GREEDY-1 .. 4), DFlash (DFLASH-1 .. 3), rejection
 //! sampling with explicit or seeded noise (REJECT-1 .. 5) and the residual
-//! (RESID-1 .. 3), all as whole-batch array operations.
+//! (RESID-1 .. 3), as whole-batch array operations except greedy's one
+//! fused pass over each live score row.
 
 use std::cmp::Ordering;
 
@@ -9,8 +10,8 @@ use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg64;
 use specdec_backend::{Comparator, DrawMethod, PAD};
 
-use crate::check::{Layout, d1, d2, d3, draft_layout, exponentials_ok, prob_rows_ok, rows_of, score_rows_ok, uniforms_ok, valid_id};
-use crate::prim::{argmax_last, below, leading_run, take_along_last, take_ids, take_rows};
+use crate::check::{Layout, d1, d2, d3, draft_layout, exponentials_ok, prob_rows_ok, rows_of, uniforms_ok, valid_id};
+use crate::prim::{argmax_rows_checked, below, leading_run, take_along_last, take_ids, take_rows};
 use crate::sample::{exponential_race, inverse_cdf};
 
 /// Verify outputs: `tokens [B, k+1]` and `num_accepted [B]`.
@@ -49,33 +50,31 @@ pub(crate) enum Checks {
     LayoutOnly,
 }
 
-/// GREEDY-1 and CONV-5/7/8 fast check.
-pub(crate) fn greedy_ok(scores: &ArrayD<f64>, drafts: &ArrayD<i64>, lens: &ArrayD<i64>, checks: Checks) -> Option<Layout> {
+/// GREEDY-1's shapes and CONV-5 draft layout; the score rows are checked
+/// by [`greedy`] in its one pass over them.
+pub(crate) fn greedy_ok(scores: &ArrayD<f64>, drafts: &ArrayD<i64>, lens: &ArrayD<i64>) -> Option<Layout> {
     let s = d3(scores)?;
     let vocab = s.dim().2;
     let layout = draft_layout(drafts, lens, vocab).filter(|_| vocab > 0)?;
-    if s.dim() != (layout.batch, layout.k + 1, vocab) {
-        return None;
-    }
-    if checks == Checks::LayoutOnly {
-        return Some(layout);
-    }
-    let live = live_flat((&layout.lens + 1).view(), layout.k + 1);
-    score_rows_ok(rows_of(&s).view(), live.view()).then_some(layout)
+    (s.dim() == (layout.batch, layout.k + 1, vocab)).then_some(layout)
 }
 
-/// GREEDY-2 .. GREEDY-4 on validated input.
-pub(crate) fn greedy(scores: ArrayView3<'_, f64>, drafts: ArrayView2<'_, i64>, layout: &Layout) -> Emitted {
+/// GREEDY-1 (score rows, with `Checks::All`) and GREEDY-2 .. GREEDY-4 on
+/// input [`greedy_ok`] passed; `None` when a live score row is invalid.
+/// Only the live rows (CONV-7) are read, each once.
+pub(crate) fn greedy(scores: ArrayView3<'_, f64>, drafts: ArrayView2<'_, i64>, layout: &Layout, checks: Checks) -> Option<Emitted> {
     let (batch, k1, _) = scores.dim();
     let live = live_flat((&layout.lens + 1).view(), k1);
-    // CONV-7: padding rows are replaced (where, never multiplied: NaN * 0 is NaN).
-    let masked = Zip::from(&rows_of(&scores)).and_broadcast(live.view().insert_axis(Axis(1))).map_collect(|&x, &l| if l { x } else { 0.0 });
-    let top = argmax_last(masked.view()).into_shape_with_order((batch, k1)).expect("one argmax per row");
+    let (top, valid) = argmax_rows_checked(rows_of(&scores).view(), live.view());
+    if checks == Checks::All && !valid {
+        return None;
+    }
+    let top = top.into_shape_with_order((batch, k1)).expect("one argmax per row");
     let live_drafts = below(layout.lens.view(), layout.k);
     let matches = Zip::from(&drafts).and(top.slice(s![.., ..layout.k])).and(&live_drafts).map_collect(|&d, &t, &l| l && d == t as i64);
     let n = leading_run(matches.view());
     let next = take_along_last(top.view(), n.view()).mapv(|t| t as i64);
-    emit(drafts, next.view(), n.view())
+    Some(emit(drafts, next.view(), n.view()))
 }
 
 /// DFLASH-1 fast check: `[bs, Bk]` ids with `Bk >= 2`, every id valid.
