@@ -1,13 +1,13 @@
 //! The ndarray port of the specdec [`Backend`] contract: a CPU backend whose
 //! ops are whole-array ndarray operations (`Zip` maps and `where`s,
 //! `fold_axis` reductions, `accumulate_axis_inplace` scans, `select`
-//! gathers), never the reference's per-element loops, with two exceptions
-//! where whole-array passes cost many reads of the logits: greedy verify
+//! gathers), never the reference's per-element loops, except where
+//! whole-array passes cost many reads of the logits: argmax is one pass per
+//! row (`prim::row_argmax`: the row max in eight vectorisable lanes, then
+//! the smallest position holding it, for lowest-id ties), and greedy verify
 //! and `process_logits` without top-k or top-p (the decoder's hot path) run
-//! one fused pass per row (`prim::for_rows`: argmax as "row max in eight
-//! vectorisable lanes, then the smallest position holding it" for lowest-id
-//! ties, the score check folded in; then the softmax), with rows split
-//! across threads. Host loops otherwise run only over rows where ndarray
+//! one fused pass per row (`prim::for_rows`: that argmax with the score
+//! check folded in, then the softmax), with rows split across threads. Host loops otherwise run only over rows where ndarray
 //! has no vectorised form (the per-lane sort of top-k/top-p) and over
 //! n-gram sizes. Tensors ([`NdTensor`]) are
 //! `ArrayD<f64>` or `ArrayD<i64>`, and verify outputs stay in them until the

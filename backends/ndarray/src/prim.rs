@@ -45,8 +45,8 @@ pub(crate) fn below(bound: ArrayView1<'_, usize>, width: usize) -> Array2<bool> 
     Zip::from(grid).and_broadcast(bound.insert_axis(Axis(1))).map_collect(|&j, &n| j < n)
 }
 
-/// Argmax over the last axis with ties to the lowest id (CONV-8). Rows
-/// must be NaN-free.
+/// Argmax over the last axis with ties to the lowest id (CONV-8), one
+/// [`row_argmax`] pass per row. Rows must be NaN-free.
 pub(crate) fn argmax_last(a: ArrayView2<'_, f64>) -> Array1<usize> {
     a.rows().into_iter().map(|row| row_argmax(&row.as_slice().map_or_else(|| Cow::Owned(row.to_vec()), Cow::Borrowed)).0).collect()
 }
@@ -68,7 +68,9 @@ pub(crate) fn argmax_rows_checked(a: ArrayView2<'_, f64>, live: ArrayView1<'_, b
 }
 
 /// `f(r, row, out_row)` for every live row `r` of `a` (as a slice) and its
-/// row of `out`, returning whether every call returned `true`. With enough values
+/// row of `out`, returning whether every call returned `true` (and `false`
+/// if an output row is not contiguous, which a fresh standard-layout `out`
+/// never has). With enough values
 /// to read, the rows are split across the machine's threads (each writes
 /// only its own output rows, so the result does not depend on the split).
 pub(crate) fn for_rows<T: Send>(a: ArrayView2<'_, f64>, live: ArrayView1<'_, bool>, mut out: ArrayViewMut2<'_, T>, f: impl Fn(usize, &[f64], &mut [T]) -> bool + Sync) -> bool {
@@ -201,6 +203,18 @@ mod tests {
             let valid = !row.iter().any(|x| x.is_nan() || *x == f64::INFINITY) && row.iter().any(|x| x.is_finite());
             (row.iter().position(|&x| x == m).unwrap_or(0), valid)
         }
+        // Each defect alone, in the eight lanes and in the tail of a 19-id row.
+        for at in [0, 5, 7, 15, 16, 18] {
+            for bad in [f64::NAN, f64::INFINITY] {
+                let mut row = vec![1.0; 19];
+                row[at] = bad;
+                assert_eq!(row_argmax(&row), plain(&row), "{bad} at {at}");
+            }
+            let mut row = vec![f64::NEG_INFINITY; 19];
+            row[at] = -3.0;
+            assert_eq!(row_argmax(&row), (at, true), "one finite id at {at}");
+        }
+        assert_eq!(row_argmax(&[f64::NEG_INFINITY; 19]), (0, false));
         let mut rng = rand_pcg::Pcg64::seed_from_u64(7);
         for (rows, v) in [(3, 1), (5, 13), (9, 8), (4, 1 << 17), (64, 4099)] {
             let mut a = Array2::from_shape_fn((rows, v), |_| (rng.random_range(0..8) as f64) - 4.0);

@@ -105,8 +105,9 @@ enum Mode {
 /// [`logits_ok`] passed; `None` when a score row is invalid.
 ///
 /// When no row uses top-k or top-p (the decoder's usual case), each row is
-/// done in one fused pass that reads its logits once for the maximum and
-/// the check, once for the weights and their sum, then scales its output:
+/// done by one fused kernel that reads its logits for the maximum and the
+/// check (and again up to the first maximum, still in cache), once more for
+/// the weights and their sum, then scales its output:
 /// the same operations in the same order as the reference, so the same
 /// bits, with rows split across threads. Otherwise the sorts dominate and
 /// the whole-array path below runs.
