@@ -11,6 +11,12 @@ use specdec_backend::ForwardOutput;
 use specdec_backend::model::{ForwardRequest, LlamaWeights, ModelBackend};
 
 use crate::kernels::dtype_bytes;
+
+/// Bytes a stored weight takes in `dtype`: Q8_0 keeps 32 weights in 34
+/// bytes (32 signed bytes and an f16 scale).
+fn bytes_per_weight(dtype: &str) -> f64 {
+    if dtype == "q8_0" { 34.0 / 32.0 } else { dtype_bytes(dtype) as f64 }
+}
 use crate::machine::Machine;
 
 pub const CONTEXT: usize = 32;
@@ -75,7 +81,7 @@ pub fn bench<B: ModelBackend>(c: &mut Criterion, name: &str, b: &B, w: &LlamaWei
     let mean = |g: &str| crate::mean_ns(criterion_dir, g, name).map(|t| t / 1e9);
     let (decode_s, verify9_s, prefill64_s) = (mean("forward/decode")?, mean("forward/verify9")?, mean("forward/prefill64")?);
     let weight_dtype = b.model_precision().weight_dtype;
-    let weight_bytes = (weights_read_per_step(w) * dtype_bytes(weight_dtype)) as f64;
+    let weight_bytes = weights_read_per_step(w) as f64 * bytes_per_weight(weight_dtype);
     Some(ForwardTime {
         backend: name.into(),
         weight_dtype: weight_dtype.into(),

@@ -28,8 +28,10 @@ pub trait EachBackend {
 
 /// Runs `job` on every backend this build and machine have, in report order
 /// (the scalar reference only when `with_reference`: it is the kernels'
-/// yardstick, far too slow for a model); returns the names that ran.
-pub fn each_backend(job: &mut impl EachBackend, with_reference: bool) -> Vec<String> {
+/// yardstick, far too slow for a model; the reduced-precision model
+/// variants, whose kernels are their base backend's, only when
+/// `with_variants`); returns the names that ran.
+pub fn each_backend(job: &mut impl EachBackend, with_reference: bool, with_variants: bool) -> Vec<String> {
     let mut ran = Vec::new();
     let mut go = |name: &str, job: &mut dyn FnMut(&str)| {
         job(name);
@@ -40,6 +42,10 @@ pub fn each_backend(job: &mut impl EachBackend, with_reference: bool) -> Vec<Str
     }
     go("ndarray", &mut |n| job.run(n, &specdec_ndarray::NdarrayBackend::new()));
     go("candle-cpu", &mut |n| job.run(n, &specdec_candle::CandleBackend::cpu()));
+    if with_variants {
+        go("candle-cpu-f16", &mut |n| job.run(n, &specdec_candle::CandleBackend::cpu_f16()));
+        go("candle-cpu-q8_0", &mut |n| job.run(n, &specdec_candle::CandleBackend::cpu_q8_0()));
+    }
     if let Ok(b) = specdec_tch::TchBackend::try_cpu() {
         go("tch-cpu", &mut |n| job.run(n, &b));
     }

@@ -5,7 +5,7 @@ use specdec_backend::{ModelBackend, ReferenceBackend};
 /// Every backend name `--backend` accepts, in report order (`candle` and
 /// `tch` are accepted as aliases of their CPU devices; `exec:COMMAND` runs
 /// an external adapter and is never part of `all`).
-pub const NAMES: [&str; 6] = ["reference", "ndarray", "candle-cpu", "candle-cuda", "tch-cpu", "tch-cuda"];
+pub const NAMES: [&str; 8] = ["reference", "ndarray", "candle-cpu", "candle-cpu-f16", "candle-cpu-q8_0", "candle-cuda", "tch-cpu", "tch-cuda"];
 
 /// Work that runs on any backend (every backend of this build also runs models).
 pub trait Job {
@@ -20,6 +20,9 @@ pub fn with_backend<J: Job>(name: &str, job: &J) -> Result<J::Out, String> {
         "reference" => Ok(job.run(&ReferenceBackend)),
         "ndarray" => Ok(job.run(&specdec_ndarray::NdarrayBackend::new())),
         "candle-cpu" | "candle" => Ok(job.run(&specdec_candle::CandleBackend::cpu())),
+        // Reduced-precision model weights, each with its own stated model_precision.
+        "candle-cpu-f16" => Ok(job.run(&specdec_candle::CandleBackend::cpu_f16())),
+        "candle-cpu-q8_0" => Ok(job.run(&specdec_candle::CandleBackend::cpu_q8_0())),
         "candle-cuda" => specdec_candle::CandleBackend::cuda(0).map(|b| job.run(&b)),
         "tch-cpu" | "tch" => specdec_tch::TchBackend::try_cpu().map(|b| job.run(&b)),
         "tch-cuda" => specdec_tch::TchBackend::cuda_if_available().map(|b| job.run(&b)),
@@ -41,7 +44,7 @@ impl Job for Describe {
         let p = b.precision();
         let m = b.model_precision();
         format!(
-            "device {}, {} values, {} accumulation, margin epsilon {:e}, value tolerance {:e}; model: {} weights, {} compute, logit tolerance {:e} (relative), argmax epsilon {:e}",
+            "device {}, {} values, {} accumulation, margin epsilon {:e}, value tolerance {:e}; model: {} weights, {} compute, logit tolerance {:e} (relative), hidden-state tolerance {:e} (relative), argmax epsilon {:e}",
             b.device(),
             p.float_dtype,
             p.accumulate_dtype,
@@ -50,6 +53,7 @@ impl Job for Describe {
             m.weight_dtype,
             m.compute_dtype,
             m.logit_rel_tolerance,
+            m.hidden_rel_tolerance,
             m.argmax_margin_epsilon
         )
     }

@@ -377,7 +377,7 @@ fn check_hidden<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model) -> Outcome {
     let expected_out = oracle.forward(&mut rc, &req).map_err(|e| e.to_string())?;
     let expected: Vec<Vec<f64>> = expected_out.hidden.chunks(width).map(<[f64]>::to_vec).collect();
     // Hidden rows carry no decision: compare values only (an infinite epsilon).
-    compare_rows("hidden states", &observed, &expected, precision(b).logit_rel_tolerance, f64::INFINITY)
+    compare_rows("hidden states", &observed, &expected, precision(b).hidden_rel_tolerance, f64::INFINITY)
 }
 
 fn check_tokenizer(s: &Subject) -> Outcome {

@@ -33,6 +33,12 @@ pub struct ModelPrecision {
     /// reference row's largest `|logit|` (a relative bound: f32 rounding grows
     /// with the size of the values).
     pub logit_rel_tolerance: f64,
+    /// Largest allowed `|hidden - reference hidden|` per unit of the
+    /// reference row's largest `|value|` (MODEL-9 rows, per layer). The same
+    /// as the logit bound where the forward rounds like f32 everywhere; an
+    /// 8-bit activation product errs most on the residual stream's few
+    /// huge values, so a quantized forward states its own.
+    pub hidden_rel_tolerance: f64,
     /// An argmax may differ from the reference's only where the reference's
     /// top-2 logit margin is below this (counted, never hidden).
     pub argmax_margin_epsilon: f64,
@@ -91,7 +97,7 @@ impl ModelBackend for ReferenceBackend {
     type ModelCache = RefCache;
 
     fn model_precision(&self) -> ModelPrecision {
-        ModelPrecision { weight_dtype: "f32", compute_dtype: "f64", logit_rel_tolerance: 0.0, argmax_margin_epsilon: 0.0 }
+        ModelPrecision { weight_dtype: "f32", compute_dtype: "f64", logit_rel_tolerance: 0.0, hidden_rel_tolerance: 0.0, argmax_margin_epsilon: 0.0 }
     }
 
     fn load_model(&self, weights: &LlamaWeights) -> Result<RefModel> {

@@ -61,11 +61,30 @@ use crate::verify::{Draw, RejectInputs};
 /// See the crate documentation for the numbers.
 const PRECISION: Precision = Precision { float_dtype: "f32", accumulate_dtype: "f64", margin_epsilon: 1e-6, value_tolerance: 1e-5 };
 
+/// How a model's linear weights are held on the device (MODEL-11: each
+/// format states its own precision, see
+/// [`specdec_backend::ModelBackend::model_precision`]). The kernels are the
+/// same in every format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightFormat {
+    /// f32, as loaded: the reference's numbers within f32 rounding.
+    F32,
+    /// f16 linear weights; each product rounds its activations to f16 and
+    /// returns f32 (norms, attention and the residual stream stay f32). A
+    /// decode step reads half the f32 bytes.
+    F16,
+    /// GGUF's Q8_0 blocks (32 weights, one f16 scale, 8-bit values: 8.5 bits
+    /// a weight), multiplied by candle's quantized matmul. A decode step
+    /// reads a quarter of the f32 bytes.
+    Q8_0,
+}
+
 /// specdec on a candle device.
 #[derive(Debug, Clone)]
 pub struct CandleBackend {
     device: Device,
     name: &'static str,
+    weights: WeightFormat,
 }
 
 /// The device tensors of an explicit-noise rejection verify.
@@ -84,7 +103,22 @@ struct RejectionOperands {
 impl CandleBackend {
     /// The CPU device (`"candle-cpu"`).
     pub fn cpu() -> Self {
-        CandleBackend { device: Device::Cpu, name: "candle-cpu" }
+        CandleBackend { device: Device::Cpu, name: "candle-cpu", weights: WeightFormat::F32 }
+    }
+
+    /// The CPU device with f16 model weights (`"candle-cpu-f16"`).
+    pub fn cpu_f16() -> Self {
+        CandleBackend { device: Device::Cpu, name: "candle-cpu-f16", weights: WeightFormat::F16 }
+    }
+
+    /// The CPU device with Q8_0 model weights (`"candle-cpu-q8_0"`).
+    pub fn cpu_q8_0() -> Self {
+        CandleBackend { device: Device::Cpu, name: "candle-cpu-q8_0", weights: WeightFormat::Q8_0 }
+    }
+
+    /// How this backend holds model weights.
+    pub fn weight_format(&self) -> WeightFormat {
+        self.weights
     }
 
     /// CUDA device `ordinal` (`"candle-cuda"`): an error in a build without
@@ -97,7 +131,7 @@ impl CandleBackend {
         }
         // A driver that fails inside cudarc must read as "no GPU", not abort the caller.
         let device = std::panic::catch_unwind(|| Device::new_cuda(ordinal)).map_err(|_| format!("opening CUDA device {ordinal} panicked"))?.map_err(|e| format!("no CUDA device {ordinal}: {e}"))?;
-        Ok(CandleBackend { device, name: "candle-cuda" })
+        Ok(CandleBackend { device, name: "candle-cuda", weights: WeightFormat::F32 })
     }
 
     /// The candle device the tensors live on.
