@@ -2,10 +2,18 @@
 
 use specdec_backend::{ModelBackend, ReferenceBackend};
 
-/// Every backend name `--backend` accepts, in report order (`candle` and
-/// `tch` are accepted as aliases of their CPU devices; `exec:COMMAND` runs
-/// an external adapter and is never part of `all`).
-pub const NAMES: [&str; 8] = ["reference", "ndarray", "candle-cpu", "candle-cpu-f16", "candle-cpu-q8_0", "candle-cuda", "tch-cpu", "tch-cuda"];
+/// The backends of `all`, in report order (`candle` and `tch` are accepted
+/// as aliases of their CPU devices; `exec:COMMAND` runs an external adapter
+/// and is never part of `all`).
+pub const NAMES: [&str; 7] = ["reference", "ndarray", "candle-cpu", "candle-cpu-f16", "candle-cuda", "tch-cpu", "tch-cuda"];
+
+/// Backends `--backend` accepts by name that are not part of `all`:
+/// `candle-cpu-q8_0`, whose verify windows and one-token decodes take
+/// different kernels in candle and round apart, so its speculative greedy
+/// output leaves plain greedy output at near-ties and the end-to-end
+/// section fails on it. It is here to be timed and to show the suite
+/// catching that.
+pub const OPT_IN: [&str; 1] = ["candle-cpu-q8_0"];
 
 /// Work that runs on any backend (every backend of this build also runs models).
 pub trait Job {
@@ -22,6 +30,7 @@ pub fn with_backend<J: Job>(name: &str, job: &J) -> Result<J::Out, String> {
         "candle-cpu" | "candle" => Ok(job.run(&specdec_candle::CandleBackend::cpu())),
         // Reduced-precision model weights, each with its own stated model_precision.
         "candle-cpu-f16" => Ok(job.run(&specdec_candle::CandleBackend::cpu_f16())),
+        // Opt-in (`OPT_IN`): not lossless, see there.
         "candle-cpu-q8_0" => Ok(job.run(&specdec_candle::CandleBackend::cpu_q8_0())),
         "candle-cuda" => specdec_candle::CandleBackend::cuda(0).map(|b| job.run(&b)),
         "tch-cpu" | "tch" => specdec_tch::TchBackend::try_cpu().map(|b| job.run(&b)),
@@ -31,7 +40,7 @@ pub fn with_backend<J: Job>(name: &str, job: &J) -> Result<J::Out, String> {
             let timeout = specdec_exec::timeout_from_env()?;
             specdec_exec::ExecBackend::with_timeout(&other["exec:".len()..], timeout).map(|b| job.run(&b)).map_err(|e| e.to_string())
         }
-        other => Err(format!("unknown backend `{other}`; known: {}, exec:COMMAND", NAMES.join(", "))),
+        other => Err(format!("unknown backend `{other}`; known: {}, {}, exec:COMMAND", NAMES.join(", "), OPT_IN.join(", "))),
     }
 }
 
@@ -44,7 +53,7 @@ impl Job for Describe {
         let p = b.precision();
         let m = b.model_precision();
         format!(
-            "device {}, {} values, {} accumulation, margin epsilon {:e}, value tolerance {:e}; model: {} weights, {} compute, logit tolerance {:e} (relative), hidden-state tolerance {:e} (relative), argmax epsilon {:e}",
+            "device {}, {} values, {} accumulation, margin epsilon {:e}, value tolerance {:e}; model: {} weights, {} compute, logit tolerance {:e} (relative), hidden-state tolerance {:e} (relative), argmax epsilon {:e} (against the reference), {:e} (windows against decodes)",
             b.device(),
             p.float_dtype,
             p.accumulate_dtype,
@@ -54,7 +63,8 @@ impl Job for Describe {
             m.compute_dtype,
             m.logit_rel_tolerance,
             m.hidden_rel_tolerance,
-            m.argmax_margin_epsilon
+            m.argmax_margin_epsilon,
+            m.window_margin_epsilon
         )
     }
 }

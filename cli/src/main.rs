@@ -22,7 +22,7 @@ mod draft_data;
 mod generate;
 mod model;
 
-use backends::{Describe, Job, NAMES, with_backend};
+use backends::{Describe, Job, NAMES, OPT_IN, with_backend};
 
 #[derive(Parser)]
 #[command(name = "specdec", version, about = "Speculative-decoding reference and conformance testbed")]
@@ -207,10 +207,11 @@ fn main() -> ExitCode {
 }
 
 fn list_backends() -> Result<bool, String> {
-    for name in NAMES {
+    for name in NAMES.iter().chain(&OPT_IN) {
+        let all = if NAMES.contains(name) { "" } else { " (by name only, not in `all`)" };
         match with_backend(name, &Describe) {
-            Ok(desc) => println!("{name:<12} available: {desc}"),
-            Err(why) => println!("{name:<12} unavailable: {why}"),
+            Ok(desc) => println!("{name:<16} available{all}: {desc}"),
+            Err(why) => println!("{name:<16} unavailable{all}: {why}"),
         }
     }
     Ok(true)

@@ -310,7 +310,8 @@ fn greedy_run<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, plain: &Plain, 
     let engine = Engine::new(b, m, &s.weights.config, config.clone()).map_err(|e| e.to_string())?;
     let reqs: Vec<Request> = prompts.iter().map(|p| Request { eos: eos.clone(), ..Request::greedy(p.clone(), max_tokens) }).collect();
     let (out, cache) = engine.run(&reqs, p.as_mut(), None, &mut NoSink).map_err(|e| err_of(&e))?;
-    let eps = b.model_precision().argmax_margin_epsilon;
+    // DECODE-2 within the backend: its windows against its own decodes.
+    let eps = b.model_precision().window_margin_epsilon;
     let mut excused = 0;
     let mut failure = None;
     for (i, (o, e)) in out.outputs.iter().zip(plain.iter()).enumerate() {

@@ -42,6 +42,14 @@ pub struct ModelPrecision {
     /// An argmax may differ from the reference's only where the reference's
     /// top-2 logit margin is below this (counted, never hidden).
     pub argmax_margin_epsilon: f64,
+    /// Within this backend: a `(k+1)`-token verify window's argmax may
+    /// differ from one-token decodes' (so speculative greedy output from
+    /// plain greedy output) only where the plain top-2 margin is below this
+    /// (MODEL-13, DECODE-2). It bounds how far the backend's own windows and
+    /// decodes round apart, which can be far less than its distance from the
+    /// reference: a reduced-precision format must not borrow that distance to
+    /// excuse a lossy decoder.
+    pub window_margin_epsilon: f64,
 }
 
 /// Outputs of one forward call, on the device.
@@ -97,7 +105,7 @@ impl ModelBackend for ReferenceBackend {
     type ModelCache = RefCache;
 
     fn model_precision(&self) -> ModelPrecision {
-        ModelPrecision { weight_dtype: "f32", compute_dtype: "f64", logit_rel_tolerance: 0.0, hidden_rel_tolerance: 0.0, argmax_margin_epsilon: 0.0 }
+        ModelPrecision { weight_dtype: "f32", compute_dtype: "f64", logit_rel_tolerance: 0.0, hidden_rel_tolerance: 0.0, argmax_margin_epsilon: 0.0, window_margin_epsilon: 0.0 }
     }
 
     fn load_model(&self, weights: &LlamaWeights) -> Result<RefModel> {

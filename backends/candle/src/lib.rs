@@ -74,8 +74,10 @@ pub enum WeightFormat {
     /// decode step reads half the f32 bytes.
     F16,
     /// GGUF's Q8_0 blocks (32 weights, one f16 scale, 8-bit values: 8.5 bits
-    /// a weight), multiplied by candle's quantized matmul. A decode step
-    /// reads a quarter of the f32 bytes.
+    /// a weight), multiplied by candle's quantized matmul; a matrix whose
+    /// input width is not a multiple of 32 stays f32. A decode step reads
+    /// 27 % of the f32 bytes. Not lossless for speculative decoding (its
+    /// windows and decodes round apart; see `model_precision`).
     Q8_0,
 }
 

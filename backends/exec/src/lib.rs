@@ -353,7 +353,7 @@ impl ModelBackend for ExecBackend {
     type ModelCache = ();
 
     fn model_precision(&self) -> ModelPrecision {
-        ModelPrecision { weight_dtype: "none", compute_dtype: "none", logit_rel_tolerance: 0.0, hidden_rel_tolerance: 0.0, argmax_margin_epsilon: 0.0 }
+        ModelPrecision { weight_dtype: "none", compute_dtype: "none", logit_rel_tolerance: 0.0, hidden_rel_tolerance: 0.0, argmax_margin_epsilon: 0.0, window_margin_epsilon: 0.0 }
     }
 
     fn load_model(&self, _weights: &LlamaWeights) -> Result<()> {

@@ -117,7 +117,7 @@ impl ModelBackend for NdarrayBackend {
     /// 2e-5 leaves a margin of about 10x; the argmax epsilon covers a flip
     /// of two logits of magnitude 50 each off by the tolerance.
     fn model_precision(&self) -> ModelPrecision {
-        ModelPrecision { weight_dtype: "f32", compute_dtype: "f32", logit_rel_tolerance: 2e-5, hidden_rel_tolerance: 2e-5, argmax_margin_epsilon: 2e-3 }
+        ModelPrecision { weight_dtype: "f32", compute_dtype: "f32", logit_rel_tolerance: 2e-5, hidden_rel_tolerance: 2e-5, argmax_margin_epsilon: 2e-3, window_margin_epsilon: 2e-3 }
     }
 
     fn load_model(&self, w: &LlamaWeights) -> Result<NdModel> {

@@ -324,7 +324,7 @@ impl ModelBackend for TchBackend {
     /// epsilon is twice the largest absolute logit error the bound allows on logits of
     /// magnitude up to 50: two candidates can swap only if each moves by that much.
     fn model_precision(&self) -> ModelPrecision {
-        ModelPrecision { weight_dtype: "f32", compute_dtype: "f32", logit_rel_tolerance: 5e-6, hidden_rel_tolerance: 5e-6, argmax_margin_epsilon: 5e-4 }
+        ModelPrecision { weight_dtype: "f32", compute_dtype: "f32", logit_rel_tolerance: 5e-6, hidden_rel_tolerance: 5e-6, argmax_margin_epsilon: 5e-4, window_margin_epsilon: 5e-4 }
     }
 
     fn load_model(&self, weights: &LlamaWeights) -> Result<TchModel> {
