@@ -71,7 +71,8 @@ pub enum WeightFormat {
     F32,
     /// f16 linear weights; each product rounds its activations to f16 and
     /// returns f32 (norms, attention and the residual stream stay f32). A
-    /// decode step reads half the f32 bytes.
+    /// decode step reads half the f32 bytes. Not lossless for speculative
+    /// decoding either (see `model_precision`).
     F16,
     /// GGUF's Q8_0 blocks (32 weights, one f16 scale, 8-bit values: 8.5 bits
     /// a weight), multiplied by candle's quantized matmul; a matrix whose

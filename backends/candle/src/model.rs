@@ -60,9 +60,9 @@ const MODEL_PRECISION_F16: ModelPrecision = ModelPrecision {
     logit_rel_tolerance: F16_REL_TOLERANCE,
     hidden_rel_tolerance: F16_REL_TOLERANCE,
     argmax_margin_epsilon: 2.0 * F16_REL_TOLERANCE * 50.0,
-    // Twice the 0.59 by which a window's logits were measured to differ from
-    // one-token decodes', with room: 2 · 0.59 · 2.
-    window_margin_epsilon: 2.4,
+    // What a lossless decoder needs (f32's claim); f16 products do not meet
+    // it (see `model_precision`), and the model section says so.
+    window_margin_epsilon: 2e-3,
 };
 const F16_REL_TOLERANCE: f64 = 0.05;
 
@@ -416,10 +416,15 @@ impl ModelBackend for CandleBackend {
     /// candle-cpu-q8_0 --filter e2e/smollm2`). That is why this format is a
     /// backend by name only, outside `all`.
     ///
-    /// With f16 weights the windows measured no such divergence (every
-    /// end-to-end greedy check token-identical, none excused), and
-    /// `window_margin_epsilon = 2.4` covers the 0.59 by which a window's
-    /// logits differed from one-token decodes'.
+    /// f16 products round windows and decodes apart too (the f16 GEMM blocks
+    /// a window's rows differently from a single row): a 5-token window's
+    /// logits differ from one-token decodes' by up to 0.59 on SmolLM2, so the
+    /// model section's window check fails at the f32 claim
+    /// (`window_margin_epsilon = 2e-3`), and `specdec generate --backend
+    /// candle-cpu-f16 --proposer ngram --k 2 --compare` on a chat prompt
+    /// gave tokens that differ from plain decoding. Its end-to-end section
+    /// happened to pass on its 8 prompts; the window check is what shows it.
+    /// Both formats are therefore backends by name only, outside `all`.
     ///
     /// With f16 weights ([`WeightFormat::F16`]) the rounding is f16's (weights
     /// and each product's activations; 2^-11 relative), compounded over 30
