@@ -47,7 +47,8 @@ impl EachBackend for ForwardJob<'_> {
 }
 
 struct E2eJob<'a> {
-    weights: &'a LlamaWeights,
+    /// Shared by every DFlash drafter the sweep builds (it reads the head).
+    weights: &'a std::sync::Arc<LlamaWeights>,
     prompts: &'a [BenchPrompt],
     max_tokens: usize,
     out: E2e,
@@ -155,7 +156,8 @@ fn main() -> Result<(), String> {
             // The weight-format variants are timed as forwards only: their verify
             // window over decode says what drafting would cost them, and a
             // second end-to-end sweep would not fit the report's budget.
-            let mut job = E2eJob { weights: &model.weights, prompts: &prompts, max_tokens, out: E2e::default(), failure: None };
+            let target = std::sync::Arc::new(model.weights.clone());
+            let mut job = E2eJob { weights: &target, prompts: &prompts, max_tokens, out: E2e::default(), failure: None };
             each_backend(&mut job, false, false);
             (e2e, e2e_failure) = (job.out, job.failure);
         }

@@ -11,6 +11,8 @@
 //! runs must be token-identical to plain decoding: the bench fails on the
 //! first that is not, so every row of a report is a lossless run.
 
+use std::sync::Arc;
+
 use serde::Serialize;
 use specdec_backend::SamplingParams;
 use specdec_backend::model::{LlamaWeights, ModelBackend};
@@ -161,7 +163,7 @@ struct Runner<'a, B: ModelBackend> {
     name: &'a str,
     b: &'a B,
     model: B::Model,
-    w: &'a LlamaWeights,
+    w: &'a Arc<LlamaWeights>,
     max_tokens: usize,
 }
 
@@ -223,7 +225,7 @@ impl<B: ModelBackend> Runner<'_, B> {
 }
 
 /// Runs every configuration on `b`; `progress` is told each finished run.
-pub fn measure<B: ModelBackend>(name: &str, b: &B, w: &LlamaWeights, prompts: &[BenchPrompt], max_tokens: usize, progress: &mut dyn FnMut(&str)) -> Result<E2e, String> {
+pub fn measure<B: ModelBackend>(name: &str, b: &B, w: &Arc<LlamaWeights>, prompts: &[BenchPrompt], max_tokens: usize, progress: &mut dyn FnMut(&str)) -> Result<E2e, String> {
     let runner = Runner { name, b, model: b.load_model(w).map_err(|e| e.to_string())?, w, max_tokens };
     let mut out = E2e::default();
     let mut plains = Vec::new();

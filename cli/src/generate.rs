@@ -7,19 +7,22 @@
 //! `--compare` also runs plain decoding and reports the speedup.
 
 use std::io::Write as _;
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::json;
 use specdec_backend::SamplingParams;
 use specdec_backend::model::ModelBackend;
 use specdec_decoder::{Engine, EngineConfig, ProposerChoice, Request, RunOutput};
-use specdec_models::LoadedModel;
+use specdec_models::{LlamaWeights, Tokenizer};
 
 use crate::backends::Job;
 
 /// The request of one `specdec generate`.
 pub struct Generate {
-    pub model: LoadedModel,
+    /// The target, shared with a DFlash drafter (which reads its head).
+    pub weights: Arc<LlamaWeights>,
+    pub tokenizer: Option<Tokenizer>,
     pub prompt: String,
     pub chat: bool,
     pub max_tokens: usize,
@@ -81,8 +84,8 @@ impl Job for Generate {
     type Out = Result<(), String>;
 
     fn run<B: ModelBackend>(&self, b: &B) -> Result<(), String> {
-        let tok = self.model.tokenizer.as_ref().ok_or("this model has no tokenizer; generate needs one to read the prompt")?;
-        let weights = &self.model.weights;
+        let tok = self.tokenizer.as_ref().ok_or("this model has no tokenizer; generate needs one to read the prompt")?;
+        let weights = &self.weights;
         let cfg = &weights.config;
         let text = if self.chat { tok.chat_prompt(&self.prompt).map_err(|e| e.to_string())? } else { self.prompt.clone() };
         let prompt_ids = tok.encode(&text, false).map_err(|e| e.to_string())?;

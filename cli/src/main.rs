@@ -177,7 +177,21 @@ fn main() -> ExitCode {
         Command::Model { command } => model::run(command),
         Command::Generate { model, backend, prompt, chat, max_tokens, temperature, top_k, top_p, seed, json, proposer, k, compare } => {
             specdec_models::load(&model).map_err(|e| e.to_string()).and_then(|loaded| {
-                let job = generate::Generate { model: loaded, prompt, chat, max_tokens, temperature, top_k, top_p, seed, json, proposer, k, compare };
+                let job = generate::Generate {
+                    weights: std::sync::Arc::new(loaded.weights),
+                    tokenizer: loaded.tokenizer,
+                    prompt,
+                    chat,
+                    max_tokens,
+                    temperature,
+                    top_k,
+                    top_p,
+                    seed,
+                    json,
+                    proposer,
+                    k,
+                    compare,
+                };
                 job.validate()?;
                 with_backend(&backend, &job)?.map(|()| true)
             })

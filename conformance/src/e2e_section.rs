@@ -98,22 +98,22 @@ pub fn e2e_items() -> Vec<E2eItem> {
 }
 
 /// Builds a proposer of the section for `w` on `b`.
-pub fn build_proposer<B: ModelBackend>(b: &B, name: &str, w: &LlamaWeights) -> Result<Box<dyn Proposer<B>>, String> {
+pub fn build_proposer<B: ModelBackend>(b: &B, name: &str, w: &Arc<LlamaWeights>) -> Result<Box<dyn Proposer<B>>, String> {
     let vocab = w.config.vocab_size;
     let e = |e: specdec_decoder::DecodeError| e.to_string();
     Ok(match name {
         "ngram" => Box::new(NgramProposer::new(NgramConfig { k: K, ..NgramConfig::default() }, vocab).map_err(e)?),
         "draft:self" => Box::new(DraftModelProposer::new(b, name, w, vocab).map_err(e)?),
         "draft:seeded" => Box::new(DraftModelProposer::new(b, name, &seeded_draft(w)?, vocab).map_err(e)?),
-        "dflash:seeded" => Box::new(DflashProposer::new(name, seeded_dflash(w)?, Arc::new(w.clone()), DflashMode::Parallel).map_err(e)?),
+        "dflash:seeded" => Box::new(DflashProposer::new(name, seeded_dflash(w)?, Arc::clone(w), DflashMode::Parallel).map_err(e)?),
         // The shipped draft trained for SmolLM2 (its checkpoint is validated against `w` at load).
         "dflash:trained" => {
             let draft = specdec_models::load_dflash(model_section::shipped_dflash_dir(), &w.config).map_err(|e| format!("the shipped DFlash draft: {e}"))?;
-            Box::new(DflashProposer::new(name, draft, Arc::new(w.clone()), DflashMode::Parallel).map_err(e)?)
+            Box::new(DflashProposer::new(name, draft, Arc::clone(w), DflashMode::Parallel).map_err(e)?)
         }
         "dflash-iter:seeded" => {
             let mode = DflashMode::Iterative { steps: 2, schedule: specdec_models::dflash::Schedule::Cosine };
-            Box::new(DflashProposer::new(name, seeded_dflash(w)?, Arc::new(w.clone()), mode).map_err(e)?)
+            Box::new(DflashProposer::new(name, seeded_dflash(w)?, Arc::clone(w), mode).map_err(e)?)
         }
         other => match other.strip_prefix("early-exit:").and_then(|l| l.parse().ok()) {
             Some(l) => Box::new(DraftModelProposer::early_exit(b, w, l).map_err(e)?),

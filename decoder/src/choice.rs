@@ -2,6 +2,7 @@
 //! `none`, `ngram`, `draft:PATH`, `early-exit:L`, `dflash:PATH`.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use specdec_backend::NgramConfig;
 use specdec_backend::model::{LlamaWeights, ModelBackend};
@@ -52,8 +53,10 @@ impl std::fmt::Display for ProposerChoice {
 }
 
 impl ProposerChoice {
-    /// Builds the proposer for `target` on `backend`, drafting at most `k` tokens a step.
-    pub fn build<B: ModelBackend>(&self, backend: &B, target: &LlamaWeights, k: usize) -> Result<Box<dyn Proposer<B>>, DecodeError> {
+    /// Builds the proposer for `target` on `backend`, drafting at most `k`
+    /// tokens a step. A DFlash drafter keeps reading the target's embedding
+    /// and head, so it shares `target` rather than copying it.
+    pub fn build<B: ModelBackend>(&self, backend: &B, target: &Arc<LlamaWeights>, k: usize) -> Result<Box<dyn Proposer<B>>, DecodeError> {
         let vocab = target.config.vocab_size;
         Ok(match self {
             ProposerChoice::None => Box::new(NoProposer),

@@ -365,17 +365,6 @@ fn input_err(arg: &'static str) -> impl Fn(specdec_reference::SpecError) -> Mode
     move |e| ModelError::InvalidInput { arg, reason: e.to_string() }
 }
 
-/// Argmax with ties to the lowest id (CONV-8).
-fn argmax(row: &[f64]) -> usize {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best
-}
-
 impl DflashDraft {
     /// Checks `config` against the target's (DRAFT-6), the fc contract
     /// (DRAFT-7), every other tensor's shape, and that every value is finite.
@@ -593,7 +582,7 @@ impl DflashDraft {
         let block = self.block_input(verified)?;
         let logits = self.block_logits(target, ctx, &block)?;
         let v = self.config.layers.vocab_size;
-        Ok((1..self.config.block_size).map(|i| argmax(&logits[i * v..(i + 1) * v]) as u32).collect())
+        Ok((1..self.config.block_size).map(|i| crate::forward::argmax(&logits[i * v..(i + 1) * v]) as u32).collect())
     }
 
     /// Iterative unmasking (DRAFT-9; seed 002's loop made deterministic):
@@ -632,7 +621,7 @@ impl DflashDraft {
                 .collect();
             let chosen = select_unmask(&confidence, &masked, count).map_err(input_err("confidence"))?;
             for &p in &chosen {
-                block[p + 1] = argmax(rows[p]) as u32;
+                block[p + 1] = crate::forward::argmax(rows[p]) as u32;
                 masked[p] = false;
             }
             unmasked.push(chosen.iter().map(|p| p + 1).collect());

@@ -55,16 +55,17 @@ fn linear(x: &[f32], w: &Matrix) -> Vec<f32> {
     let (out, inp) = (w.rows(), w.cols());
     let rows = x.len() / inp;
     debug_assert_eq!(rows * inp, x.len(), "x holds whole rows");
+    if rows == 0 {
+        return Vec::new();
+    }
     if rows <= FEW_ROWS {
-        let threads = if out * inp >= PARALLEL_ELEMENTS { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { 1 };
-        let per = out.div_ceil(threads);
-        // Transposed (`[out, rows]`) so each thread owns one contiguous slice.
+        let threads = if out * inp >= PARALLEL_ELEMENTS { crate::parallel::cores() } else { 1 };
+        // Transposed (`[out, rows]`) so each thread owns whole output rows.
         let mut yt = vec![0.0f32; out * rows];
-        std::thread::scope(|scope| {
-            for (wpart, ypart) in w.data.chunks(per * inp).zip(yt.chunks_mut(per * rows)) {
-                scope.spawn(move || few_rows_part(x, inp, wpart, ypart));
-            }
-        });
+        crate::parallel::split_rows(&mut yt, rows, threads, |first, part| few_rows_part(x, inp, &w.data[first * inp..(first + part.len() / rows) * inp], part));
+        if rows == 1 {
+            return yt; // `[out, 1]` is already `[1, out]`
+        }
         return (0..rows * out).map(|i| yt[(i % out) * rows + i / out]).collect();
     }
     let mut y = vec![0.0f32; rows * out];
@@ -245,7 +246,7 @@ impl DflashF32 {
         let h = self.layers_config().hidden_size;
         let logits = linear(&states[h..(count + 1) * h], target.output_matrix());
         let v = self.layers_config().vocab_size;
-        Ok(logits.chunks(v).map(|row| row.iter().enumerate().fold(0, |best, (i, &x)| if x > row[best] { i } else { best }) as u32).collect())
+        Ok(logits.chunks(v).map(|row| crate::forward::argmax(row) as u32).collect())
     }
 }
 

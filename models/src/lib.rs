@@ -31,6 +31,7 @@ pub mod forward;
 pub mod gguf;
 pub mod hf;
 pub mod load;
+pub mod parallel;
 pub mod reference;
 pub mod tiny;
 pub mod tokenizer;

@@ -253,19 +253,13 @@ pub(crate) fn matmul(w: &Matrix, xs: &[Vec<f64>]) -> Vec<Vec<f64>> {
         return Vec::new();
     }
     let mut y = vec![0.0; rows * n]; // row-major [rows, n]
-    let work = rows * w.cols() * n;
-    let threads = if work < (1 << 20) { 1 } else { std::thread::available_parallelism().map_or(1, |p| p.get()).min(16) };
-    let per = rows.div_ceil(threads);
-    std::thread::scope(|s| {
-        for (ci, chunk) in y.chunks_mut(per * n).enumerate() {
-            s.spawn(move || {
-                for (i, out) in chunk.chunks_mut(n).enumerate() {
-                    let wr = w.row(ci * per + i);
-                    for (t, o) in out.iter_mut().enumerate() {
-                        *o = dot_w(wr, &xs[t]);
-                    }
-                }
-            });
+    let threads = crate::parallel::threads_for(rows * w.cols() * n, 1 << 19);
+    crate::parallel::split_rows(&mut y, n, threads, |first, chunk| {
+        for (i, out) in chunk.chunks_mut(n).enumerate() {
+            let wr = w.row(first + i);
+            for (t, o) in out.iter_mut().enumerate() {
+                *o = dot_w(wr, &xs[t]);
+            }
         }
     });
     (0..n).map(|t| (0..rows).map(|r| y[r * n + t]).collect()).collect()

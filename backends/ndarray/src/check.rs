@@ -70,15 +70,6 @@ pub(crate) fn prob_rows_ok(rows: ArrayView2<'_, f64>, live: ArrayView1<'_, bool>
     Zip::from(&sum_last(masked.view())).and(live).all(|&s, &l| !l || (s - 1.0).abs() <= SUM_TOLERANCE)
 }
 
-/// CONV-8 on live score rows: no NaN, no `+inf`, not entirely `-inf`.
-pub(crate) fn score_rows_ok(rows: ArrayView2<'_, f64>, live: ArrayView1<'_, bool>) -> bool {
-    let live2 = live.insert_axis(Axis(1));
-    let elems = Zip::from(&rows).and_broadcast(live2).all(|&x, &l| !l || !(x.is_nan() || x == f64::INFINITY));
-    let masked = Zip::from(&rows).and_broadcast(live2).map_collect(|&x, &l| l && x.is_finite());
-    let any_finite = masked.fold_axis(Axis(1), false, |a, &f| *a || f);
-    elems && Zip::from(&any_finite).and(live).all(|&f, &l| !l || f)
-}
-
 /// SAMPLE-1/2 weight rows: finite, `>= 0`, positive and finite total.
 pub(crate) fn weight_rows_ok(rows: ArrayView2<'_, f64>) -> bool {
     Zip::from(&rows).all(|&x| x.is_finite() && x >= 0.0) && Zip::from(&sum_last(rows)).all(|&s| s > 0.0 && s.is_finite())

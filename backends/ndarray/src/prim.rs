@@ -78,7 +78,7 @@ pub(crate) fn for_rows<T: Send>(a: ArrayView2<'_, f64>, live: ArrayView1<'_, boo
     const PER_THREAD: usize = 1 << 18;
     let rows = a.nrows();
     let read = live.iter().filter(|&&l| l).count() * a.ncols();
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(read / PER_THREAD).clamp(1, rows.max(1));
+    let threads = specdec_models::parallel::threads_for(read, PER_THREAD).min(rows.max(1));
     let run = |first: usize, a: ArrayView2<'_, f64>, live: ArrayView1<'_, bool>, mut out: ArrayViewMut2<'_, T>| {
         let mut ok = true;
         for (r, ((row, &l), mut o)) in a.rows().into_iter().zip(live).zip(out.rows_mut()).enumerate() {

@@ -3,8 +3,8 @@
 
 use ndarray::{Array1, Array2, ArrayD, ArrayView1, ArrayView2, Axis, Zip, aview0, s};
 
-use crate::check::{d1, d2, exponentials_ok, score_rows_ok, uniforms_ok, weight_rows_ok};
-use crate::prim::{arange, argmax_last, argsort_rows, cumsum_last, for_rows, row_argmax, sum_last, take_along_last, take_along_last2};
+use crate::check::{d1, d2, exponentials_ok, uniforms_ok, weight_rows_ok};
+use crate::prim::{arange, argmax_last, argmax_rows_checked, argsort_rows, cumsum_last, for_rows, row_argmax, sum_last, take_along_last, take_along_last2};
 
 /// SAMPLE-1: per row, the smallest `i` with `v * S < C_i`; if rounding
 /// leaves none, the last id of positive weight.
@@ -117,7 +117,9 @@ pub(crate) fn process_logits(z: ArrayView2<'_, f64>, t: ArrayView1<'_, f64>, top
     let nucleus_used = Zip::from(&t).and(&top_p).fold(false, |any, &t, &p| any || (t > 0.0 && p < 1.0));
     let every = Array1::from_elem(z.nrows(), true);
     if top_k_used || nucleus_used {
-        return score_rows_ok(z, every.view()).then(|| sorted_process_logits(z, t, top_k, top_p));
+        // The sorts dominate; one pass gives the argmax and the score check.
+        let (top, valid) = argmax_rows_checked(z, every.view());
+        return valid.then(|| sorted_process_logits(z, t, top_k, top_p, top.view(), top_k_used, nucleus_used));
     }
     let mut out = Array2::zeros(z.dim());
     for_rows(z, every.view(), out.view_mut(), |r, row, out| softmax_row(row, t[r], out)).then_some(out)
@@ -145,28 +147,34 @@ fn softmax_row(z: &[f64], t: f64, out: &mut [f64]) -> bool {
     valid
 }
 
-/// LOGITS-2 .. LOGITS-6 on validated input, as whole-array operations
-/// (top-k and top-p sort every row that uses them).
-fn sorted_process_logits(z: ArrayView2<'_, f64>, t: ArrayView1<'_, f64>, top_k: ArrayView1<'_, i64>, top_p: ArrayView1<'_, f64>) -> Array2<f64> {
-    let top = argmax_last(z);
-    let max = take_along_last(z, top.view());
+/// LOGITS-2 .. LOGITS-6 on validated input with each row's argmax `top`,
+/// as whole-array operations (top-k and top-p sort every row that uses
+/// them; `top_k_used` and `nucleus_used` say whether any row does).
+fn sorted_process_logits(
+    z: ArrayView2<'_, f64>,
+    t: ArrayView1<'_, f64>,
+    top_k: ArrayView1<'_, i64>,
+    top_p: ArrayView1<'_, f64>,
+    top: ArrayView1<'_, usize>,
+    top_k_used: bool,
+    nucleus_used: bool,
+) -> Array2<f64> {
+    let max = take_along_last(z, top);
     // T = 0 rows are one-hot; a stand-in T keeps their unused softmax finite.
     let t_safe = t.mapv(|t| if t > 0.0 { t } else { 1.0 });
     // The sorts behind top-k and top-p cost nearly all the time; skip each
     // when no row uses it (its mask would keep every id: the same result).
-    let vocab = z.ncols();
     let every = aview0(&true);
     let top_k_rows;
-    let keep = if top_k.iter().any(|&k| k > 0 && (k as usize) < vocab) {
+    let keep = if top_k_used {
         top_k_rows = top_k_keep(z, top_k);
         top_k_rows.view()
     } else {
         every.broadcast(z.dim()).expect("a scalar broadcasts to any shape") // no allocation
     };
     let probs = masked_softmax(z, keep, max.view(), t_safe.view());
-    let any_nucleus = Zip::from(&t).and(&top_p).fold(false, |any, &t, &p| any || (t > 0.0 && p < 1.0));
     let nucleus_rows;
-    let nucleus = if any_nucleus {
+    let nucleus = if nucleus_used {
         let keep_p = top_p_keep(probs.view(), top_p);
         let both = Zip::from(keep).and(&keep_p).map_collect(|&a, &b| a && b);
         nucleus_rows = masked_softmax(z, both.view(), max.view(), t_safe.view());
@@ -184,8 +192,8 @@ fn sorted_process_logits(z: ArrayView2<'_, f64>, t: ArrayView1<'_, f64>, top_k: 
             Mode::Full
         }
     });
-    let pos = arange(vocab);
-    Zip::from(&probs).and(nucleus).and_broadcast(pos.view().insert_axis(Axis(0))).and_broadcast(top.view().insert_axis(Axis(1))).and_broadcast(mode.view().insert_axis(Axis(1))).map_collect(
+    let pos = arange(z.ncols());
+    Zip::from(&probs).and(nucleus).and_broadcast(pos.view().insert_axis(Axis(0))).and_broadcast(top.insert_axis(Axis(1))).and_broadcast(mode.view().insert_axis(Axis(1))).map_collect(
         |&all, &nucleus, &j, &top, &mode| match mode {
             Mode::Greedy => f64::from(u8::from(j == top)),
             Mode::Nucleus => nucleus,
@@ -211,7 +219,7 @@ mod tests {
         let t = ndarray::array![1.0, 0.0, 0.7, 2.5, 1e-3, 1.0];
         let (k, p) = (Array1::zeros(rows), Array1::ones(rows));
         let fused = process_logits(z.view(), t.view(), k.view(), p.view()).expect("valid rows");
-        let whole = sorted_process_logits(z.view(), t.view(), k.view(), p.view());
+        let whole = sorted_process_logits(z.view(), t.view(), k.view(), p.view(), argmax_last(z.view()).view(), false, false);
         assert!(fused.iter().zip(&whole).all(|(a, b)| a.to_bits() == b.to_bits()));
         for (r, bad) in [(0, f64::NAN), (5, f64::INFINITY)] {
             let mut broken = z.clone();
