@@ -31,7 +31,6 @@ pub mod forward;
 pub mod gguf;
 pub mod hf;
 pub mod load;
-pub mod parallel;
 pub mod reference;
 pub mod tiny;
 pub mod tokenizer;
@@ -44,5 +43,7 @@ pub use error::{ModelError, Result};
 pub use forward::{ForwardPlan, ForwardRequest, LogitRows, SeqRows};
 pub use load::{LoadedModel, load};
 pub use reference::{RefCache, RefModel};
+/// The host row split lives with the reference (its n-gram index uses it too).
+pub use specdec_reference::parallel;
 pub use tokenizer::Tokenizer;
 pub use weights::{LayerWeights, LlamaWeights, Matrix};

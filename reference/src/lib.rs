@@ -7,6 +7,8 @@
 //! public function validates all of its input before computing anything and
 //! reports the first defect as a typed [`SpecError`] (ERR-1), never a panic;
 //! rule IDs in doc comments name the spec rule a function implements.
+//! Threads ([`parallel`]) only split work whose result cannot depend on the
+//! split: the host forwards' output rows, the n-gram index's tables.
 
 pub mod accept;
 pub mod controller;
@@ -17,6 +19,7 @@ pub mod kvcache;
 pub mod logits;
 pub mod lossy;
 pub mod ngram;
+pub mod parallel;
 pub mod rejection;
 pub mod sampling;
 pub mod tensor;

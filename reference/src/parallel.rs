@@ -1,6 +1,7 @@
-//! Splitting independent output rows across the machine's cores: the one
-//! thread split of the host forwards (the reference's projections, the f32
-//! DFlash drafter's few-row products) and of the ndarray port's row kernels.
+//! Splitting independent work across the machine's cores: the one thread
+//! split of the host forwards (the f64 reference forward's projections, the
+//! f32 DFlash drafter's few-row products), of the ndarray port's row kernels,
+//! and the core count the n-gram index's bulk build reads.
 //!
 //! Invariant: each output row is computed by exactly one thread, from inputs
 //! no thread writes, so results never depend on the split or the core count.
