@@ -179,8 +179,8 @@ pub fn propose_batch(contexts: &Tensor<i64>, context_lens: &Tensor<i64>, vocab: 
 }
 
 /// Where an n-gram has started so far (only starts that exclude the suffix).
-/// Positions are `u32` ([`MAX_INDEXED_TOKENS`]), so a table entry is two
-/// words ([`Table`]).
+/// Positions are `u32` ([`MAX_INDEXED_TOKENS`]), so a table entry is 12
+/// bytes with its key ([`Key`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Occurrences {
     first: u32,
@@ -205,30 +205,42 @@ fn spells(tokens: &[i64], o: &Occurrences, gram: &[i64]) -> bool {
     &tokens[first..first + gram.len()] == gram
 }
 
-/// The hashes are already mixed ([`finish`]): the tables use them as they are.
-#[derive(Debug, Clone, Copy, Default)]
-struct PassThrough(u64);
+/// The tables key an n-gram by 32 bits of its mixed hash ([`finish`]), so
+/// an entry is 12 bytes; the rarer collisions this makes land in
+/// [`Table`]'s `collided` like any other.
+type Key = u32;
 
-impl std::hash::Hasher for PassThrough {
+/// The key of an n-gram's mixed hash.
+fn key(h: u64, mask: u64) -> Key {
+    (h & mask) as Key
+}
+
+/// Spreads a key over the 64 bits the hash map reads (its slot from the low
+/// bits, a tag from the top seven): the key's bits are already mixed, so one
+/// odd multiplication does.
+#[derive(Debug, Clone, Copy, Default)]
+struct Spread(u64);
+
+impl std::hash::Hasher for Spread {
     fn finish(&self) -> u64 {
         self.0
     }
     fn write(&mut self, bytes: &[u8]) {
-        // Only `write_u64` is used; this keeps the hasher total anyway.
+        // Only `write_u32` is used; this keeps the hasher total anyway.
         self.0 = bytes.iter().fold(self.0, |h, &b| absorb(h, i64::from(b)));
     }
-    fn write_u64(&mut self, h: u64) {
-        self.0 = h;
+    fn write_u32(&mut self, k: u32) {
+        self.0 = u64::from(k).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
 }
 
-type ByHash<V> = HashMap<u64, V, std::hash::BuildHasherDefault<PassThrough>>;
+type ByHash<V> = HashMap<Key, V, std::hash::BuildHasherDefault<Spread>>;
 
-/// The admissible starts of the n-grams of one size. `by_hash` maps a hash to
+/// The admissible starts of the n-grams of one size. `by_hash` maps a key to
 /// the first n-gram seen with it, nearly always the only one; the rare
-/// others sharing its hash wait in `collided`, told apart by their tokens
+/// others sharing its key wait in `collided`, told apart by their tokens
 /// (at their first start), so the index stays exact while the common entry
-/// stays two words, its hash and its two starts (a long context's build is
+/// stays 12 bytes, its key and its two starts (a long context's build is
 /// bound by the tables' memory).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Table {
@@ -237,9 +249,9 @@ struct Table {
 }
 
 impl Table {
-    /// Records that the n-gram `tokens[start..end]`, hashed `h`, starts at
+    /// Records that the n-gram `tokens[start..end]`, keyed `h`, starts at
     /// `start`, the largest start recorded so far.
-    fn record(&mut self, tokens: &[i64], h: u64, start: usize, end: usize) {
+    fn record(&mut self, tokens: &[i64], h: Key, start: usize, end: usize) {
         let gram = &tokens[start..end];
         let start = u32::try_from(start).expect("extend keeps every position within MAX_INDEXED_TOKENS");
         let here = Occurrences { first: start, last: start };
@@ -262,8 +274,8 @@ impl Table {
         }
     }
 
-    /// Where `gram`, hashed `h`, has started, if it has.
-    fn find(&self, tokens: &[i64], h: u64, gram: &[i64]) -> Option<&Occurrences> {
+    /// Where `gram`, keyed `h`, has started, if it has.
+    fn find(&self, tokens: &[i64], h: Key, gram: &[i64]) -> Option<&Occurrences> {
         let o = self.by_hash.get(&h)?;
         if spells(tokens, o, gram) {
             return Some(o);
@@ -307,7 +319,7 @@ fn index_ends(tokens: &[i64], ends: std::ops::Range<usize>, mask: u64, mut run: 
         for n in 1..=highest.min(end) {
             h = absorb(h, tokens[end - n]);
             if n >= lowest {
-                run[n - lowest].table.record(tokens, finish(h) & mask, end - n, end);
+                run[n - lowest].table.record(tokens, key(finish(h), mask), end - n, end);
             }
         }
     }
@@ -382,7 +394,7 @@ impl NgramIndex {
             // power-of-two size reserved for 0.5 M holds. A table that needs
             // more doubles once; sizing for the worst case would double the
             // memory a build touches, and memory is what a build costs
-            // (measured: 81 ms against 117 ms at 1 M).
+            // (on the bench's context, 1.4x the time).
             let gains = ends.end.saturating_sub(ends.start.max(t.n));
             let spellable = u32::try_from(t.n).ok().and_then(|n| vocab.checked_pow(n)).unwrap_or(usize::MAX);
             t.table.by_hash.reserve(gains.min(spellable) / 2);
@@ -437,7 +449,7 @@ impl NgramIndex {
         let mut h = 0;
         for n in 1..=longest {
             h = absorb(h, self.tokens[len - n]);
-            hashes.push(finish(h) & self.hash_mask);
+            hashes.push(key(finish(h), self.hash_mask));
         }
         for n in (self.cfg.ngram_min..=longest).rev() {
             let suffix = &self.tokens[len - n..];
