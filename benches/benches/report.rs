@@ -80,8 +80,8 @@ impl EachBackend for E2eJob<'_> {
     }
 }
 
-fn bench_prompts(model: &specdec_models::LoadedModel) -> Result<Vec<BenchPrompt>, String> {
-    let tok = model.tokenizer.as_ref().ok_or("SmolLM2 has no tokenizer")?;
+fn bench_prompts(tokenizer: Option<&specdec_models::Tokenizer>) -> Result<Vec<BenchPrompt>, String> {
+    let tok = tokenizer.ok_or("SmolLM2 has no tokenizer")?;
     let shipped = specdec_conformance::model_section::shipped_prompts();
     PROMPTS
         .iter()
@@ -145,19 +145,20 @@ fn main() -> Result<(), String> {
     let mut forward_times = Vec::new();
     let mut e2e = E2e::default();
     let mut e2e_failure = None;
-    if let Some(model) = &model {
+    if let Some(model) = model {
+        // Shared by every DFlash drafter the end-to-end sweep builds (it reads the head).
+        let weights = std::sync::Arc::new(model.weights);
         if want("forward") {
-            let mut job = ForwardJob { c: &mut c, weights: &model.weights, machine: &machine, dir: &criterion_dir, out: Vec::new() };
+            let mut job = ForwardJob { c: &mut c, weights: &weights, machine: &machine, dir: &criterion_dir, out: Vec::new() };
             each_backend(&mut job, false, true);
             forward_times = job.out;
         }
         if want("e2e") {
-            let prompts = bench_prompts(model)?;
+            let prompts = bench_prompts(model.tokenizer.as_ref())?;
             // The weight-format variants are timed as forwards only: their verify
             // window over decode says what drafting would cost them, and a
             // second end-to-end sweep would not fit the report's budget.
-            let target = std::sync::Arc::new(model.weights.clone());
-            let mut job = E2eJob { weights: &target, prompts: &prompts, max_tokens, out: E2e::default(), failure: None };
+            let mut job = E2eJob { weights: &weights, prompts: &prompts, max_tokens, out: E2e::default(), failure: None };
             each_backend(&mut job, false, false);
             (e2e, e2e_failure) = (job.out, job.failure);
         }

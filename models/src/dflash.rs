@@ -582,7 +582,7 @@ impl DflashDraft {
         let block = self.block_input(verified)?;
         let logits = self.block_logits(target, ctx, &block)?;
         let v = self.config.layers.vocab_size;
-        Ok((1..self.config.block_size).map(|i| crate::forward::argmax(&logits[i * v..(i + 1) * v]) as u32).collect())
+        Ok((1..self.config.block_size).map(|i| specdec_reference::greedy::lowest_argmax(&logits[i * v..(i + 1) * v]) as u32).collect())
     }
 
     /// Iterative unmasking (DRAFT-9; seed 002's loop made deterministic):
@@ -621,7 +621,7 @@ impl DflashDraft {
                 .collect();
             let chosen = select_unmask(&confidence, &masked, count).map_err(input_err("confidence"))?;
             for &p in &chosen {
-                block[p + 1] = crate::forward::argmax(rows[p]) as u32;
+                block[p + 1] = specdec_reference::greedy::lowest_argmax(rows[p]) as u32;
                 masked[p] = false;
             }
             unmasked.push(chosen.iter().map(|p| p + 1).collect());

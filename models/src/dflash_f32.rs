@@ -246,7 +246,7 @@ impl DflashF32 {
         let h = self.layers_config().hidden_size;
         let logits = linear(&states[h..(count + 1) * h], target.output_matrix());
         let v = self.layers_config().vocab_size;
-        Ok(logits.chunks(v).map(|row| crate::forward::argmax(row) as u32).collect())
+        Ok(logits.chunks(v).map(|row| specdec_reference::greedy::lowest_argmax(row) as u32).collect())
     }
 }
 

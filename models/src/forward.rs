@@ -166,14 +166,3 @@ pub fn rope_angles(pos: usize, head_dim: usize, theta: f64) -> (Vec<f64>, Vec<f6
         })
         .unzip()
 }
-
-/// Argmax with ties to the lowest id (CONV-8), for any ordered value.
-pub fn argmax<T: PartialOrd>(row: &[T]) -> usize {
-    let mut best = 0;
-    for (i, v) in row.iter().enumerate() {
-        if *v > row[best] {
-            best = i;
-        }
-    }
-    best
-}

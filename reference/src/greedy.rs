@@ -47,15 +47,23 @@ impl VerifyOutput {
     }
 }
 
-/// Argmax of a validated, non-empty score row: the lowest id among equal
-/// maxima (CONV-8), with the relative gap to the best other value as margin.
-pub(crate) fn argmax(row: &[f64]) -> (usize, f64) {
+/// The lowest id among a row's equal maxima (CONV-8), for any ordered
+/// value; 0 for an empty row. The one argmax of the host code (the f64 and
+/// f32 DFlash drafters use it too).
+pub fn lowest_argmax<T: PartialOrd>(row: &[T]) -> usize {
     let mut best = 0;
-    for (i, &x) in row.iter().enumerate() {
-        if x > row[best] {
+    for (i, v) in row.iter().enumerate() {
+        if *v > row[best] {
             best = i;
         }
     }
+    best
+}
+
+/// Argmax of a validated, non-empty score row: the lowest id among equal
+/// maxima (CONV-8), with the relative gap to the best other value as margin.
+pub(crate) fn argmax(row: &[f64]) -> (usize, f64) {
+    let best = lowest_argmax(row);
     let runner_up = row.iter().enumerate().filter(|&(i, _)| i != best).map(|(_, &x)| x).fold(f64::NEG_INFINITY, f64::max);
     let scale = row[best].abs().max(1.0);
     (best, (row[best] - runner_up) / scale)

@@ -302,24 +302,19 @@ fn finish(h: u64) -> u64 {
 /// the threads than they save.
 const PARALLEL_APPEND: usize = 1 << 14;
 
-/// The table of one n-gram size, lent to whichever thread fills it.
-struct TableOfN<'a> {
-    n: usize,
-    table: &'a mut Table,
-}
-
-/// Indexes, in each table of `run` (consecutive n, ascending), the n-gram
-/// that ends just before each position in `ends`: its start `end - n` has
-/// stopped being a suffix and became admissible (it is < len - n). The
-/// n-grams ending at one position are hashed in one backward pass.
-fn index_ends(tokens: &[i64], ends: std::ops::Range<usize>, mask: u64, mut run: Vec<TableOfN>) {
-    let (Some(lowest), Some(highest)) = (run.first().map(|t| t.n), run.last().map(|t| t.n)) else { return };
+/// Indexes, in each table of `run` (the tables of consecutive sizes from
+/// `lowest`), the n-gram that ends just before each position in `ends`: its
+/// start `end - n` has stopped being a suffix and became admissible (it is
+/// < len - n). The n-grams ending at one position are hashed in one
+/// backward pass.
+fn index_ends(tokens: &[i64], ends: std::ops::Range<usize>, mask: u64, lowest: usize, run: &mut [Table]) {
+    let Some(highest) = (lowest + run.len()).checked_sub(1) else { return };
     for end in ends {
         let mut h = 0;
         for n in 1..=highest.min(end) {
             h = absorb(h, tokens[end - n]);
             if n >= lowest {
-                run[n - lowest].table.record(tokens, key(finish(h), mask), end - n, end);
+                run[n - lowest].record(tokens, key(finish(h), mask), end - n, end);
             }
         }
     }
@@ -383,49 +378,47 @@ impl NgramIndex {
 
     /// Indexes the last `appended` tokens of the context on up to `threads` threads.
     fn index_appended(&mut self, appended: usize, threads: usize) {
-        let ends = self.tokens.len() - appended..self.tokens.len();
-        let (ngram_min, vocab, mask) = (self.cfg.ngram_min, self.vocab, self.hash_mask);
-        let mut tables: Vec<TableOfN> = self.tables.iter_mut().enumerate().map(|(i, table)| TableOfN { n: ngram_min + i, table }).collect();
-        for t in &mut tables {
-            // The table gains at most one n-gram per new end at or beyond n,
-            // and no more than the vocabulary can spell; it is sized for half
-            // of that, since text repeats its n-grams: the bench's 1 M-token
-            // context puts 0.49 M to 0.72 M in each table, which the
-            // power-of-two size reserved for 0.5 M holds. A table that needs
-            // more doubles once; sizing for the worst case would double the
-            // memory a build touches, and memory is what a build costs
-            // (on the bench's context, 1.4x the time).
-            let gains = ends.end.saturating_sub(ends.start.max(t.n));
-            let spellable = u32::try_from(t.n).ok().and_then(|n| vocab.checked_pow(n)).unwrap_or(usize::MAX);
-            t.table.by_hash.reserve(gains.min(spellable) / 2);
+        let NgramIndex { cfg, vocab, tokens, tables, hash_mask: mask } = self;
+        let (ngram_min, mask, tokens) = (cfg.ngram_min, *mask, &*tokens);
+        let ends = tokens.len() - appended..tokens.len();
+        if appended > 1 {
+            for (i, table) in tables.iter_mut().enumerate() {
+                // The table gains at most one n-gram per new end at or beyond
+                // n, and no more than the vocabulary can spell; it is sized for
+                // half of that, since text repeats its n-grams: the bench's
+                // 1 M-token context puts 0.49 M to 0.72 M in each table, which
+                // the power-of-two size reserved for 0.5 M holds. A table that
+                // needs more doubles once; sizing for the worst case would
+                // double the memory a build touches, and memory is what a
+                // build costs (on the bench's context, 1.4x the time).
+                let n = ngram_min + i;
+                let gains = ends.end.saturating_sub(ends.start.max(n));
+                let spellable = u32::try_from(n).ok().and_then(|n| vocab.checked_pow(n)).unwrap_or(usize::MAX);
+                table.by_hash.reserve(gains.min(spellable) / 2);
+            }
         }
         if threads <= 1 {
-            index_ends(&self.tokens, ends, mask, tables);
+            index_ends(tokens, ends, mask, ngram_min, tables);
             return;
         }
-        // Contiguous runs of n, so a run's hashes come in one backward pass;
-        // a few runs per thread, taken largest n first (the largest tables)
-        // from a shared queue, so the threads finish close together.
-        let runs = tables.len().min(4 * threads);
-        let per_run = tables.len().div_ceil(runs);
-        let mut queue = Vec::with_capacity(runs);
-        while !tables.is_empty() {
-            let rest = tables.split_off(per_run.min(tables.len()));
-            queue.push(std::mem::replace(&mut tables, rest));
-        }
-        let queue = std::sync::Mutex::new(queue);
-        let all_tokens = &self.tokens;
+        // Runs of consecutive sizes, so a run's hashes come in one backward
+        // pass; a few runs per thread, taken largest n first (the largest
+        // tables) from a shared queue, so the threads finish close together
+        // and a thread the OS refuses leaves its runs to the others.
+        let per_run = tables.len().div_ceil(tables.len().min(4 * threads));
+        let runs: Vec<(usize, &mut [Table])> = tables.chunks_mut(per_run).enumerate().map(|(i, run)| (ngram_min + i * per_run, run)).collect();
+        let spawned = threads.min(runs.len()) - 1;
+        let queue = std::sync::Mutex::new(runs);
         // The lock is released before the run is indexed (not held by a
         // `while let` scrutinee's temporary for the loop body).
         let next_run = || queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
         let work = || {
-            while let Some(run) = next_run() {
-                index_ends(all_tokens, ends.clone(), mask, run);
+            while let Some((lowest, run)) = next_run() {
+                index_ends(tokens, ends.clone(), mask, lowest, run);
             }
         };
         std::thread::scope(|scope| {
-            for _ in 1..threads.min(runs) {
-                // A thread the OS refuses leaves its share to the others.
+            for _ in 0..spawned {
                 let _ = std::thread::Builder::new().spawn_scoped(scope, work);
             }
             work();
