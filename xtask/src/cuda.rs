@@ -1,7 +1,10 @@
-//! `cargo xtask cuda`: builds `specdec` with the candle backend's `cuda`
-//! feature on a machine with no GPU and no system CUDA, from PyPI alone, so
-//! that the binary can be carried to a GPU machine and run there
-//! (`specdec conform --backend candle-cuda`).
+//! `cargo xtask cuda`: builds `specdec` with both GPU backends, candle's
+//! `cuda` feature and tch against a CUDA libtorch, on a machine with no GPU
+//! and no system CUDA, from PyPI and crates.io alone, so that the binaries
+//! can be carried to a GPU machine and run there (`specdec conform --backend
+//! candle-cuda`, `--backend tch-cuda`). Beside `specdec` it builds
+//! `specdec-train` (DFlash training on `--device cuda`) and the speedup
+//! report's bench binary.
 //!
 //! What the build needs and where it comes from:
 //! - `nvcc` (candle's kernels are compiled to PTX at build time, and
@@ -16,15 +19,24 @@
 //!   entry point cudarc's bindings name (read from cudarc's own source), so
 //!   the link resolves, and the binary then loads the driver's real
 //!   `libcuda.so.1` where it runs. The stub is never run.
+//! - tch: the binary links libtorch 2.11, the release of the GPU machines'
+//!   PyTorch, from PyPI's torch wheel of that version (`libtorch::CUDA`),
+//!   and loads that PyTorch's own `torch/lib` where it runs (put it on
+//!   `LD_LIBRARY_PATH`): `libtorch_cuda.so` and the CUDA libraries it needs
+//!   are far larger than what can be carried there. tch stays at 0.26 with a
+//!   patched torch-sys (`torch_sys.rs`); the patch exists for this build only
+//!   (a `--config` patch; `Cargo.lock`, which it would rewrite, is restored).
 //!
-//! Everything is cached and idempotent; the binary goes to
-//! `target/cuda/release/specdec`. At run time it needs the driver and the
-//! CUDA 13 runtime libraries (cuBLAS, cuRAND, NVRTC, cudart) on the library path.
+//! Everything is cached and idempotent; the binaries go to
+//! `target/cuda/release/` (`specdec`, `specdec-train`, `deps/report-*`). At
+//! run time they need the driver, PyTorch 2.11's `torch/lib` and the CUDA 13
+//! runtime libraries (cuBLAS, cuRAND, NVRTC, cudart: PyTorch's `nvidia/*/lib`)
+//! on the library path.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::run_command;
+use crate::{libtorch, run_command, torch_sys};
 
 /// The toolkit release the kernels are built with (its nvcc is 13.0.88).
 pub const TOOLKIT_PIN: &str = "cuda-toolkit[nvcc,cccl,cudart,cublas,curand,nvrtc]==13.0.3";
@@ -33,23 +45,72 @@ pub const TOOLKIT_PIN: &str = "cuda-toolkit[nvcc,cccl,cudart,cublas,curand,nvrtc
 /// looks for.
 const LINKED: [&str; 5] = ["cudart", "nvrtc", "curand", "cublas", "cublasLt"];
 
-/// Builds the CUDA binary for GPUs of compute capability `compute_cap`
-/// (90 for the H100 and H200) and returns its path.
+/// The packages, targets and features of the GPU build.
+const BUILD_ARGS: [&str; 14] = [
+    "build",
+    "--release",
+    "--target-dir",
+    "target/cuda",
+    "-p",
+    "specdec-cli",
+    "-p",
+    "specdec-train",
+    "-p",
+    "specdec-benches",
+    "--bins",
+    "--bench",
+    "report",
+    "--features=specdec-cli/tch,specdec-cli/cuda,specdec-train/libtorch,specdec-candle/cuda,specdec-tch/libtorch",
+];
+
+/// Builds the GPU binaries for GPUs of compute capability `compute_cap`
+/// (90 for the H100 and H200) and returns the `specdec` binary's path.
 pub fn build(root: &Path, compute_cap: u32) -> Result<PathBuf, String> {
     let cuda = root.join(".cache/cuda");
     let toolkit = ensure_toolkit(&cuda)?;
     let link_root = ensure_link_root(root, &cuda, &toolkit)?;
+    let libtorch = libtorch::ensure(root, &libtorch::CUDA)?;
+    let torch_sys = torch_sys::ensure_for_libtorch_2_11(root)?;
     let path = std::env::var_os("PATH").unwrap_or_default();
     let mut paths = vec![link_root.join("bin")];
     paths.extend(std::env::split_paths(&path));
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.current_dir(root)
-        .args(["build", "--release", "-p", "specdec-cli", "--features", "cuda", "--target-dir", "target/cuda"])
+        .args(BUILD_ARGS)
+        .arg("--config")
+        .arg(format!("patch.crates-io.torch-sys.path={:?}", torch_sys.display().to_string()))
         .env("CUDA_HOME", &link_root)
         .env("CUDA_COMPUTE_CAP", compute_cap.to_string())
         .env("PATH", std::env::join_paths(paths).map_err(|e| format!("PATH: {e}"))?);
-    run_command(&mut cmd)?;
-    Ok(root.join("target/cuda/release/specdec"))
+    for var in libtorch::LIBTORCH_ENV_REMOVE {
+        cmd.env_remove(var);
+    }
+    // build-version says 2.11.0, which torch-sys 0.26 would refuse.
+    cmd.env("LIBTORCH", &libtorch).env("LIBTORCH_BYPASS_VERSION_CHECK", "1");
+    // The patch rewrites torch-sys's entry in Cargo.lock; the lock stays the workspace's.
+    let lock_path = root.join("Cargo.lock");
+    let lock = std::fs::read(&lock_path).map_err(|e| format!("cannot read {}: {e}", lock_path.display()))?;
+    let built = run_command(&mut cmd);
+    std::fs::write(&lock_path, lock).map_err(|e| format!("cannot restore {}: {e}", lock_path.display()))?;
+    built?;
+    let release = root.join("target/cuda/release");
+    eprintln!(
+        "xtask: built {}, {} and the bench {}; where they run, put PyTorch 2.11's torch/lib and its nvidia/*/lib folders on LD_LIBRARY_PATH",
+        release.join("specdec").display(),
+        release.join("specdec-train").display(),
+        newest_bench(&release.join("deps")).map_or_else(|| "(not found)".into(), |p| p.display().to_string())
+    );
+    Ok(release.join("specdec"))
+}
+
+/// The most recently built `report-*` bench binary in `deps`.
+fn newest_bench(deps: &Path) -> Option<PathBuf> {
+    std::fs::read_dir(deps)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.file_name().and_then(|f| f.to_str()).is_some_and(|f| f.starts_with("report-") && !f.contains('.')))
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
 }
 
 /// The wheels' CUDA tree (`bin/nvcc`, `include`, `lib`, `nvvm`).

@@ -1,4 +1,6 @@
-//! Obtain a CPU-usable `libtorch` for the `tch` crate (torch-sys 0.26) from `PyPI` wheels.
+//! Obtain a `libtorch` for the `tch` crate from `PyPI` wheels: [`CPU`], the one every build
+//! of the workspace uses (torch-sys 0.26's libtorch 2.13, without its CUDA library), and
+//! [`CUDA`], the libtorch of a GPU machine's PyTorch (see `cuda.rs`).
 //!
 //! There is no CPU-only torch wheel on `PyPI`: the Linux `x86_64` `torch==2.13.0` wheel is the
 //! CUDA 13 build. Its `libtorch_cpu.so` works on machines without a GPU, but needs
@@ -39,6 +41,20 @@ use std::process::{Command, Stdio};
 /// The libtorch version torch-sys 0.26 expects.
 pub const TORCH_VERSION: &str = "2.13.0";
 
+/// One libtorch folder assembled from wheels, under `.cache/<dir>`.
+pub struct Flavor {
+    dir: &'static str,
+    /// What `build-version` says (torch-sys compares it with its own version).
+    pub version: &'static str,
+    wheels: &'static [Wheel],
+    /// Regular files that must exist (non-empty) in a ready folder.
+    required: &'static [&'static str],
+    /// Symlinks created in `lib/` (link name, target).
+    symlinks: &'static [(&'static str, &'static str)],
+    /// Whether `lib/libtorch_cuda.so` must be there (it makes torch-sys link CUDA) or must not.
+    cuda: bool,
+}
+
 /// Environment variables that make torch-sys ignore or override `LIBTORCH`, or force an
 /// unneeded rebuild of its C++ wrapper; remove them from cargo invocations
 /// (`Command::env_remove`) that use [`libtorch_env`].
@@ -55,7 +71,7 @@ struct Wheel {
     members: &'static [(&'static str, &'static str)],
 }
 
-const WHEELS: [Wheel; 3] = [
+const CPU_WHEELS: [Wheel; 3] = [
     Wheel {
         requirement: "torch==2.13.0",
         file: "torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl",
@@ -76,12 +92,50 @@ const WHEELS: [Wheel; 3] = [
     },
 ];
 
-/// Regular files that must exist (non-empty) in a ready folder.
-const REQUIRED_FILES: &[&str] =
-    &["include/ATen/ATen.h", "include/torch/csrc/api/include/torch/torch.h", "lib/libtorch_cpu.so", "lib/libc10.so", "lib/libgomp.so.1", "lib/libcudart.so.13", "lib/libcupti.so.13"];
+/// The CPU libtorch of every build (layout in the module doc).
+pub const CPU: Flavor = Flavor {
+    dir: "libtorch",
+    version: TORCH_VERSION,
+    wheels: &CPU_WHEELS,
+    required: &["include/ATen/ATen.h", "include/torch/csrc/api/include/torch/torch.h", "lib/libtorch_cpu.so", "lib/libc10.so", "lib/libgomp.so.1", "lib/libcudart.so.13", "lib/libcupti.so.13"],
+    symlinks: &[("libtorch.so", "libtorch_cpu.so"), ("libgomp.so", "libgomp.so.1")],
+    cuda: false,
+};
 
-/// Symlinks created in `lib/` (link name, target).
-const SYMLINKS: &[(&str, &str)] = &[("libtorch.so", "libtorch_cpu.so"), ("libgomp.so", "libgomp.so.1")];
+/// The libtorch of the GPU machines' PyTorch (2.11, CUDA 13), only to link against: its
+/// libraries load from that PyTorch's own `torch/lib` where the binary runs, since
+/// `libtorch_cuda.so` (456 MB) and the CUDA libraries it needs are too large to carry there.
+/// Its headers and the libraries the binary names; nothing of CUDA beside them.
+pub const CUDA: Flavor = Flavor {
+    dir: "libtorch-cuda",
+    version: "2.11.0",
+    wheels: &[Wheel {
+        requirement: "torch==2.11.0",
+        file: "torch-2.11.0-cp311-cp311-manylinux_2_28_x86_64.whl",
+        sha256: "7aa2f9bbc6d4595ba72138026b2074be1233186150e9292865e04b7a63b8c67a",
+        members: &[
+            ("torch/include/", "include/"),
+            ("torch/lib/libtorch.so", "lib/libtorch.so"),
+            ("torch/lib/libtorch_cpu.so", "lib/libtorch_cpu.so"),
+            ("torch/lib/libtorch_cuda.so", "lib/libtorch_cuda.so"),
+            ("torch/lib/libc10.so", "lib/libc10.so"),
+            ("torch/lib/libc10_cuda.so", "lib/libc10_cuda.so"),
+            ("torch/lib/libgomp.so.1", "lib/libgomp.so.1"),
+        ],
+    }],
+    required: &[
+        "include/ATen/ATen.h",
+        "include/torch/csrc/api/include/torch/torch.h",
+        "lib/libtorch.so",
+        "lib/libtorch_cpu.so",
+        "lib/libtorch_cuda.so",
+        "lib/libc10.so",
+        "lib/libc10_cuda.so",
+        "lib/libgomp.so.1",
+    ],
+    symlinks: &[("libgomp.so", "libgomp.so.1")],
+    cuda: true,
+};
 
 /// pip needs every manylinux tag the three wheels use; it does not infer older ones.
 const PLATFORMS: &[&str] = &["manylinux_2_28_x86_64", "manylinux_2_25_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"];
@@ -133,17 +187,23 @@ fn progress(msg: &str) {
     eprintln!("[libtorch] {msg}");
 }
 
-/// Returns the absolute path of a ready LIBTORCH folder, `<repo_root>/.cache/libtorch`,
+/// Returns the absolute path of the ready [`CPU`] LIBTORCH folder, `<repo_root>/.cache/libtorch`.
+pub fn ensure_libtorch(repo_root: &Path) -> Result<PathBuf, String> {
+    ensure(repo_root, &CPU)
+}
+
+/// Returns the absolute path of a ready LIBTORCH folder, `<repo_root>/.cache/<flavor dir>`,
 /// downloading the wheels into `<repo_root>/.cache/wheels` and assembling the folder if needed.
 ///
 /// The folder is built in a temporary sibling and renamed into place, so an interrupted run
 /// never leaves a folder that looks ready. When the folder is already complete this only
 /// stats a few files.
-pub fn ensure_libtorch(repo_root: &Path) -> Result<PathBuf, String> {
+pub fn ensure(repo_root: &Path, flavor: &Flavor) -> Result<PathBuf, String> {
     if !(cfg!(target_os = "linux") && cfg!(target_arch = "x86_64")) {
         return Err(format!(
             "libtorch from PyPI wheels is only set up for Linux x86_64; on this host install \
-             libtorch {TORCH_VERSION} yourself and set LIBTORCH to it"
+             libtorch {} yourself and set LIBTORCH to it",
+            flavor.version
         ));
     }
     for var in LIBTORCH_ENV_REMOVE {
@@ -153,13 +213,14 @@ pub fn ensure_libtorch(repo_root: &Path) -> Result<PathBuf, String> {
     }
     let repo_root = fs::canonicalize(repo_root).map_err(|e| format!("cannot resolve repository root {}: {e}", repo_root.display()))?;
     let cache = repo_root.join(".cache");
-    let target = cache.join("libtorch");
+    let name = flavor.dir;
+    let target = cache.join(name);
 
-    match check_ready(&target) {
+    match check_ready(&target, flavor) {
         Ok(()) => return Ok(target),
         Err(reason) if fs::symlink_metadata(&target).is_ok() => {
             progress(&format!("{} is incomplete ({reason}); rebuilding it", target.display()));
-            let stale = cache.join(format!("libtorch.stale-{}", std::process::id()));
+            let stale = cache.join(format!("{name}.stale-{}", std::process::id()));
             fs::rename(&target, &stale).and_then(|()| remove_any(&stale)).map_err(|e| format!("cannot remove incomplete {}: {e}; delete it by hand and rerun", target.display()))?;
         }
         Err(_) => {}
@@ -167,15 +228,15 @@ pub fn ensure_libtorch(repo_root: &Path) -> Result<PathBuf, String> {
 
     let wheels_dir = cache.join("wheels");
     fs::create_dir_all(&wheels_dir).map_err(|e| format!("cannot create {}: {e}", wheels_dir.display()))?;
-    clean_stale_temps(&cache, &["libtorch.tmp-", "libtorch.stale-"]);
+    clean_stale_temps(&cache, &[&format!("{name}.tmp-"), &format!("{name}.stale-")]);
     clean_stale_temps(&wheels_dir, &[".tmp-"]);
 
     let python = python();
-    download_missing(&python, &wheels_dir)?;
+    download_missing(&python, &wheels_dir, flavor.wheels)?;
 
-    let tmp = cache.join(format!("libtorch.tmp-{}", std::process::id()));
+    let tmp = cache.join(format!("{name}.tmp-{}", std::process::id()));
     let _ = remove_any(&tmp);
-    let result = assemble(&python, &wheels_dir, &tmp).and_then(|()| check_ready(&tmp).map_err(|reason| format!("assembled folder {} is not usable: {reason}", tmp.display())));
+    let result = assemble(&python, &wheels_dir, &tmp, flavor).and_then(|()| check_ready(&tmp, flavor).map_err(|reason| format!("assembled folder {} is not usable: {reason}", tmp.display())));
     if let Err(e) = result {
         let _ = remove_any(&tmp);
         return Err(e);
@@ -183,7 +244,7 @@ pub fn ensure_libtorch(repo_root: &Path) -> Result<PathBuf, String> {
     if let Err(e) = fs::rename(&tmp, &target) {
         let _ = remove_any(&tmp);
         // Another process may have finished first.
-        if check_ready(&target).is_ok() {
+        if check_ready(&target, flavor).is_ok() {
             return Ok(target);
         }
         return Err(format!("cannot move {} to {}: {e}", tmp.display(), target.display()));
@@ -208,24 +269,24 @@ pub fn libtorch_env(libtorch: &Path) -> Vec<(String, String)> {
 }
 
 /// `Ok(())` if `dir` is a complete libtorch folder, else the first problem found.
-fn check_ready(dir: &Path) -> Result<(), String> {
+fn check_ready(dir: &Path, flavor: &Flavor) -> Result<(), String> {
     let version = fs::read_to_string(dir.join("build-version")).map_err(|_| "no build-version".to_owned())?;
-    if version.trim() != TORCH_VERSION {
-        return Err(format!("build-version is {:?}, want {TORCH_VERSION}", version.trim()));
+    if version.trim() != flavor.version {
+        return Err(format!("build-version is {:?}, want {}", version.trim(), flavor.version));
     }
-    for rel in REQUIRED_FILES {
+    for rel in flavor.required {
         match fs::metadata(dir.join(rel)) {
             Ok(m) if m.is_file() && m.len() > 0 => {}
             _ => return Err(format!("missing {rel}")),
         }
     }
-    for (link, _) in SYMLINKS {
+    for (link, _) in flavor.symlinks {
         // metadata follows the link, so a dangling link fails here.
         if !fs::metadata(dir.join("lib").join(link)).is_ok_and(|m| m.is_file()) {
             return Err(format!("missing lib/{link}"));
         }
     }
-    if fs::symlink_metadata(dir.join("lib/libtorch_cuda.so")).is_ok() {
+    if !flavor.cuda && fs::symlink_metadata(dir.join("lib/libtorch_cuda.so")).is_ok() {
         return Err("lib/libtorch_cuda.so must not be there (torch-sys would link CUDA)".to_owned());
     }
     Ok(())
@@ -237,8 +298,8 @@ pub(crate) fn python() -> OsString {
 
 /// Downloads the wheels not yet in `wheels_dir`, hash-pinned, via a private temp folder so a
 /// partial download never sits under the final name.
-fn download_missing(python: &OsString, wheels_dir: &Path) -> Result<(), String> {
-    let missing: Vec<&Wheel> = WHEELS.iter().filter(|w| !wheels_dir.join(w.file).is_file()).collect();
+fn download_missing(python: &OsString, wheels_dir: &Path, wheels: &[Wheel]) -> Result<(), String> {
+    let missing: Vec<&Wheel> = wheels.iter().filter(|w| !wheels_dir.join(w.file).is_file()).collect();
     if missing.is_empty() {
         return Ok(());
     }
@@ -299,9 +360,9 @@ fn download_missing(python: &OsString, wheels_dir: &Path) -> Result<(), String> 
 }
 
 /// Extracts the needed members of every wheel into `dir` and adds symlinks and build-version.
-fn assemble(python: &OsString, wheels_dir: &Path, dir: &Path) -> Result<(), String> {
+fn assemble(python: &OsString, wheels_dir: &Path, dir: &Path, flavor: &Flavor) -> Result<(), String> {
     fs::create_dir_all(dir.join("lib")).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    for w in &WHEELS {
+    for w in flavor.wheels {
         let wheel = wheels_dir.join(w.file);
         progress(&format!("extracting {}", w.file));
         let mut retried = false;
@@ -321,7 +382,7 @@ fn assemble(python: &OsString, wheels_dir: &Path, dir: &Path) -> Result<(), Stri
                     // Corrupt or tampered cached wheel: fetch it again once.
                     progress(&format!("{} is damaged; downloading it again", w.file));
                     fs::remove_file(&wheel).map_err(|e| format!("cannot remove {}: {e}", wheel.display()))?;
-                    download_missing(python, wheels_dir)?;
+                    download_missing(python, wheels_dir, flavor.wheels)?;
                     retried = true;
                 }
                 _ => {
@@ -335,10 +396,10 @@ fn assemble(python: &OsString, wheels_dir: &Path, dir: &Path) -> Result<(), Stri
         }
     }
     let lib = dir.join("lib");
-    for (link, to) in SYMLINKS {
+    for (link, to) in flavor.symlinks {
         std::os::unix::fs::symlink(to, lib.join(link)).map_err(|e| format!("cannot create symlink lib/{link} -> {to}: {e}"))?;
     }
-    fs::write(dir.join("build-version"), format!("{TORCH_VERSION}\n")).map_err(|e| format!("cannot write build-version: {e}"))?;
+    fs::write(dir.join("build-version"), format!("{}\n", flavor.version)).map_err(|e| format!("cannot write build-version: {e}"))?;
     Ok(())
 }
 

@@ -19,6 +19,7 @@ mod libtorch;
 mod numpy_venv;
 mod peers;
 mod smollm2;
+mod torch_sys;
 mod train_dflash;
 
 #[derive(Parser)]
@@ -86,9 +87,10 @@ enum Task {
         #[arg(long, default_value_t = 600)]
         seconds: u64,
     },
-    /// Opt-in, not in CI: trains the DFlash draft of SmolLM2-135M-Instruct the way the shipped
-    /// one (`fixtures/dflash/smollm2-135m-instruct`) was made: greedy continuations and hidden
-    /// states of `fixtures/dflash/prompts.json` (cached), then libtorch training on the CPU.
+    /// Opt-in, not in CI: trains a DFlash draft of SmolLM2-135M-Instruct on the CPU: greedy
+    /// continuations and hidden states of `fixtures/dflash/prompts.json` (cached), then
+    /// libtorch training (the shipped draft is the same training at GPU volume:
+    /// `train/gpu-recipe.sh`).
     TrainDflash {
         /// The backend that decodes the training data.
         #[arg(long, default_value = "tch")]
@@ -100,8 +102,9 @@ enum Task {
         #[arg(long)]
         out: Option<PathBuf>,
     },
-    /// Builds `specdec` with candle's CUDA backend from PyPI's CUDA toolkit (no GPU needed
-    /// here), to run on a GPU machine: `specdec conform --backend candle-cuda`.
+    /// Builds the GPU binaries (`specdec` with candle-cuda and tch-cuda, `specdec-train`, the
+    /// bench) from PyPI's CUDA toolkit and torch 2.11 (no GPU needed here), to run on a GPU
+    /// machine: `specdec conform --backend candle-cuda` or `--backend tch-cuda`.
     Cuda {
         /// The GPU's compute capability (90: H100, H200).
         #[arg(long, default_value_t = 90)]
