@@ -282,29 +282,39 @@ fn rope_tables(plan: &ForwardPlan, head_dim: usize, theta: f64, dev: &Device) ->
 
 /// The additive causal mask of one sequence's window, `[count, start + count]`:
 /// new token `i` (position `start + i`) sees positions `0 ..= start + i`.
-fn causal_mask(r: &SeqRows, dev: &Device) -> candle_core::Result<Tensor> {
+/// `None` for a one-token window, which sees every position: adding its
+/// all-zero mask would change no score, only cost an upload and a kernel.
+fn causal_mask(r: &SeqRows, dev: &Device) -> candle_core::Result<Option<Tensor>> {
+    if r.count == 1 {
+        return Ok(None);
+    }
     let len = r.start_pos + r.count;
     let mask: Vec<f32> = (0..r.count).flat_map(|i| (0..len).map(move |j| if j <= r.start_pos + i { 0.0 } else { f32::NEG_INFINITY })).collect();
-    Tensor::from_vec(mask, (r.count, len), dev)
+    Tensor::from_vec(mask, (r.count, len), dev).map(Some)
 }
 
 /// One sequence's attention (MODEL-8): `q [c, heads·hd]` (rotated) against
 /// its cached keys and values `[kv_heads, capacity, hd]`, which already hold
 /// the `c` new positions; returns `[c, heads·hd]`.
-fn attend(q: &Tensor, keys: &Tensor, values: &Tensor, r: &SeqRows, mask: &Tensor, d: Dims) -> candle_core::Result<Tensor> {
+fn attend(q: &Tensor, keys: &Tensor, values: &Tensor, r: &SeqRows, mask: Option<&Tensor>, d: Dims) -> candle_core::Result<Tensor> {
     let (c, len) = (r.count, r.start_pos + r.count);
     let group = d.heads / d.kv_heads;
     // Query head h uses KV head h / group; heads are laid out KV head major,
     // so `[heads, c, hd]` reshapes to `[kv_heads, group·c, hd]` and one
     // batched matmul per KV head serves its whole group (no K/V copies).
     let q = q.reshape((c, d.heads, d.head_dim))?.transpose(0, 1)?.contiguous()?.reshape((d.kv_heads, group * c, d.head_dim))?;
-    // The window is copied out contiguous: every device's batched GEMM
-    // accepts it, and the copy costs what reading it does.
-    let k = keys.narrow(1, 0, len)?.contiguous()?;
-    let v = values.narrow(1, 0, len)?.contiguous()?;
+    // cuBLAS reads the window in place (a batch stride of the capacity); the
+    // CPU's batched GEMM wants it contiguous, and the copy costs what
+    // reading it does there. On the GPU each copy is two more kernels per layer.
+    let window = |t: &Tensor| if t.device().is_cuda() { t.narrow(1, 0, len) } else { t.narrow(1, 0, len)?.contiguous() };
+    let (k, v) = (window(keys)?, window(values)?);
     let scale = 1.0 / (d.head_dim as f64).sqrt();
     let scores = (q.matmul(&k.t()?)? * scale)?.reshape((d.kv_heads, group, c, len))?;
-    let probs = softmax_last(&scores.broadcast_add(mask)?)?.reshape((d.kv_heads, group * c, len))?;
+    let scores = match mask {
+        Some(m) => scores.broadcast_add(m)?,
+        None => scores,
+    };
+    let probs = softmax_last(&scores)?.reshape((d.kv_heads, group * c, len))?;
     let out = probs.matmul(&v)?.reshape((d.heads, c, d.head_dim))?;
     out.transpose(0, 1)?.reshape((c, d.heads * d.head_dim))
 }
@@ -321,6 +331,15 @@ impl CandleBackend {
         let (cos, sin) = rope_tables(plan, d.head_dim, cfg.rope_theta, dev)?;
         let masks = plan.rows.iter().map(|r| causal_mask(r, dev)).collect::<candle_core::Result<Vec<_>>>()?;
         let mut hidden: Vec<Option<Tensor>> = vec![None; req.hidden_layers.len()];
+        // Every strided op uploads its shape and strides; in the layers they
+        // repeat from layer to layer and step to step, so candle may keep them
+        // on the device, keyed by value. Only the layers: no data is uploaded
+        // there (the cache would keep data too, keyed by content, forever).
+        #[cfg(feature = "cuda")]
+        let layout_cache = match dev {
+            Device::Cuda(d) => Some(d.enable_cuda_graph_htod_cache()),
+            _ => None,
+        };
         for (li, layer) in model.layers.iter().enumerate() {
             let normed = rms_norm(&x, &layer.attn_norm, d.eps)?;
             let q = rope(&layer.wq.forward(&normed)?, d.heads, d.head_dim, &cos, &sin)?;
@@ -334,7 +353,7 @@ impl CandleBackend {
                 let as_cache = |t: &Tensor| t.narrow(0, r.token_row, r.count)?.reshape((r.count, d.kv_heads, d.head_dim))?.transpose(0, 1)?.contiguous();
                 keys.slice_set(&as_cache(&k)?, 1, r.start_pos)?;
                 values.slice_set(&as_cache(&v)?, 1, r.start_pos)?;
-                attended.push(attend(&q.narrow(0, r.token_row, r.count)?, keys, values, r, mask, d)?);
+                attended.push(attend(&q.narrow(0, r.token_row, r.count)?, keys, values, r, mask.as_ref(), d)?);
             }
             x = (&x + layer.wo.forward(&Tensor::cat(&attended, 0)?)?)?;
             let normed = rms_norm(&x, &layer.mlp_norm, d.eps)?;
@@ -345,6 +364,8 @@ impl CandleBackend {
                 hidden[slot] = Some(x.clone());
             }
         }
+        #[cfg(feature = "cuda")]
+        drop(layout_cache);
         let hidden = hidden.into_iter().collect::<Option<Vec<_>>>().filter(|h| !h.is_empty()).map(|h| Tensor::cat(&h, 1)).transpose()?;
         let last_rows = || -> candle_core::Result<Tensor> {
             let rows: Vec<u32> = plan.rows.iter().map(|r| (r.token_row + r.count - 1) as u32).collect();
