@@ -51,8 +51,13 @@ pub fn dflash_training() -> Option<String> {
     let c = &log["config"];
     let last = log["evals"].as_array()?.last()?;
     let per: Vec<String> = last["acceptance_per_position"].as_array()?.iter().filter_map(|a| a.as_f64()).map(|a| format!("{a:.3}")).collect();
+    // Logs from before the trainer took a device were made on the CPU.
+    let (recipe, device) = match c["device"].as_str().unwrap_or("cpu") {
+        "cpu" => ("`cargo xtask train-dflash`", "a CPU".to_string()),
+        gpu => ("`train/gpu-recipe.sh`", format!("a GPU (`{gpu}`)")),
+    };
     Some(format!(
-        "`fixtures/dflash/smollm2-135m-instruct` (`cargo xtask train-dflash`): {} draft layer(s), block {}, target layers {}; {} steps of {} sequences x {} blocks over {} training anchors ({} sequences), {:.0} s on this machine's CPU. On the {} held-out sequences (greedy continuations of prompts it never saw), every fourth anchor: tau {:.3} ({:.3} drafts accepted per block), the fraction of blocks whose first i drafts all match: {}.",
+        "`fixtures/dflash/smollm2-135m-instruct` ({recipe}): {} draft layer(s), block {}, target layers {}; {} steps of {} sequences x {} blocks over {} training anchors ({} sequences), {:.0} s on {device}. On the {} held-out sequences (greedy continuations of prompts it never saw), every fourth anchor: tau {:.3} ({:.3} drafts accepted per block), the fraction of blocks whose first i drafts all match: {}.",
         c["draft_layers"],
         c["block_size"],
         log["target_layer_ids"],

@@ -30,12 +30,18 @@ pub trait EachBackend {
 /// (the scalar reference only when `with_reference`: it is the kernels'
 /// yardstick, far too slow for a model; the reduced-precision model
 /// variants, whose kernels are their base backend's, only when
-/// `with_variants`); returns the names that ran.
+/// `with_variants`); returns the names that ran. `SPECDEC_BENCH_BACKENDS`
+/// (comma-separated names) keeps only those backends, e.g. the GPU ones on a
+/// machine whose host backends were timed elsewhere.
 pub fn each_backend(job: &mut impl EachBackend, with_reference: bool, with_variants: bool) -> Vec<String> {
+    let only = std::env::var("SPECDEC_BENCH_BACKENDS").ok();
+    let wanted = |name: &str| only.as_deref().is_none_or(|list| list.split(',').any(|n| n.trim() == name));
     let mut ran = Vec::new();
     let mut go = |name: &str, job: &mut dyn FnMut(&str)| {
-        job(name);
-        ran.push(name.to_string());
+        if wanted(name) {
+            job(name);
+            ran.push(name.to_string());
+        }
     };
     if with_reference {
         go("reference", &mut |n| job.run(n, &specdec_backend::ReferenceBackend));

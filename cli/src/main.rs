@@ -130,6 +130,13 @@ enum Command {
         /// Requests decoded together.
         #[arg(long, default_value_t = 16)]
         batch: usize,
+        /// Also this many training prompts written by the target itself
+        /// (sampled user turns of its chat template; `train` split only).
+        #[arg(long, default_value_t = 0)]
+        synthesize: usize,
+        /// The first request seed of `--synthesize`.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
         #[arg(long)]
         out: PathBuf,
     },
@@ -196,8 +203,8 @@ fn main() -> ExitCode {
                 with_backend(&backend, &job)?.map(|()| true)
             })
         }
-        Command::DraftData { model, backend, prompts, split, layers, max_tokens, batch, out } => specdec_models::load(&model).map_err(|e| e.to_string()).and_then(|loaded| {
-            let job = draft_data::DraftDataJob { model: loaded, prompts, split, layers, max_tokens, batch, out };
+        Command::DraftData { model, backend, prompts, split, layers, max_tokens, batch, synthesize, seed, out } => specdec_models::load(&model).map_err(|e| e.to_string()).and_then(|loaded| {
+            let job = draft_data::DraftDataJob { model: loaded, prompts, split, layers, max_tokens, batch, synthesize, seed, out };
             with_backend(&backend, &job)?.map(|()| true)
         }),
         Command::Check { cases, backend, filter, case_id, report } => check(&cases, &backend, filter, case_id.as_deref(), &report),

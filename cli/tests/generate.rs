@@ -1,5 +1,5 @@
-//! `specdec generate` and `specdec model` as a user runs them (MODEL-5,
-//! MODEL-15, MODEL-16). The SmolLM2 tests need `SPECDEC_SMOLLM2_GGUF` and
+//! `specdec generate`, `specdec model` and `specdec draft-data` as a user
+//! runs them (MODEL-5, MODEL-15, MODEL-16). The SmolLM2 tests need `SPECDEC_SMOLLM2_GGUF` and
 //! `SPECDEC_SMOLLM2_HF`, which `cargo xtask test` sets; without them they
 //! print why and return (plain `cargo test` has no model to run).
 
@@ -170,4 +170,65 @@ fn tiny_models_are_written_in_hf_layout() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("tiny-v16-l1"), "the error lists the presets");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `specdec draft-data --synthesize`: training prompts written by the target
+/// itself, as chat prompts of the training split numbered after the file's
+/// ids, next to the file's own; the held-out split is never synthesised.
+#[test]
+fn draft_data_adds_prompts_the_target_writes() {
+    let Some((gguf, _)) = smollm2() else { return };
+    let dir = std::env::temp_dir().join(format!("specdec-draft-data-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prompts = dir.join("prompts.json");
+    let file = serde_json::json!({"about": "test", "prompts": [
+        {"id": 5, "split": "train", "kind": "chat", "chat": true, "text": "Name a colour."},
+        {"id": 9, "split": "heldout", "kind": "chat", "chat": true, "text": "Name a fruit."}]});
+    std::fs::write(&prompts, file.to_string()).unwrap();
+    let out = dir.join("data");
+    let (prompts, out_s, gguf) = (prompts.to_str().unwrap(), out.to_str().unwrap(), gguf.as_str());
+    let run = |split: &str| {
+        specdec(&[
+            "draft-data",
+            "--model",
+            gguf,
+            "--backend",
+            "ndarray",
+            "--prompts",
+            prompts,
+            "--split",
+            split,
+            "--synthesize",
+            "4",
+            "--seed",
+            "11",
+            "--layers",
+            "1",
+            "--max-tokens",
+            "2",
+            "--batch",
+            "4",
+            "--out",
+            out_s,
+        ])
+    };
+    let refused = run("heldout");
+    assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("held-out split is the file's own"), "{}", String::from_utf8_lossy(&refused.stderr));
+    let made = run("train");
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let data: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("data.json")).unwrap()).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    let seqs = data["sequences"].as_array().unwrap();
+    assert_eq!((seqs[0]["prompt_id"].as_u64(), seqs[0]["kind"].as_str()), (Some(5), Some("chat")), "the file's training prompt comes first");
+    let synthetic = &seqs[1..];
+    assert!(!synthetic.is_empty(), "at least one of 4 sampled user messages is kept: {}", String::from_utf8_lossy(&made.stdout));
+    let tokens = |s: &serde_json::Value| s["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect::<Vec<_>>();
+    let file_prompt = &tokens(&seqs[0])[..seqs[0]["prompt_len"].as_u64().unwrap() as usize];
+    for (i, s) in synthetic.iter().enumerate() {
+        assert_eq!((s["kind"].as_str(), s["prompt_id"].as_u64()), (Some("synthetic"), Some(10 + i as u64)), "numbered after the file's largest id");
+        let prompt = &tokens(s)[..s["prompt_len"].as_u64().unwrap() as usize];
+        let shared = prompt.iter().zip(file_prompt).take_while(|(a, b)| a == b).count();
+        assert!(shared >= 10 && prompt.len() > shared, "a chat prompt: the system turn and user header ({shared} shared tokens) then a message of its own");
+        assert_eq!(prompt[prompt.len() - 3..], file_prompt[file_prompt.len() - 3..], "ending with the assistant header");
+    }
 }

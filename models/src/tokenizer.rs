@@ -334,6 +334,14 @@ impl Tokenizer {
     /// the system turn present only when the template has a default system
     /// message. Only ChatML templates are rendered; we do not run Jinja.
     pub fn chat_prompt(&self, user_text: &str) -> Result<String> {
+        Ok(format!("{}{user_text}{IM_END}\n{IM_START}assistant\n", self.chat_user_prefix()?))
+    }
+
+    /// The text before a user message's content:
+    /// `<|im_start|>system\n{default}<|im_end|>\n<|im_start|>user\n` (the system
+    /// turn as in [`Tokenizer::chat_prompt`]). A model continuing it writes a
+    /// user message of its own, ended by `<|im_end|>`.
+    pub fn chat_user_prefix(&self) -> Result<String> {
         let Some(template) = &self.chat_template else {
             return Err(ModelError::MissingField { file: self.source.clone(), field: "chat_template".to_string() });
         };
@@ -344,7 +352,7 @@ impl Tokenizer {
         if let Some(system) = chatml_default_system(template) {
             out.push_str(&format!("{IM_START}system\n{system}{IM_END}\n"));
         }
-        out.push_str(&format!("{IM_START}user\n{user_text}{IM_END}\n{IM_START}assistant\n"));
+        out.push_str(&format!("{IM_START}user\n"));
         Ok(out)
     }
 

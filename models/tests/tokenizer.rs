@@ -116,6 +116,8 @@ fn chat_prompt_renders_chatml_only() {
     let t = small();
     assert_eq!(t.default_system().as_deref(), Some("Be brief."));
     assert_eq!(t.chat_prompt("What is 2+2?").unwrap(), "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n");
+    // The text before a user message: what a model continues to write one (draft-data --synthesize).
+    assert_eq!(t.chat_user_prefix().unwrap(), "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n");
     let ids = t.encode(&t.chat_prompt("hi").unwrap(), false).unwrap();
     assert_eq!(ids.first(), Some(&1));
     assert_eq!(ids.iter().filter(|&&i| i == 1).count(), 3);
@@ -127,8 +129,10 @@ fn chat_prompt_renders_chatml_only() {
 
     let llama2 = from(with_small_tokenizer(GgufBuilder::default()).kv("tokenizer.chat_template", s("[INST] {{ messages[0]['content'] }} [/INST]")));
     assert_eq!(llama2.chat_prompt("hi").unwrap_err().kind(), "Tokenizer");
+    assert_eq!(llama2.chat_user_prefix().unwrap_err().kind(), "Tokenizer");
     let none = from(with_small_tokenizer(GgufBuilder::default()).without_kv("tokenizer.chat_template"));
     assert_eq!(none.chat_prompt("hi").unwrap_err().kind(), "MissingField");
+    assert_eq!(none.chat_user_prefix().unwrap_err().kind(), "MissingField");
 }
 
 /// MODEL-6: the pre-tokenizer decides which merges can apply: with a merge

@@ -13,8 +13,9 @@
 //! embedding and head are frozen; everything the checkpoint holds is trained.
 //!
 //! Invariants: training is a pure function of the data, the target, the
-//! config and the seed: anchors and initial noise come from PCG64, libtorch
-//! runs on the CPU with a fixed thread count, and the run length is a number
+//! config and the seed on one device: anchors and initial noise come from
+//! PCG64, libtorch runs with a fixed thread count (the CPU) or on one CUDA
+//! device (whose kernels round differently), and the run length is a number
 //! of steps, never a wall-clock budget. A block anchored at position `n`
 //! of a sequence `x` (its labels `x[n+1 .. n+B]` are the target's greedy
 //! tokens) sees exactly what the decoder's drafter sees when `x[..=n]` is

@@ -1,6 +1,7 @@
-//! The DFlash training loop on libtorch (CPU): batches of anchored blocks,
-//! the drafter's forward with autograd, AdamW, a held-out estimate of the
-//! accepted length, and the export to [`DflashDraft`].
+//! The DFlash training loop on libtorch (the CPU, or a CUDA device where the
+//! libtorch build has one): batches of anchored blocks, the drafter's forward
+//! with autograd, AdamW, a held-out estimate of the accepted length, and the
+//! export to [`DflashDraft`].
 
 use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg64;
@@ -33,11 +34,28 @@ pub struct TrainConfig {
     pub threads: usize,
     /// Held-out evaluation every this many steps (and at the end).
     pub eval_every: usize,
+    /// Where the tensors live: `cpu`, `cuda` or `cuda:N`. A run is
+    /// reproducible on one device; the CPU and a GPU round differently.
+    pub device: String,
 }
 
 impl Default for TrainConfig {
     fn default() -> Self {
-        TrainConfig { block_size: 8, draft_layers: 1, mask_token_id: 0, steps: 1000, seqs_per_step: 8, anchors_per_seq: 16, lr: 1e-3, warmup: 50, gamma: 4.0, seed: 0, threads: 2, eval_every: 100 }
+        TrainConfig {
+            block_size: 8,
+            draft_layers: 1,
+            mask_token_id: 0,
+            steps: 1000,
+            seqs_per_step: 8,
+            anchors_per_seq: 16,
+            lr: 1e-3,
+            warmup: 50,
+            gamma: 4.0,
+            seed: 0,
+            threads: 2,
+            eval_every: 100,
+            device: "cpu".into(),
+        }
     }
 }
 
@@ -84,7 +102,9 @@ impl Progress for Quiet {
     fn eval(&mut self, _: &Eval) {}
 }
 
-/// One sequence on the device.
+/// One sequence, its hidden rows on the training device (gathered there
+/// into batches: a GPU holds millions of rows, and copying each batch's
+/// features over would cost more than its step).
 struct Seq {
     tokens: Vec<u32>,
     prompt_len: usize,
@@ -116,14 +136,36 @@ fn layer_matrices(l: &LayerWeights) -> [&Matrix; 9] {
     [&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.mlp_norm, &l.w_gate, &l.w_up, &l.w_down]
 }
 
+/// `m` on the host (the data stays there; batches move to the device).
 fn tensor(m: &Matrix) -> Tensor {
     let shape: Vec<i64> = m.shape.iter().map(|&d| d as i64).collect();
     Tensor::from_slice(&m.data).view(shape.as_slice())
 }
 
+/// The sequences of `data` with an anchor for blocks of `b`, on `device`.
+fn device_seqs(data: &DraftData, b: usize, device: Device) -> Vec<Seq> {
+    data.sequences.iter().map(|s| Seq { tokens: s.tokens.clone(), prompt_len: s.prompt_len, hidden: tensor(&s.hidden).to_device(device) }).filter(|s| s.has_anchor(b)).collect()
+}
+
+/// `cpu`, `cuda` or `cuda:N`, checked against what this libtorch sees.
+fn parse_device(name: &str) -> Result<Device, String> {
+    let cuda = |i: usize| {
+        let n = tch::Cuda::device_count();
+        if (i as i64) < n { Ok(Device::Cuda(i)) } else { Err(format!("device `{name}`: this libtorch sees {n} CUDA device(s)")) }
+    };
+    match name {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => cuda(0),
+        _ => match name.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(i)) => cuda(i),
+            _ => Err(format!("device `{name}` is not `cpu`, `cuda` or `cuda:N`")),
+        },
+    }
+}
+
 fn matrix(t: &Tensor, name: &str) -> Result<Matrix, String> {
     let shape: Vec<usize> = t.size().iter().map(|&d| d as usize).collect();
-    let data = Vec::<f32>::try_from(&t.detach().to_kind(Kind::Float).contiguous().view(-1)).map_err(|e| format!("{name}: {e}"))?;
+    let data = Vec::<f32>::try_from(&t.detach().to_kind(Kind::Float).to_device(Device::Cpu).contiguous().view(-1)).map_err(|e| format!("{name}: {e}"))?;
     Matrix::new(shape, data, name).map_err(|e| e.to_string())
 }
 
@@ -145,7 +187,7 @@ fn rms_norm(x: &Tensor, gain: &Tensor, eps: f64) -> Tensor {
 fn rope_tables(positions: &Tensor, head_dim: i64, theta: f64) -> (Tensor, Tensor) {
     let half = head_dim / 2;
     let inv: Vec<f32> = (0..half).map(|i| theta.powf(-(2.0 * i as f64) / head_dim as f64) as f32).collect();
-    let inv = Tensor::from_slice(&inv);
+    let inv = Tensor::from_slice(&inv).to_device(positions.device());
     let angles = positions.to_kind(Kind::Float).unsqueeze(-1) * inv;
     let angles = Tensor::cat(&[&angles, &angles], -1);
     (angles.cos(), angles.sin())
@@ -176,7 +218,7 @@ struct Batch {
     anchors: usize,
 }
 
-fn make_batch(seqs: &[&Seq], anchors: &[Vec<usize>], b: usize, mask_id: u32) -> Batch {
+fn make_batch(seqs: &[&Seq], anchors: &[Vec<usize>], b: usize, mask_id: u32, device: Device) -> Batch {
     let s = seqs.len();
     let a = anchors[0].len();
     let ctx_len = anchors.iter().flatten().copied().max().unwrap_or(1).max(1);
@@ -186,7 +228,7 @@ fn make_batch(seqs: &[&Seq], anchors: &[Vec<usize>], b: usize, mask_id: u32) -> 
         .map(|q| {
             let have = (q.hidden.size()[0] as usize).min(ctx_len);
             let part = q.hidden.narrow(0, 0, have as i64);
-            if have < ctx_len { Tensor::cat(&[&part, &Tensor::zeros([(ctx_len - have) as i64, width], (Kind::Float, Device::Cpu))], 0) } else { part }
+            if have < ctx_len { Tensor::cat(&[&part, &Tensor::zeros([(ctx_len - have) as i64, width], (Kind::Float, part.device()))], 0) } else { part }
         })
         .collect();
     let features = Tensor::stack(&feats, 0);
@@ -213,11 +255,11 @@ fn make_batch(seqs: &[&Seq], anchors: &[Vec<usize>], b: usize, mask_id: u32) -> 
     let (s64, ab) = (s as i64, (a * b) as i64);
     Batch {
         features,
-        block_tokens: Tensor::from_slice(&tokens).view([s64, ab]),
-        block_pos: Tensor::from_slice(&pos).view([s64, ab]),
-        ctx_pos: Tensor::arange(ctx_len as i64, (Kind::Int64, Device::Cpu)).unsqueeze(0).expand([s64, ctx_len as i64], false),
-        mask: Tensor::from_slice(&mask).view([s64, 1, ab, total as i64]),
-        labels: Tensor::from_slice(&labels),
+        block_tokens: Tensor::from_slice(&tokens).view([s64, ab]).to_device(device),
+        block_pos: Tensor::from_slice(&pos).view([s64, ab]).to_device(device),
+        ctx_pos: Tensor::arange(ctx_len as i64, (Kind::Int64, device)).unsqueeze(0).expand([s64, ctx_len as i64], false),
+        mask: Tensor::from_slice(&mask).view([s64, 1, ab, total as i64]).to_device(device),
+        labels: Tensor::from_slice(&labels).to_device(device),
         anchors: a,
     }
 }
@@ -291,28 +333,27 @@ pub fn train(target: &LlamaWeights, data: &DraftData, heldout: Option<&DraftData
         mask_token_id: cfg.mask_token_id,
     };
     let config: DflashConfig = spec.config(tc).map_err(|e| e.to_string())?;
+    let device = parse_device(&cfg.device)?;
     tch::set_num_threads(cfg.threads as i32);
     tch::manual_seed(cfg.seed as i64);
     let started = std::time::Instant::now();
 
-    let to_seqs =
-        |d: &DraftData| -> Vec<Seq> { d.sequences.iter().map(|s| Seq { tokens: s.tokens.clone(), prompt_len: s.prompt_len, hidden: tensor(&s.hidden) }).filter(|s| s.has_anchor(b)).collect() };
-    let train_seqs = to_seqs(data);
-    let heldout_seqs = heldout.map(to_seqs).unwrap_or_default();
+    let train_seqs = device_seqs(data, b, device);
+    let heldout_seqs = heldout.map(|h| device_seqs(h, b, device)).unwrap_or_default();
     if train_seqs.is_empty() {
         return Err(format!("no training sequence has a continuation of {} tokens", b - 1));
     }
     // Frozen: no gradient flows into the target's embedding or head. A tied
     // head is the embedding itself, not a copy.
-    let embed = tensor(&target.embed);
-    let head = if std::ptr::eq(target.output_matrix(), &target.embed) { embed.shallow_clone() } else { tensor(target.output_matrix()) };
+    let embed = tensor(&target.embed).to_device(device);
+    let head = if std::ptr::eq(target.output_matrix(), &target.embed) { embed.shallow_clone() } else { tensor(target.output_matrix()).to_device(device) };
     let g = Geometry { heads: tc.num_attention_heads as i64, kv_heads: tc.num_key_value_heads as i64, head_dim: tc.head_dim() as i64, eps: tc.rms_norm_eps, theta: tc.rope_theta, block: b as i64 };
 
     // Warm start: each draft layer from the target's last layers, the final
     // norm from the target's, hidden_norm from that layer's input norm (the
     // context plays the role of its normalised input), and fc reading the
     // last listed target layer, plus small PCG64 noise on every fc entry.
-    let vs = nn::VarStore::new(Device::Cpu);
+    let vs = nn::VarStore::new(device);
     let root = vs.root();
     let (h, width) = (tc.hidden_size, config.feature_width());
     let mut rng = Pcg64::seed_from_u64(cfg.seed);
@@ -334,7 +375,7 @@ pub fn train(target: &LlamaWeights, data: &DraftData, heldout: Option<&DraftData
     };
     let mut opt = nn::AdamW { wd: 0.0, ..nn::AdamW::default() }.build(&vs, cfg.lr).map_err(|e| e.to_string())?;
     let weights: Vec<f32> = (1..b).map(|i| (-((i - 1) as f64) / cfg.gamma).exp() as f32).collect();
-    let weights = Tensor::from_slice(&weights);
+    let weights = Tensor::from_slice(&weights).to_device(device);
 
     let mut log = TrainLog {
         config: cfg.clone(),
@@ -356,7 +397,7 @@ pub fn train(target: &LlamaWeights, data: &DraftData, heldout: Option<&DraftData
         opt.set_lr(lr);
         let picked: Vec<&Seq> = (0..cfg.seqs_per_step).map(|_| &train_seqs[rng.random_range(0..train_seqs.len())]).collect();
         let anchors: Vec<Vec<usize>> = picked.iter().map(|s| (0..cfg.anchors_per_seq).map(|_| rng.random_range(s.anchors(b))).collect()).collect();
-        let batch = make_batch(&picked, &anchors, b, cfg.mask_token_id);
+        let batch = make_batch(&picked, &anchors, b, cfg.mask_token_id, device);
         let loss = weighted_loss(&forward(&params, &embed, &head, &g, &batch), &batch.labels, &weights);
         opt.backward_step_clip_norm(&loss, 1.0);
         let value = loss.double_value(&[]);
@@ -398,6 +439,32 @@ pub fn train(target: &LlamaWeights, data: &DraftData, heldout: Option<&DraftData
     Ok((draft, log))
 }
 
+/// The held-out estimate ([`evaluate`]) of an existing draft, such as the
+/// shipped one, on `heldout`: what a newly trained draft is compared with,
+/// on the same data and device.
+pub fn evaluate_draft(target: &LlamaWeights, draft: &DflashDraft, heldout: &DraftData, device: &str) -> Result<Eval, String> {
+    let tc = &target.config;
+    let c = draft.config();
+    if heldout.target_layer_ids != c.target_layer_ids || heldout.hidden_size != tc.hidden_size || heldout.vocab_size != tc.vocab_size {
+        return Err(format!(
+            "the held-out data (layers {:?}, hidden {}, vocabulary {}) does not fit the draft (layers {:?}) and target (hidden {}, vocabulary {})",
+            heldout.target_layer_ids, heldout.hidden_size, heldout.vocab_size, c.target_layer_ids, tc.hidden_size, tc.vocab_size
+        ));
+    }
+    let device = parse_device(device)?;
+    let b = c.block_size;
+    let seqs = device_seqs(heldout, b, device);
+    let embed = tensor(&target.embed).to_device(device);
+    let head = if std::ptr::eq(target.output_matrix(), &target.embed) { embed.shallow_clone() } else { tensor(target.output_matrix()).to_device(device) };
+    let g = Geometry { heads: tc.num_attention_heads as i64, kv_heads: tc.num_key_value_heads as i64, head_dim: tc.head_dim() as i64, eps: tc.rms_norm_eps, theta: tc.rope_theta, block: b as i64 };
+    let w = draft.weights();
+    let on = |m: &Matrix| tensor(m).to_device(device);
+    let params = Params { fc: on(&w.fc), hidden_norm: on(&w.hidden_norm), layers: w.layers.iter().map(|l| layer_matrices(l).map(on)).collect(), norm: on(&w.norm) };
+    let weights: Vec<f32> = (1..b).map(|i| (-((i - 1) as f64) / TrainConfig::default().gamma).exp() as f32).collect();
+    let weights = Tensor::from_slice(&weights).to_device(device);
+    Ok(evaluate(&params, &embed, &head, &g, &seqs, b, c.mask_token_id, &weights, 0))
+}
+
 /// Held-out loss and accepted length over every fourth anchor of every
 /// held-out sequence, one sequence at a time, without gradients.
 #[allow(clippy::too_many_arguments)]
@@ -411,11 +478,11 @@ fn evaluate(p: &Params, embed: &Tensor, head: &Tensor, g: &Geometry, seqs: &[Seq
         let anchors: Vec<usize> = s.anchors(b).step_by(4).collect();
         for chunk in anchors.chunks(64) {
             // One batch per chunk: a single sequence with these anchors.
-            let batch = make_batch(&[s], &[chunk.to_vec()], b, mask_id);
+            let batch = make_batch(&[s], &[chunk.to_vec()], b, mask_id, weights.device());
             let logits = forward(p, embed, head, g, &batch);
             loss_sum += weighted_loss(&logits, &batch.labels, weights).double_value(&[]);
             batches += 1;
-            let hits = Vec::<i64>::try_from(logits.argmax(-1, false).eq_tensor(&batch.labels).to_kind(Kind::Int64)).unwrap_or_default();
+            let hits = Vec::<i64>::try_from(logits.argmax(-1, false).eq_tensor(&batch.labels).to_kind(Kind::Int64).to_device(Device::Cpu)).unwrap_or_default();
             for block in hits.chunks(b - 1) {
                 blocks += 1;
                 for (i, _) in block.iter().enumerate().take_while(|(_, h)| **h == 1) {

@@ -18,7 +18,7 @@ use specdec_decoder::{DflashMode, DflashProposer, Engine, EngineConfig, NoPropos
 use specdec_models::hf::SaveDtype;
 use specdec_models::tiny::TinySpec;
 use specdec_models::{DraftData, DraftSequence, LlamaWeights, Matrix, export_dflash, load_dflash};
-use specdec_train::trainer::{Quiet, TrainConfig, train};
+use specdec_train::trainer::{Quiet, TrainConfig, evaluate_draft, train};
 
 const LAYERS: [usize; 2] = [0, 1];
 
@@ -88,6 +88,13 @@ fn training_learns_and_the_trained_draft_decodes_losslessly() {
 
     let (draft, log) = train(&w, &train_data, Some(&heldout), &config(200, 0), &mut Quiet).unwrap();
     let (first, last) = (log.evals.first().unwrap(), log.evals.last().unwrap());
+    // `specdec-train --evaluate`: an existing draft on held-out data is measured
+    // exactly as training measured it (the same forward on the same weights).
+    let again = evaluate_draft(&w, &draft, &heldout, "cpu").unwrap();
+    assert_eq!((again.loss.to_bits(), again.tau.to_bits(), again.blocks), (last.loss.to_bits(), last.tau.to_bits(), last.blocks), "evaluate_draft repeats the last held-out estimate");
+    let mut other_layers = heldout.clone();
+    other_layers.target_layer_ids = vec![0];
+    assert!(evaluate_draft(&w, &draft, &other_layers, "cpu").unwrap_err().contains("does not fit"), "held-out data of other layers is refused");
     assert!(last.loss < 0.8 * first.loss, "held-out loss falls: {} at step {} to {} at step {}", first.loss, first.step, last.loss, last.step);
     assert!(last.accepted_per_block > first.accepted_per_block + 0.2, "held-out accepted drafts per block rise: {} to {}", first.accepted_per_block, last.accepted_per_block);
 
@@ -112,4 +119,17 @@ fn training_learns_and_the_trained_draft_decodes_losslessly() {
     // sequence, which the trainer skips, draft fewer).
     let measured = spec.acceptance.mean_accepted();
     assert!((measured - last.accepted_per_block).abs() < 0.5, "the decoder accepts {measured} drafts per block, the trainer estimated {}", last.accepted_per_block);
+}
+
+/// The device is named, checked against what libtorch sees, and never guessed.
+#[test]
+fn a_device_libtorch_does_not_have_is_refused() {
+    let w = target();
+    let train_data = data(&w, &prompts(0..4), 8);
+    let run = |device: &str| train(&w, &train_data, None, &TrainConfig { device: device.into(), ..config(2, 0) }, &mut Quiet).map(|_| ());
+    assert!(run("gpu").unwrap_err().contains("is not `cpu`, `cuda` or `cuda:N`"));
+    assert!(run("cuda:x").unwrap_err().contains("is not `cpu`, `cuda` or `cuda:N`"));
+    let beyond = format!("cuda:{}", tch::Cuda::device_count());
+    assert!(run(&beyond).unwrap_err().contains("CUDA device(s)"), "{beyond} is past the last device");
+    run("cpu").unwrap();
 }
