@@ -30,8 +30,8 @@ pub use accept::{Comparator, accept_test, speculative_accept};
 pub use error::{ErrorKind, Result, SpecError};
 pub use greedy::{DflashOutput, VerifyOutput, dflash_accept, greedy_verify};
 pub use logits::{SamplingParams, process_logits, process_logits_batch};
-pub use rejection::{DrawNoise, RejectionInputs, rejection_verify, residual_distribution};
-pub use sampling::{DrawMethod, Drawn};
+pub use rejection::{RejectionInputs, rejection_verify, residual_distribution};
+pub use sampling::{DrawMethod, DrawNoise, Drawn};
 pub use tensor::Tensor;
 pub use validate::SUM_TOLERANCE;
 

@@ -4,47 +4,9 @@
 use crate::accept::{Comparator, accept_test};
 use crate::error::{Result, SpecError};
 use crate::greedy::VerifyOutput;
-use crate::sampling::{self, DrawMethod, Drawn};
+use crate::sampling::{DrawNoise, Drawn};
 use crate::tensor::Tensor;
 use crate::validate;
-
-/// The draw noise of a batch: one draw per verify position (REJECT-3/4).
-#[derive(Debug, Clone, PartialEq)]
-pub enum DrawNoise {
-    /// `[B, k+1]` uniforms in [0, 1) for [`DrawMethod::InverseCdf`].
-    InverseCdf(Tensor<f64>),
-    /// `[B, k+1, V]` Exp(1) values for [`DrawMethod::ExponentialRace`].
-    ExponentialRace(Tensor<f64>),
-}
-
-impl DrawNoise {
-    pub fn method(&self) -> DrawMethod {
-        match self {
-            DrawNoise::InverseCdf(_) => DrawMethod::InverseCdf,
-            DrawNoise::ExponentialRace(_) => DrawMethod::ExponentialRace,
-        }
-    }
-
-    fn validate(&self, batch: usize, k: usize, vocab: usize) -> Result<()> {
-        match self {
-            DrawNoise::InverseCdf(u) => {
-                validate::shape("draw_uniforms", u.shape(), &[batch, k + 1], "[B, k+1]")?;
-                validate::uniforms("draw_uniforms", u)
-            }
-            DrawNoise::ExponentialRace(e) => {
-                validate::shape("draw_exponentials", e.shape(), &[batch, k + 1, vocab], "[B, k+1, V]")?;
-                validate::exponentials("draw_exponentials", e)
-            }
-        }
-    }
-
-    fn draw(&self, w: &[f64], b: usize, row: usize) -> Drawn {
-        match self {
-            DrawNoise::InverseCdf(u) => sampling::inverse_cdf(w, *u.at(&[b, row])),
-            DrawNoise::ExponentialRace(e) => sampling::exponential_race(w, e.lane_at(&[b, row])),
-        }
-    }
-}
 
 /// Everything one rejection-sampling verification reads (REJECT-1).
 #[derive(Debug, Clone, Copy)]

@@ -4,7 +4,6 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, SpecError};
-use crate::rejection::DrawNoise;
 use crate::tensor::Tensor;
 use crate::validate;
 
@@ -119,6 +118,44 @@ pub(crate) fn exponential_race(w: &[f64], e: &[f64]) -> Drawn {
         (false, true) => -(second - top).exp_m1(),
     };
     Drawn { token, margin }
+}
+
+/// The draw noise of a batch: one draw per verify position (REJECT-3/4).
+#[derive(Debug, Clone, PartialEq)]
+pub enum DrawNoise {
+    /// `[B, k+1]` uniforms in [0, 1) for [`DrawMethod::InverseCdf`].
+    InverseCdf(Tensor<f64>),
+    /// `[B, k+1, V]` Exp(1) values for [`DrawMethod::ExponentialRace`].
+    ExponentialRace(Tensor<f64>),
+}
+
+impl DrawNoise {
+    pub fn method(&self) -> DrawMethod {
+        match self {
+            DrawNoise::InverseCdf(_) => DrawMethod::InverseCdf,
+            DrawNoise::ExponentialRace(_) => DrawMethod::ExponentialRace,
+        }
+    }
+
+    pub(crate) fn validate(&self, batch: usize, k: usize, vocab: usize) -> Result<()> {
+        match self {
+            DrawNoise::InverseCdf(u) => {
+                validate::shape("draw_uniforms", u.shape(), &[batch, k + 1], "[B, k+1]")?;
+                validate::uniforms("draw_uniforms", u)
+            }
+            DrawNoise::ExponentialRace(e) => {
+                validate::shape("draw_exponentials", e.shape(), &[batch, k + 1, vocab], "[B, k+1, V]")?;
+                validate::exponentials("draw_exponentials", e)
+            }
+        }
+    }
+
+    pub(crate) fn draw(&self, w: &[f64], b: usize, row: usize) -> Drawn {
+        match self {
+            DrawNoise::InverseCdf(u) => inverse_cdf(w, *u.at(&[b, row])),
+            DrawNoise::ExponentialRace(e) => exponential_race(w, e.lane_at(&[b, row])),
+        }
+    }
 }
 
 /// SAMPLE-1/2 row by row (the backend `draw` operation): `weights` `[R, V]`

@@ -4,7 +4,6 @@
 use candle_core::{D, DType, Result, Tensor};
 
 use crate::kernels::{and, argmax_lowest, exclusive_scan, first_true, gather_last, ids, inclusive_scan, last_true, not, or, scalar, select};
-use crate::verify::residual_weights;
 
 /// SAMPLE-1 row-wise: `w [R, V]` (any float dtype), `v [R]` -> `[R]` i64,
 /// the smallest `i` with `v * S < C_i`, else the last positive-weight id.
@@ -32,12 +31,6 @@ pub fn race(w: &Tensor, e: &Tensor) -> Result<Tensor> {
     let score = (&w / e.to_dtype(DType::F64)?)?;
     let score = select(&w.gt(0.0)?, &score, &scalar(f64::NEG_INFINITY, w.device())?)?;
     argmax_lowest(&score)
-}
-
-/// The residual op: `r / R` per row (or `p` when `R = 0`), f32.
-pub fn residual(p: &Tensor, q: Option<&Tensor>, x: &Tensor) -> Result<Tensor> {
-    let (w, _) = residual_weights(p, q, x)?;
-    w.broadcast_div(&w.sum_keepdim(D::Minus1)?)?.to_dtype(DType::F32)
 }
 
 /// Per-row sampling parameters on the device, validated.

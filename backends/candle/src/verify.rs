@@ -108,6 +108,12 @@ pub struct RejectInputs<'a> {
     pub lens: &'a Tensor,
 }
 
+/// The residual op: `r / R` per row (or `p` when `R = 0`), f32.
+pub fn residual(p: &Tensor, q: Option<&Tensor>, x: &Tensor) -> Result<Tensor> {
+    let (w, _) = residual_weights(p, q, x)?;
+    w.broadcast_div(&w.sum_keepdim(D::Minus1)?)?.to_dtype(DType::F32)
+}
+
 /// REJECT-2 .. REJECT-5 with `u [B, k]` accept uniforms.
 pub fn rejection(inp: &RejectInputs<'_>, u: &Tensor, draw: Draw<'_>, cmp: Comparator) -> Result<(Tensor, Tensor)> {
     let RejectInputs { p, q, drafts, lens } = *inp;

@@ -9,7 +9,7 @@ use ndarray::{Array1, ArrayD, ArrayView1, ArrayView2, Axis, Ix1, Ix2, Ix3, Zip};
 use specdec_backend::PAD;
 use specdec_reference::SUM_TOLERANCE;
 
-use crate::prim::{below, sum_last};
+use crate::kernels::{below, sum_last};
 
 /// A validated padded draft batch (CONV-5).
 pub(crate) struct Layout {

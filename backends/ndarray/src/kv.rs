@@ -10,7 +10,7 @@ use specdec_reference::Tensor;
 use specdec_reference::kvcache::BatchKvCache;
 
 use crate::check::{all_finite, d1, d2, dims, lens_in};
-use crate::prim::{arange, below};
+use crate::kernels::{arange, below};
 use crate::tensor::NAME;
 use crate::tensor::{device, host};
 

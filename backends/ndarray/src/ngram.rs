@@ -7,7 +7,7 @@ use specdec_backend::{NgramConfig, PAD};
 use specdec_reference::ngram::NgramPolicy;
 
 use crate::check::{d2, lens_in, valid_id};
-use crate::prim::{arange, below, take_along_last, take_along_last2};
+use crate::kernels::{arange, below, take_along_last, take_along_last2};
 
 /// NGRAM-1/4/5/7 fast check: returns the context lengths when valid.
 pub(crate) fn ngram_ok(contexts: &ArrayD<i64>, lens: &ArrayD<i64>, vocab: usize, cfg: &NgramConfig) -> Option<Array1<usize>> {

@@ -11,8 +11,8 @@ use rand_pcg::Pcg64;
 use specdec_backend::{Comparator, DrawMethod, PAD};
 
 use crate::check::{Layout, d1, d2, d3, draft_layout, exponentials_ok, prob_rows_ok, rows_of, uniforms_ok, valid_id};
-use crate::prim::{argmax_rows_checked, below, leading_run, take_along_last, take_ids, take_rows};
-use crate::sample::{exponential_race, inverse_cdf};
+use crate::kernels::{argmax_rows_checked, below, leading_run, take_along_last, take_ids, take_rows};
+use crate::sampling::{exponential_race, inverse_cdf};
 
 /// Verify outputs: `tokens [B, k+1]` and `num_accepted [B]`.
 pub(crate) type Emitted = (Array2<i64>, Array1<i64>);
@@ -22,7 +22,7 @@ fn emit(drafts: ArrayView2<'_, i64>, next: ArrayView1<'_, i64>, n: ArrayView1<'_
     let batch = drafts.nrows();
     let pad = Array2::from_elem((batch, 1), PAD);
     let padded = concatenate(Axis(1), &[drafts, pad.view()]).expect("same number of rows");
-    let pos = crate::prim::arange(padded.ncols());
+    let pos = crate::kernels::arange(padded.ncols());
     let tokens = Zip::from(&padded).and_broadcast(pos.view().insert_axis(Axis(0))).and_broadcast(n.insert_axis(Axis(1))).and_broadcast(next.insert_axis(Axis(1))).map_collect(|&d, &j, &n, &t| match j
         .cmp(&n)
     {
@@ -151,7 +151,7 @@ pub(crate) fn residual_weights(p: ArrayView2<'_, f64>, q: Option<ArrayView2<'_, 
     match q {
         Some(q) => Zip::from(&p).and(&q).map_collect(|&p, &q| (p - q).max(0.0)),
         None => {
-            let pos = crate::prim::arange(p.ncols());
+            let pos = crate::kernels::arange(p.ncols());
             Zip::from(&p).and_broadcast(pos.view().insert_axis(Axis(0))).and_broadcast(drafted.insert_axis(Axis(1))).map_collect(|&p, &j, &x| if j == x { 0.0 } else { p })
         }
     }
@@ -160,7 +160,7 @@ pub(crate) fn residual_weights(p: ArrayView2<'_, f64>, q: Option<ArrayView2<'_, 
 /// RESID-3: the residual where it has mass, `p` itself where it has none.
 fn residual_or_target(p: ArrayView2<'_, f64>, q: Option<ArrayView2<'_, f64>>, drafted: ArrayView1<'_, usize>, rejected: ArrayView1<'_, bool>) -> Array2<f64> {
     let resid = residual_weights(p, q, drafted);
-    let mass = crate::prim::sum_last(resid.view());
+    let mass = crate::kernels::sum_last(resid.view());
     let use_resid = Zip::from(&mass).and(rejected).map_collect(|&m, &r| r && m > 0.0);
     Zip::from(&resid).and(&p).and_broadcast(use_resid.view().insert_axis(Axis(1))).map_collect(|&r, &p, &u| if u { r } else { p })
 }
@@ -215,7 +215,7 @@ pub(crate) fn residual(p: ArrayView2<'_, f64>, q: Option<ArrayView2<'_, f64>>, d
     let drafted = drafted.mapv(|t| t.max(0) as usize);
     let rejected = Array1::from_elem(p.nrows(), true);
     let weights = residual_or_target(p, q, drafted.view(), rejected.view());
-    let total = crate::prim::sum_last(weights.view());
+    let total = crate::kernels::sum_last(weights.view());
     Zip::from(&weights).and_broadcast(total.view().insert_axis(Axis(1))).map_collect(|&w, &t| w / t)
 }
 

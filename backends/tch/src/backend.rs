@@ -1,4 +1,4 @@
-//! [`TchBackend`]: device selection, transfers, and the [`Backend`] methods, each of which
+//! [`TchBackend`]'s constructors, device selection, transfers, and the [`Backend`] methods, each of which
 //! checks shapes on the host, runs the fused device check, and then calls a kernel.
 
 use std::sync::{Mutex, PoisonError};
@@ -10,44 +10,10 @@ use specdec_backend::{
 use specdec_reference::ngram::NgramPolicy;
 use tch::{Device, Kind, TchError, Tensor};
 
-use crate::checks::{self, verdict, where_read};
+use crate::check::{self, verdict, where_read};
 use crate::kernels::{self, Noise, Params, Rejection, TResult, readable};
 use crate::kv::{self, TchKvCache};
-
-/// A device tensor handle: f32 values or i64 ids. Cloning shares storage (a shallow
-/// clone); no operation of this crate mutates a tensor it was given.
-pub struct TchTensor(Tensor);
-
-impl TchTensor {
-    /// Wraps a libtorch tensor (float kinds are used as f32, integer kinds as i64).
-    pub fn new(t: Tensor) -> Self {
-        TchTensor(t)
-    }
-
-    /// The libtorch tensor.
-    pub fn tensor(&self) -> &Tensor {
-        &self.0
-    }
-}
-
-impl Clone for TchTensor {
-    fn clone(&self) -> Self {
-        TchTensor(self.0.shallow_clone())
-    }
-}
-
-impl std::fmt::Debug for TchTensor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Shape and placement only: printing the values could mean a device download.
-        write!(f, "TchTensor({:?}, {:?}, {:?})", self.0.size(), self.0.f_kind().ok(), self.0.device())
-    }
-}
-
-/// The libtorch backend on one device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TchBackend {
-    device: Device,
-}
+use crate::{TchBackend, TchTensor};
 
 /// Serialises the seeded verify: libtorch's default generators are process-global, so
 /// seeding and drawing must not interleave with another seeded call.
@@ -174,10 +140,10 @@ impl TchBackend {
 
     /// The fused CONV-2/5/7 checks of a rejection verify (noise excluded).
     fn rejection_checks(r: &RejTensors, k: i64, vocab: i64) -> TResult<Vec<Tensor>> {
-        let mut c = checks::draft_layout(&r.d, &r.l, vocab)?;
-        c.push(where_read(&checks::prob_rows(&r.p)?, &readable(&r.l, k + 1, true)?)?);
+        let mut c = check::draft_layout(&r.d, &r.l, vocab)?;
+        c.push(where_read(&check::prob_rows(&r.p)?, &readable(&r.l, k + 1, true)?)?);
         if let Some(q) = &r.q {
-            c.push(where_read(&checks::prob_rows(q)?, &readable(&r.l, k, false)?)?);
+            c.push(where_read(&check::prob_rows(q)?, &readable(&r.l, k, false)?)?);
         }
         Ok(c)
     }
@@ -304,8 +270,8 @@ impl Backend for TchBackend {
         };
         let ok = match dims {
             Some((k, v)) => self.passes((|| {
-                let mut c = checks::draft_layout(&d, &l, v)?;
-                c.push(where_read(&checks::score_rows(&s)?, &readable(&l, k + 1, true)?)?);
+                let mut c = check::draft_layout(&d, &l, v)?;
+                c.push(where_read(&check::score_rows(&s)?, &readable(&l, k + 1, true)?)?);
                 Ok(c)
             })())?,
             None => false,
@@ -336,7 +302,7 @@ impl Backend for TchBackend {
         let (c, t) = (self.int(candidates, "candidates")?, self.int(predict, "target_predict")?);
         let shapes_ok = matches!(c.size()[..], [bs, block] if bs >= 1 && block >= 2) && vocab >= 1 && t.size() == c.size();
         let v = vocab_i64(vocab);
-        if !(shapes_ok && self.passes((|| Ok(vec![checks::ids(&c, v)?, checks::ids(&t, v)?]))())?) {
+        if !(shapes_ok && self.passes((|| Ok(vec![check::ids(&c, v)?, check::ids(&t, v)?]))())?) {
             let r = (|| ReferenceBackend.dflash_accept(&self.ref_tensor(candidates)?, &self.ref_tensor(predict)?, vocab))();
             return Err(BackendError::named_by_reference(&self.name(), r));
         }
@@ -358,8 +324,8 @@ impl Backend for TchBackend {
         let ok = match dims {
             Some((_, k, v)) => self.passes((|| {
                 let mut c = Self::rejection_checks(&r, k, v)?;
-                c.push(checks::uniforms(&u)?);
-                c.push(if uniform { checks::uniforms(&draw)? } else { checks::exponentials(&draw)? });
+                c.push(check::uniforms(&u)?);
+                c.push(if uniform { check::uniforms(&draw)? } else { check::exponentials(&draw)? });
                 Ok(c)
             })())?,
             None => false,
@@ -433,9 +399,9 @@ impl Backend for TchBackend {
         };
         let ok = shapes_ok
             && self.passes((|| {
-                let mut c = vec![checks::ids(&x, p.size()[1])?, checks::prob_rows(&p)?];
+                let mut c = vec![check::ids(&x, p.size()[1])?, check::prob_rows(&p)?];
                 if let Some(q) = &q {
-                    c.push(checks::prob_rows(q)?);
+                    c.push(check::prob_rows(q)?);
                 }
                 Ok(c)
             })())?;
@@ -460,7 +426,7 @@ impl Backend for TchBackend {
                 // LOGITS-1: T finite and >= 0, top_k >= 0, top_p in (0, 1]; CONV-8 rows.
                 let t_ok = t.f_isfinite()?.f_logical_and(&t.f_ge(0.0)?)?;
                 let p_ok = p.f_gt(0.0)?.f_logical_and(&p.f_le(1.0)?)?;
-                Ok(vec![t_ok, k.f_ge(0)?, p_ok, checks::score_rows(&z)?])
+                Ok(vec![t_ok, k.f_ge(0)?, p_ok, check::score_rows(&z)?])
             })())?;
         if !ok {
             let r = (|| {
@@ -484,8 +450,8 @@ impl Backend for TchBackend {
         };
         let ok = shapes_ok
             && self.passes((|| {
-                let noise_ok = if uniform { checks::uniforms(&n)? } else { checks::exponentials(&n)? };
-                Ok(vec![noise_ok, checks::weight_rows(&w)?])
+                let noise_ok = if uniform { check::uniforms(&n)? } else { check::exponentials(&n)? };
+                Ok(vec![noise_ok, check::weight_rows(&w)?])
             })())?;
         if !ok {
             let r = (|| {
@@ -509,7 +475,7 @@ impl Backend for TchBackend {
         let config = ngram_config(cfg);
         let ok = match (width, &config) {
             (Some(width), Some(cfg)) => self.passes((|| {
-                let mut checks = vec![checks::in_range(&l, 1, width)?, checks::padded_ids(&c, &l, vocab_i64(vocab))?];
+                let mut checks = vec![check::in_range(&l, 1, width)?, check::padded_ids(&c, &l, vocab_i64(vocab))?];
                 if let Some(max) = cfg.max_model_len {
                     checks.push(l.f_le(max)?); // NGRAM-5: ContextTooLong
                 }
@@ -556,8 +522,8 @@ impl Backend for TchBackend {
             Some((num_pages, s, m)) => self.passes((|| {
                 // KV-8/9: lengths in [1, M S]; the first ceil(len / S) slots name pages.
                 let used = readable(&l.f_add_scalar(s - 1)?.f_floor_divide_scalar(s)?, m, false)?;
-                let blocks = where_read(&checks::ids(&t, num_pages)?, &used)?;
-                Ok(vec![checks::in_range(&l, 1, m * s)?, blocks, p.f_isfinite()?])
+                let blocks = where_read(&check::ids(&t, num_pages)?, &used)?;
+                Ok(vec![check::in_range(&l, 1, m * s)?, blocks, p.f_isfinite()?])
             })())?,
             None => false,
         };

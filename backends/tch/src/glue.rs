@@ -16,8 +16,8 @@
 use specdec_backend::{Backend, BackendError, HostTensor, PAD, RefTensor, ReferenceBackend, Result};
 use tch::{Kind, Tensor};
 
-use crate::backend::{TchBackend, TchTensor};
 use crate::kernels::TResult;
+use crate::{TchBackend, TchTensor};
 
 /// The elementwise i64 operation of GLUE-4.
 #[derive(Clone, Copy)]

@@ -7,9 +7,9 @@ use specdec_backend::{Backend, BackendError, ReferenceBackend, Result, TrimMode}
 use specdec_reference::kvcache::BatchKvCache;
 use tch::{Kind, Tensor};
 
-use crate::backend::{TchBackend, TchTensor};
-use crate::checks;
+use crate::check;
 use crate::kernels::{TResult, arange};
+use crate::{TchBackend, TchTensor};
 
 /// A batched KV cache living on the backend's device (KV-1).
 pub struct TchKvCache {
@@ -85,7 +85,7 @@ pub(crate) fn append(be: &TchBackend, cache: &mut TchKvCache, keys: &TchTensor, 
     let ok = match t {
         Some(t) => be.passes((|| {
             let fits = n.f_add(&cache.lens)?.f_le(cap)?;
-            Ok(vec![checks::in_range(&n, 0, t)?, fits, k.f_isfinite()?, v.f_isfinite()?])
+            Ok(vec![check::in_range(&n, 0, t)?, fits, k.f_isfinite()?, v.f_isfinite()?])
         })())?,
         None => false,
     };

@@ -38,7 +38,7 @@
 #[cfg(feature = "libtorch")]
 mod backend;
 #[cfg(feature = "libtorch")]
-mod checks;
+mod check;
 #[cfg(feature = "libtorch")]
 mod glue;
 #[cfg(feature = "libtorch")]
@@ -53,13 +53,54 @@ mod tests;
 mod unbuilt;
 
 #[cfg(feature = "libtorch")]
-pub use backend::{TchBackend, TchTensor};
-#[cfg(feature = "libtorch")]
 pub use kv::TchKvCache;
 #[cfg(feature = "libtorch")]
 pub use model::{TchModel, TchModelCache};
+#[cfg(feature = "libtorch")]
+use tch::{Device, Tensor};
 #[cfg(not(feature = "libtorch"))]
 pub use unbuilt::TchBackend;
+
+#[cfg(feature = "libtorch")]
+/// A device tensor handle: f32 values or i64 ids. Cloning shares storage (a shallow
+/// clone); no operation of this crate mutates a tensor it was given.
+pub struct TchTensor(Tensor);
+
+#[cfg(feature = "libtorch")]
+impl TchTensor {
+    /// Wraps a libtorch tensor (float kinds are used as f32, integer kinds as i64).
+    pub fn new(t: Tensor) -> Self {
+        TchTensor(t)
+    }
+
+    #[cfg(feature = "libtorch")]
+    /// The libtorch tensor.
+    pub fn tensor(&self) -> &Tensor {
+        &self.0
+    }
+}
+
+#[cfg(feature = "libtorch")]
+impl Clone for TchTensor {
+    fn clone(&self) -> Self {
+        TchTensor(self.0.shallow_clone())
+    }
+}
+
+#[cfg(feature = "libtorch")]
+impl std::fmt::Debug for TchTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Shape and placement only: printing the values could mean a device download.
+        write!(f, "TchTensor({:?}, {:?}, {:?})", self.0.size(), self.0.f_kind().ok(), self.0.device())
+    }
+}
+
+#[cfg(feature = "libtorch")]
+/// The libtorch backend on one device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TchBackend {
+    device: Device,
+}
 
 /// Whether this build links libtorch (the `libtorch` feature).
 pub const BUILT: bool = cfg!(feature = "libtorch");

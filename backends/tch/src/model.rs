@@ -38,8 +38,8 @@ use specdec_models::forward::{self, ForwardPlan, ForwardRequest, LogitRows};
 use specdec_models::{LlamaConfig, LlamaWeights, Matrix, ModelError};
 use tch::{Device, Kind, Tensor};
 
-use crate::backend::{TchBackend, TchTensor};
 use crate::kernels::TResult;
+use crate::{TchBackend, TchTensor};
 
 /// One decoder layer's weights on the device, `[out, in]` as on the host.
 struct TchLayer {

@@ -4,7 +4,7 @@
 use ndarray::{Array1, Array2, ArrayD, ArrayView1, ArrayView2, Axis, Zip, aview0, s};
 
 use crate::check::{d1, d2, exponentials_ok, uniforms_ok, weight_rows_ok};
-use crate::prim::{arange, argmax_last, argmax_rows_checked, argsort_rows, cumsum_last, for_rows, row_argmax, sum_last, take_along_last, take_along_last2};
+use crate::kernels::{arange, argmax_last, argmax_rows_checked, argsort_rows, cumsum_last, for_rows, row_argmax, sum_last, take_along_last, take_along_last2};
 
 /// SAMPLE-1: per row, the smallest `i` with `v * S < C_i`; if rounding
 /// leaves none, the last id of positive weight.
