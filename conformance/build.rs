@@ -1,4 +1,4 @@
-//! Embeds the case and model files of `fixtures/` so that the suite is
+//! Embeds the case and model files of `fixtures/` (`src/fixtures.rs`) so that the suite is
 //! self-contained: a vendor's test binary needs no path to this repository.
 
 use std::fmt::Write as _;
@@ -9,7 +9,7 @@ fn main() {
     embed("cases", "GOLDEN_FILES", "The golden case files", &mut out);
     embed("host", "HOST_FILES", "The host case files (reference-only algorithms)", &mut out);
     embed("models", "MODEL_FILES", "The table-driven target and draft models", &mut out);
-    let dest = Path::new(&std::env::var("OUT_DIR").expect("set by cargo")).join("golden_files.rs");
+    let dest = Path::new(&std::env::var("OUT_DIR").expect("set by cargo")).join("fixtures.rs");
     std::fs::write(dest, out).expect("OUT_DIR is writable");
 }
 

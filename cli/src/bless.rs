@@ -6,7 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use specdec_conformance::bless::{blessed_file, rebless};
+use specdec_conformance::bless::rebless;
+use specdec_conformance::blessed::blessed_file;
 use specdec_conformance::case::{self, CaseFile, to_pretty_json};
 use specdec_conformance::diff;
 

@@ -405,7 +405,7 @@ fn check(path: &Path, backend: &str, filter: Option<String>, case_id: Option<&st
         loaded.cases.retain(|c| c.id == id);
         loaded.errors.retain(|e| e.case.as_deref() == Some(id));
     }
-    let is_host = |c: &specdec_conformance::case::Case| specdec_conformance::host::HOST_OPS.contains(&c.op.as_str());
+    let is_host = |c: &specdec_conformance::case::Case| specdec_conformance::ops::HOST_OPS.contains(&c.op.as_str());
     let cfg = SuiteConfig { filter, statistical: false, diff_cases_per_op: 0, ..SuiteConfig::default() };
     let prefix = format!("file/{stem}");
     let host: Vec<_> = loaded.cases.iter().filter(|c| is_host(c) && cfg.wants(&format!("{prefix}/{}", c.id))).cloned().collect();

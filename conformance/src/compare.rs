@@ -6,8 +6,8 @@ use serde_json::{Map, Value};
 use specdec_backend::{BackendError, ErrorKind, HostTensor, Precision, SamplingParams};
 use specdec_reference as r;
 
-use crate::case::{Case, CaseError, ExpectedBy, decode_f64, decode_i64};
 use crate::execute::{Observed, OutValue};
+use crate::format::{Case, CaseError, ExpectedBy, decode_f64, decode_i64};
 
 /// The outcome of one check.
 #[derive(Debug, Clone, PartialEq)]

@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 use specdec_backend::{HostTensor, Op, PAD};
 
 use crate::bless::bless;
-use crate::case::{Case, CaseError, ExpectedBy, encode_f64, encode_i64};
+use crate::format::{Case, CaseError, ExpectedBy, encode_f64, encode_i64};
 
 /// How many differential cases each op gets by default.
 pub const DEFAULT_CASES_PER_OP: usize = 48;
@@ -132,7 +132,7 @@ impl Gen {
         if self.chance(0.15) {
             return self.int(0, row.len() - 1) as i64;
         }
-        crate::lossless::pick(row, self.unit())
+        crate::stat::pick(row, self.unit())
     }
     fn garbage_row(&mut self, v: usize) -> Vec<f64> {
         let fill = if self.chance(0.5) { f64::NAN } else { -1.0 };

@@ -38,10 +38,10 @@ use specdec_decoder::{DflashMode, DflashProposer, DraftModelProposer, Engine, En
 use specdec_reference::process_logits;
 use specdec_stats::TestReport;
 
+use crate::check::{CheckResult, Kind, SuiteConfig, catch, settle};
 use crate::compare::{Verdict, row_scale, within};
 use crate::model_section::{self, ModelFiles, SMOLLM2, Subject, err, shipped_prompts};
 use crate::stat;
-use crate::suite::{CheckResult, Kind, SuiteConfig, catch, settle};
 
 /// The tiny model of the end-to-end section (vocabulary 12: its whole output law is enumerable).
 pub const TINY: &str = "tiny-v12-l2";

@@ -8,7 +8,8 @@
 use serde_json::Value;
 use specdec_backend::{Backend, BackendError, Comparator, DrawNoiseArg, HostTensor, LogitsParams, NgramConfig, Op, RejectionArgs, RejectionNoise, TrimMode};
 
-use crate::case::{Case, CaseError, OpFields};
+use crate::format::{Case, CaseError};
+use crate::ops::case_op;
 
 /// One output value, downloaded to the host.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,47 +29,6 @@ pub struct Observed {
 impl Observed {
     pub fn get(&self, name: &str) -> Option<&OutValue> {
         self.outputs.iter().find(|(n, _)| n == name).map(|(_, v)| v)
-    }
-}
-
-/// The ops case files may use: every contract op with deterministic output.
-pub fn case_op(case: &Case) -> Result<Op, CaseError> {
-    match Op::from_name(&case.op) {
-        Some(Op::RejectionVerifySeeded) => Err(CaseError::new(format!("case {} field op", case.id), "rejection_verify_seeded is checked statistically, not by golden cases")),
-        Some(op) => Ok(op),
-        None => Err(CaseError::new(
-            format!("case {} field op", case.id),
-            format!(
-                "unknown op \"{}\"; backend ops: {}; host ops (run on the reference): {}",
-                case.op,
-                Op::ALL.into_iter().filter(|op| *op != Op::RejectionVerifySeeded).map(Op::name).collect::<Vec<_>>().join(", "),
-                crate::host::HOST_OPS.join(", ")
-            ),
-        )),
-    }
-}
-
-/// What a case of `op` may hold (CASE-9); kept beside [`execute`], which reads exactly these.
-pub fn op_fields(op: Op) -> OpFields {
-    const VERIFY_OUT: &[&str] = &["tokens", "num_accepted"];
-    let f = |params, inputs, outputs| OpFields { params, inputs, outputs, error_outputs: &[] };
-    match op {
-        Op::GreedyVerify => f(&[], &["target_scores", "draft_tokens", "proposal_lens"], VERIFY_OUT),
-        Op::DflashAccept => f(&["vocab"], &["candidates", "target_predict"], &["accept_len", "bonus"]),
-        Op::RejectionVerify => f(&["comparator"], &["target_probs", "draft_probs", "draft_tokens", "proposal_lens", "accept_uniforms", "draw_uniforms", "draw_exponentials"], VERIFY_OUT),
-        Op::Residual => f(&[], &["target_probs", "draft_probs", "drafted"], &["residual"]),
-        Op::ProcessLogits => f(&[], &["logits", "temperature", "top_k", "top_p"], &["probs"]),
-        Op::Draw => f(&[], &["weights", "draw_uniforms", "draw_exponentials"], &["tokens"]),
-        Op::NgramPropose => f(&["vocab", "config"], &["contexts", "context_lens"], &["drafts", "proposal_lens"]),
-        Op::PagedGather => f(&[], &["pages", "block_table", "context_lens"], &["gathered"]),
-        Op::KvCache => OpFields { params: &["batch", "heads", "head_dim", "capacity"], inputs: &["steps"], outputs: &["lens", "keys", "values", "trimmed"], error_outputs: &["failed_step"] },
-        // GLUE-1 .. GLUE-5: `params.dtype` picks the upload of float-or-id inputs.
-        Op::Reshape => f(&["dtype", "shape"], &["t"], &["out"]),
-        Op::GatherRows => f(&["dtype"], &["t", "rows"], &["out"]),
-        Op::ConcatRows => f(&["dtype"], &["parts"], &["out"]),
-        Op::AddI64 | Op::SubI64 => f(&[], &["a", "b"], &["out"]),
-        // Not a case op (`case_op` rejects it before its fields are asked for).
-        Op::RejectionVerifySeeded => f(&[], &[], &[]),
     }
 }
 
@@ -245,10 +205,10 @@ impl GlueIn {
     fn decode(case: &Case, dtype: GlueDtype, field: &str, v: &Value) -> Result<GlueIn, CaseError> {
         let err = |m: String| case.error("inputs", field, m);
         Ok(match dtype {
-            GlueDtype::I64 => GlueIn::I64(crate::case::decode_i64(v).map_err(err)?),
-            GlueDtype::F64 => GlueIn::F64(crate::case::decode_f64(v).map_err(err)?),
+            GlueDtype::I64 => GlueIn::I64(crate::format::decode_i64(v).map_err(err)?),
+            GlueDtype::F64 => GlueIn::F64(crate::format::decode_f64(v).map_err(err)?),
             GlueDtype::F32 => {
-                let t = crate::case::decode_f64(v).map_err(err)?;
+                let t = crate::format::decode_f64(v).map_err(err)?;
                 // NaN is exact in f32 too; any other value must round-trip.
                 if let Some(x) = t.data().iter().find(|&&x| !x.is_nan() && f64::from(x as f32) != x) {
                     return Err(case.error("inputs", field, format!("{x} is not exact in f32 (params.dtype is \"f32\")")));
@@ -351,14 +311,14 @@ fn kv_cache<B: Backend>(backend: &B, case: &Case) -> Result<Observed, CaseError>
             Some((1, Some(a), None)) => {
                 only(a, "append", &["keys", "values", "counts"])?;
                 let get = |n: &str| a.get(n).ok_or_else(|| case.error("inputs", &field, format!("append needs `{n}`")));
-                let f = |n: &str| get(n).and_then(|v| crate::case::decode_f64(v).map_err(|m| case.error("inputs", &field, m)));
-                let counts = get("counts").and_then(|v| crate::case::decode_i64(v).map_err(|m| case.error("inputs", &field, m)))?;
+                let f = |n: &str| get(n).and_then(|v| crate::format::decode_f64(v).map_err(|m| case.error("inputs", &field, m)));
+                let counts = get("counts").and_then(|v| crate::format::decode_i64(v).map_err(|m| case.error("inputs", &field, m)))?;
                 Step::Append(f("keys")?, f("values")?, counts)
             }
             Some((1, None, Some(t))) => {
                 only(t, "trim", &["amounts", "mode"])?;
                 let amounts = t.get("amounts").ok_or_else(|| case.error("inputs", &field, "trim needs `amounts`"))?;
-                let amounts = crate::case::decode_i64(amounts).map_err(|m| case.error("inputs", &field, m))?;
+                let amounts = crate::format::decode_i64(amounts).map_err(|m| case.error("inputs", &field, m))?;
                 let mode = match t.get("mode") {
                     None => TrimMode::Strict,
                     Some(m) => serde_json::from_value(m.clone()).map_err(|e| case.error("inputs", &field, e))?,

@@ -11,65 +11,10 @@ use specdec_reference::dflash::{self, Schedule};
 use specdec_reference::ngram::{self, NgramConfig, NgramIndex};
 use specdec_reference::{Comparator, SpecError, kvcache, lossy, speculative_accept, theory};
 
-use crate::case::{Case, CaseError, OpFields};
 use crate::compare::{Verdict, judge_measured};
 use crate::execute::{Observed, OutValue};
-
-/// The host ops case files in `fixtures/host/` may use.
-pub const HOST_OPS: &[&str] = &[
-    "speculative_accept",
-    "lossy_threshold_verify",
-    "lossy_typical_verify",
-    "ngram_lookup",
-    "ngram_index",
-    "controller",
-    "spec_config",
-    "unmask_order",
-    "mask_ratio",
-    "select_unmask",
-    "block_input",
-    "rollback_amounts",
-    "min_accepted_plan",
-    "theory",
-];
-
-/// What a case of a host op may hold (CASE-9), read exactly by [`execute_host`].
-pub fn host_fields(case: &Case) -> Result<OpFields, CaseError> {
-    const VERIFY_OUT: &[&str] = &["tokens", "num_accepted"];
-    let f = |params, inputs, outputs| Ok(OpFields { params, inputs, outputs, error_outputs: &[] });
-    match case.op.as_str() {
-        "speculative_accept" => f(&["comparator"], &["draft_tokens", "p", "q", "r"], &["accepted"]),
-        "lossy_threshold_verify" => f(&["threshold"], &["target_probs", "draft_tokens", "proposal_lens"], VERIFY_OUT),
-        "lossy_typical_verify" => f(&["epsilon", "delta"], &["target_probs", "draft_tokens", "proposal_lens", "draw_uniforms"], VERIFY_OUT),
-        "ngram_lookup" => f(&["prompt_lookup", "vocab", "config"], &["prompt", "generated"], &["proposal"]),
-        "ngram_index" => f(&["vocab", "config"], &["chunks"], &["index_proposals", "linear_proposals"]),
-        "controller" => f(&["config"], &["events"], &["should_speculate", "k", "ema_after_updates", "acceptance_rate", "tokens_per_sequence_step", "counters"]),
-        "spec_config" => f(&["config"], &[], &["valid"]),
-        "unmask_order" => f(&["positions", "steps", "schedule"], &[], &["order"]),
-        "mask_ratio" => f(&["schedule", "t"], &[], &["ratio"]),
-        "select_unmask" => f(&["count"], &["confidence", "masked"], &["positions"]),
-        "block_input" => f(&["block", "mask_id", "vocab", "embed_rows"], &["verified"], &["block"]),
-        "rollback_amounts" => f(&["proposal_lens", "num_accepted"], &[], &["trim"]),
-        "min_accepted_plan" => f(&["num_accepted", "width"], &[], &["emit", "uniform_trim"]),
-        "theory" => {
-            let fun: String = case.param("fn", None)?;
-            let (params, inputs, outputs): (&'static [&'static str], &'static [&'static str], &'static [&'static str]) = match fun.as_str() {
-                "acceptance" | "kl_divergence" => (&["fn"], &["p", "q"], &["value"]),
-                "one_position_output_law" => (&["fn"], &["p", "q"], &["law"]),
-                "accepted_length_law" => (&["fn", "betas"], &[], &["law"]),
-                "expected_tokens" => (&["fn", "betas"], &[], &["value"]),
-                "expected_tokens_geometric" => (&["fn", "beta", "gamma"], &[], &["value"]),
-                "expected_speedup" => (&["fn", "beta", "gamma", "cost_ratio"], &[], &["value"]),
-                "seed003_speedup_approximation" => (&["fn", "beta", "gamma", "rho"], &[], &["value"]),
-                "best_draft_length" => (&["fn", "beta", "cost_ratio", "max_gamma"], &[], &["gamma", "speedup"]),
-                "pinsker_acceptance_bound" | "bretagnolle_huber_acceptance_bound" => (&["fn", "kl"], &[], &["value"]),
-                other => return Err(case.error("params", "fn", format!("unknown theory function \"{other}\""))),
-            };
-            f(params, inputs, outputs)
-        }
-        other => Err(case.error("", "op", format!("unknown host op \"{other}\"; known: {}", HOST_OPS.join(", ")))),
-    }
-}
+use crate::format::{Case, CaseError};
+use crate::ops::HOST_OPS;
 
 /// Named outputs of a host op, or the reference's error for its input; the
 /// outer `Err` is a malformed case.

@@ -12,18 +12,23 @@
 //! is reported and never counted as a pass.
 
 pub mod bless;
+pub mod blessed;
 pub mod case;
+pub mod check;
 pub mod compare;
 pub mod diff;
 pub mod e2e_section;
 pub mod exact;
 pub mod execute;
+pub mod fixtures;
+pub mod format;
 pub mod harness;
 pub mod host;
 pub mod lossless;
 pub mod model;
 pub mod model_section;
 pub mod mutants;
+pub mod ops;
 pub mod report;
 pub mod stat;
 pub mod suite;

@@ -13,7 +13,7 @@ use specdec_stats::{Decision, TestReport, judge_holm, total_variation};
 
 use crate::model::{TableModel, shipped_models};
 use crate::mutants::{Defect, Mutant};
-use crate::stat::{self, FAMILY_ALPHA, Measure, Scenario, scenarios, stream_seed};
+use crate::stat::{self, FAMILY_ALPHA, Measure, Scenario, pick, scenarios, stream_seed};
 
 /// How drafts are produced for a one-step check.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -179,12 +179,6 @@ pub fn sample<B: Backend>(backend: &B, check: &Check, n: usize, seed: u64) -> Re
             Ok(counts)
         }
     }
-}
-
-/// Draws an id from a (valid, generated) row with the reference's inverse
-/// CDF: how the samplers and generators draft tokens.
-pub(crate) fn pick(row: &[f64], u: f64) -> i64 {
-    specdec_reference::sampling::sample_inverse_cdf(row, u).expect("generated rows are valid").token as i64
 }
 
 fn uniform(rng: &mut Pcg64, coarse: bool) -> f64 {

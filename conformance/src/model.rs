@@ -96,5 +96,5 @@ impl TableModel {
 
 /// The model files shipped in `fixtures/models/`, embedded.
 pub fn shipped_models() -> Vec<TableModel> {
-    crate::suite::MODEL_FILES.iter().map(|(path, text)| TableModel::parse(text).unwrap_or_else(|e| panic!("fixtures/models/{path}: {e}"))).collect()
+    crate::fixtures::MODEL_FILES.iter().map(|(path, text)| TableModel::parse(text).unwrap_or_else(|e| panic!("fixtures/models/{path}: {e}"))).collect()
 }

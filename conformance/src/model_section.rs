@@ -34,8 +34,8 @@ use specdec_backend::{BackendError, ReferenceBackend};
 use specdec_models::tiny::TinySpec;
 use specdec_models::{LlamaWeights, LoadedModel, RefModel};
 
+use crate::check::{CheckResult, Kind, SuiteConfig, catch, settle};
 use crate::compare::{Verdict, row_scale, within};
-use crate::suite::{CheckResult, Kind, SuiteConfig, catch, settle};
 
 /// The env var naming the SmolLM2 GGUF file (set by `cargo xtask`).
 pub const SMOLLM2_GGUF_ENV: &str = "SPECDEC_SMOLLM2_GGUF";

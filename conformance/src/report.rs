@@ -9,7 +9,7 @@ use quick_junit::{NonSuccessKind, Report as JunitReport, TestCase, TestCaseStatu
 use serde::Serialize;
 use specdec_backend::{Backend, Precision};
 
-use crate::suite::{CheckResult, Kind, Status};
+use crate::check::{CheckResult, Kind, Status};
 
 /// A whole run.
 #[derive(Debug, Clone, Serialize)]

@@ -14,6 +14,12 @@ use specdec_stats::{Alternative, Decision, PowerClaim, TestReport, binomial_test
 
 use crate::compare::Verdict;
 
+/// Draws an id from a (valid, generated) row with the reference's inverse
+/// CDF: how the samplers and generators draft tokens.
+pub(crate) fn pick(row: &[f64], u: f64) -> i64 {
+    specdec_reference::sampling::sample_inverse_cdf(row, u).expect("generated rows are valid").token as i64
+}
+
 /// STAT-2: the family-wise false-failure rate of one backend run.
 pub const FAMILY_ALPHA: f64 = 1e-4;
 /// STAT-3: the total-variation distance every check must be able to detect ...
@@ -331,7 +337,7 @@ fn sample<B: Backend>(backend: &B, s: &Scenario, spec: &StatSpec, n: usize, seed
     // Drafts and lengths come from a stream of this check's own, independent
     // of the backend's generator and of every other check.
     let mut rng = Pcg64::seed_from_u64(stream_seed(seed, &format!("{}/drafts", spec.name())));
-    let batch = scenario_batch(backend, s, n_rows, &mut rng, crate::lossless::pick)?;
+    let batch = scenario_batch(backend, s, n_rows, &mut rng, pick)?;
     let args = RejectionArgs { target_probs: &batch.p, draft_probs: batch.q.as_ref(), draft_tokens: &batch.drafts, proposal_lens: &batch.lens };
     let out = backend.rejection_verify_seeded(args, spec.method, Comparator::Strict, stream_seed(seed, &spec.name()))?;
     let tokens = backend.download_i64(&out.tokens)?;

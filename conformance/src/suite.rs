@@ -3,145 +3,17 @@
 
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
 use specdec_backend::{Backend, Op};
 
 use crate::case::{Case, CaseError, Loaded, parse};
 use crate::compare::{Verdict, judge_measured, reference_margins};
-use crate::execute::{case_op, execute};
+use crate::execute::execute;
+use crate::ops::case_op;
 use crate::{diff, stat};
 
-include!(concat!(env!("OUT_DIR"), "/golden_files.rs"));
-
-/// The default run seed; `SPECDEC_SEED` or `--seed` override it (STAT-1).
-pub const DEFAULT_SEED: u64 = 20_261_122;
-
-/// The seed of a run: `SPECDEC_SEED` if set and valid, else [`DEFAULT_SEED`].
-pub fn seed_from_env() -> Result<u64, String> {
-    match std::env::var("SPECDEC_SEED") {
-        Ok(s) => s.trim().parse().map_err(|_| format!("SPECDEC_SEED={s:?} is not a u64")),
-        Err(_) => Ok(DEFAULT_SEED),
-    }
-}
-
-/// What kind of check an item is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Kind {
-    Golden,
-    Differential,
-    /// The exact output law, integrated over the backend's noise (STAT-7).
-    Exact,
-    Statistical,
-    /// A model forward-pass check (MODEL-8 .. MODEL-14).
-    Model,
-    /// A speculative decoder end to end (DECODE-2 .. DECODE-5).
-    EndToEnd,
-}
-
-/// The status of one check (SUITE-2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum Status {
-    Pass,
-    Fail,
-    /// Failed, and listed as an expected failure.
-    XFail,
-    /// Passed although listed as an expected failure: the list is stale.
-    XPass,
-    /// The backend lacks the operation: reported, never a pass.
-    NotSupported,
-    /// Not selected by the include/exclude lists or the filter.
-    Skipped,
-}
-
-impl Status {
-    /// Whether this status fails a run (SUITE-3).
-    pub fn is_failure(self) -> bool {
-        matches!(self, Status::Fail | Status::XPass)
-    }
-}
-
-/// A vendor's selection file (SUITE-1), TOML:
-///
-/// ```toml
-/// include = ["*"]             # glob patterns over check names ('*' matches anything)
-/// exclude = ["stat/*"]
-/// xfail   = ["golden/rejection/*"]
-/// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Selection {
-    #[serde(default)]
-    pub include: Vec<String>,
-    #[serde(default)]
-    pub exclude: Vec<String>,
-    #[serde(default)]
-    pub xfail: Vec<String>,
-}
-
-impl Selection {
-    pub fn parse(toml_text: &str) -> Result<Selection, String> {
-        toml::from_str(toml_text).map_err(|e| format!("invalid selection file: {e}"))
-    }
-
-    fn selects(&self, name: &str) -> bool {
-        let included = self.include.is_empty() || self.include.iter().any(|p| glob(p, name));
-        included && !self.exclude.iter().any(|p| glob(p, name))
-    }
-
-    fn expects_failure(&self, name: &str) -> bool {
-        self.xfail.iter().any(|p| glob(p, name))
-    }
-}
-
-/// `*` matches any run of characters; everything else matches itself.
-pub fn glob(pattern: &str, name: &str) -> bool {
-    let parts: Vec<&str> = pattern.split('*').collect();
-    if parts.len() == 1 {
-        return pattern == name;
-    }
-    let (first, last) = (parts[0], parts[parts.len() - 1]);
-    if !name.starts_with(first) || name.len() < first.len() + last.len() || !name.ends_with(last) {
-        return false;
-    }
-    let mut rest = &name[first.len()..name.len() - last.len()];
-    for part in &parts[1..parts.len() - 1] {
-        match rest.find(part) {
-            Some(i) => rest = &rest[i + part.len()..],
-            None => return false,
-        }
-    }
-    true
-}
-
-/// How a run is configured.
-#[derive(Debug, Clone)]
-pub struct SuiteConfig {
-    pub seed: u64,
-    /// Only checks whose name contains this (or matches it as a glob).
-    pub filter: Option<String>,
-    pub selection: Selection,
-    pub diff_cases_per_op: usize,
-    /// Run the statistical checks (they dominate the run time).
-    pub statistical: bool,
-}
-
-impl Default for SuiteConfig {
-    fn default() -> Self {
-        SuiteConfig { seed: DEFAULT_SEED, filter: None, selection: Selection::default(), diff_cases_per_op: diff::DEFAULT_CASES_PER_OP, statistical: true }
-    }
-}
-
-impl SuiteConfig {
-    pub fn wants(&self, name: &str) -> bool {
-        let filtered = match &self.filter {
-            None => true,
-            Some(f) if f.contains('*') => glob(f, name),
-            Some(f) => name.contains(f.as_str()),
-        };
-        filtered && self.selection.selects(name)
-    }
-}
+pub use crate::check::{CheckResult, DEFAULT_SEED, Kind, Selection, Status, SuiteConfig, catch, glob, seed_from_env};
+use crate::check::{repro, settle};
+use crate::fixtures::GOLDEN_FILES;
 
 /// What an item runs.
 #[derive(Debug, Clone)]
@@ -169,46 +41,6 @@ pub struct Item {
     pub op: String,
     pub rules: Vec<String>,
     pub source: Source,
-}
-
-/// The result of one check.
-#[derive(Debug, Clone, Serialize)]
-pub struct CheckResult {
-    pub name: String,
-    pub kind: Kind,
-    pub op: String,
-    pub rules: Vec<String>,
-    pub status: Status,
-    pub message: String,
-    /// Rows whose difference from the reference lay within the margin epsilon.
-    pub excused: usize,
-    pub max_abs_err: f64,
-    pub millis: f64,
-    /// A command that reruns just this check.
-    pub repro: String,
-    /// The statistical detail, for statistical checks.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub statistics: Option<specdec_stats::TestReport>,
-}
-
-impl CheckResult {
-    /// A check before it runs: `Skipped` ("not selected") until settled, with
-    /// the command that reruns it alone.
-    pub fn unselected(name: &str, kind: Kind, op: String, rules: &[&str], backend: &str, seed: u64) -> Self {
-        CheckResult {
-            name: name.to_string(),
-            kind,
-            op,
-            rules: rules.iter().map(|r| r.to_string()).collect(),
-            status: Status::Skipped,
-            message: "not selected".into(),
-            excused: 0,
-            max_abs_err: 0.0,
-            millis: 0.0,
-            repro: repro(backend, seed, name),
-            statistics: None,
-        }
-    }
 }
 
 /// Golden items from the embedded fixtures, named `golden/<file stem>/<case id>`.
@@ -383,31 +215,4 @@ pub fn check_case_measured<B: Backend>(backend: &B, case: &Case) -> (Verdict, f6
         Ok(margins) => judge_measured(case, &observed, &backend.precision().judged(), margins.as_deref()),
         Err(e) => (Verdict::Fail(format!("case file defect: {e}")), 0.0),
     }
-}
-
-/// Runs `f`, turning a panic into an error message.
-pub(crate) fn catch<T>(f: impl FnOnce() -> T) -> Result<T, String> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|payload| {
-        let msg = payload.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| payload.downcast_ref::<String>().cloned());
-        format!("panicked: {}", msg.unwrap_or_else(|| "(no message)".into()))
-    })
-}
-
-pub(crate) fn settle(result: &mut CheckResult, verdict: Verdict, selection: &Selection) {
-    let xfail = selection.expects_failure(&result.name);
-    (result.status, result.message) = match verdict {
-        Verdict::Pass { excused, max_abs_err } => {
-            result.excused = excused;
-            result.max_abs_err = max_abs_err;
-            let note = if excused > 0 { format!("{excused} row(s) excused within the margin epsilon") } else { String::new() };
-            if xfail { (Status::XPass, format!("listed as xfail but passed; remove it from the list. {note}")) } else { (Status::Pass, note) }
-        }
-        Verdict::Fail(msg) if xfail => (Status::XFail, msg),
-        Verdict::Fail(msg) => (Status::Fail, msg),
-        Verdict::NotSupported(msg) => (Status::NotSupported, msg),
-    };
-}
-
-pub(crate) fn repro(backend: &str, seed: u64, name: &str) -> String {
-    format!("specdec conform --backend {backend} --seed {seed} --filter '{name}'")
 }

@@ -11,23 +11,18 @@
 
 use specdec_backend::{Backend, BackendError, Op};
 
-use crate::case::Case;
+use crate::check::SuiteConfig;
 use crate::compare::Verdict;
 use crate::execute::{Checked, execute_with};
-use crate::suite::{Source, SuiteConfig, golden_items};
+use crate::fixtures::golden_cases_of;
+use crate::format::Case;
 
 /// The ops with an unchecked variant.
 pub const OPS: [Op; 2] = [Op::GreedyVerify, Op::RejectionVerify];
 
 /// Runs `op`'s golden cases and `cfg`'s differential cases checked and unchecked.
 pub fn check<B: Backend>(backend: &B, op: Op, cfg: &SuiteConfig) -> Verdict {
-    let mut cases: Vec<Case> = golden_items()
-        .into_iter()
-        .filter_map(|item| match item.source {
-            Source::Golden(case) if case.op == op.name() => Some(*case),
-            _ => None,
-        })
-        .collect();
+    let mut cases: Vec<Case> = golden_cases_of(op.name());
     for i in 0..cfg.diff_cases_per_op {
         match crate::diff::case(op, i, cfg.seed) {
             Ok(case) => cases.push(case),

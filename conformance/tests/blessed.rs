@@ -2,10 +2,11 @@
 //! `expected_by: reference` case recomputes to what its file says, and
 //! `fixtures/cases/blessed/` is exactly what `specdec bless` generates.
 
-use specdec_conformance::bless::{blessed_file, rebless};
+use specdec_conformance::bless::rebless;
+use specdec_conformance::blessed::blessed_file;
 use specdec_conformance::case::{CaseFile, ExpectedBy};
 use specdec_conformance::diff;
-use specdec_conformance::suite::{GOLDEN_FILES, HOST_FILES};
+use specdec_conformance::fixtures::{GOLDEN_FILES, HOST_FILES};
 
 #[test]
 fn reference_expectations_do_not_drift() {

@@ -5,7 +5,7 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use specdec_conformance::case::parse;
 use specdec_conformance::compare::Verdict;
 use specdec_conformance::host::check_host_case;
-use specdec_conformance::suite::HOST_FILES;
+use specdec_conformance::fixtures::HOST_FILES;
 
 fn main() -> std::process::ExitCode {
     let mut trials = Vec::new();

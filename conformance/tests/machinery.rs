@@ -215,7 +215,8 @@ fn differential_cases_are_reproducible_and_include_defects() {
 fn one_executor_defines_each_ops_inputs_and_outputs() {
     use specdec_conformance::case::validate;
     use specdec_conformance::diff;
-    use specdec_conformance::execute::{execute, op_fields};
+    use specdec_conformance::execute::execute;
+    use specdec_conformance::ops::op_fields;
     for op in diff::ops() {
         for i in 0..8 {
             let case = diff::case(op, i, 5).unwrap();

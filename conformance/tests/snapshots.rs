@@ -7,7 +7,8 @@ use specdec_backend::ReferenceBackend;
 use specdec_conformance::case::parse;
 use specdec_conformance::mutants::{Defect, Mutant};
 use specdec_conformance::report::Report;
-use specdec_conformance::suite::{self, GOLDEN_FILES, HOST_FILES, SuiteConfig};
+use specdec_conformance::fixtures::{GOLDEN_FILES, HOST_FILES};
+use specdec_conformance::suite::{self, SuiteConfig};
 
 /// Every shipped case: file, id, op and the rules it checks.
 #[test]
