@@ -8,12 +8,14 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use specdec_backend::ModelBackend;
-use specdec_conformance::compare::Verdict;
-use specdec_conformance::e2e_section;
+use specdec_conformance::case::Case;
 use specdec_conformance::harness::write_reports;
-use specdec_conformance::model_section::{self, ModelFiles};
+use specdec_conformance::host::HostSection;
+use specdec_conformance::model_section::ModelFiles;
+use specdec_conformance::ops::HOST_OPS;
 use specdec_conformance::report::Report;
-use specdec_conformance::suite::{self, CheckResult, Item, Kind, Selection, Status, SuiteConfig};
+use specdec_conformance::runner::Runner;
+use specdec_conformance::suite::{self, Item, KernelSection, Selection, Status, SuiteConfig};
 
 mod backends;
 mod bless;
@@ -238,34 +240,29 @@ fn list_backends() -> Result<bool, String> {
     Ok(true)
 }
 
-/// The conformance run of one backend.
+/// The conformance run of one backend: the runner's standard sections.
 struct Conform<'a> {
     cfg: &'a SuiteConfig,
-    items: &'a [Item],
     files: &'a ModelFiles,
 }
 
 impl Job for Conform<'_> {
     type Out = Report;
     fn run<B: ModelBackend>(&self, backend: &B) -> Report {
-        let selected = self.items.len() + model_section::model_items().len() + e2e_section::e2e_items().len();
-        let bar = ProgressBar::new(selected as u64).with_style(ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {wide_msg}").expect("valid template").progress_chars("=> "));
-        bar.set_prefix(backend.name());
-        let mut results = suite::run(backend, self.items, self.cfg, &mut |r| {
-            bar.set_message(r.name.clone());
-            bar.inc(1);
-        });
-        results.extend(model_section::run(backend, self.cfg, self.files, &mut |r| {
-            bar.set_message(r.name.clone());
-            bar.inc(1);
-        }));
-        results.extend(e2e_section::run(backend, self.cfg, self.files, &mut |r| {
-            bar.set_message(r.name.clone());
-            bar.inc(1);
-        }));
-        bar.finish_and_clear();
-        Report::new(backend, self.cfg.seed, results)
+        run_with_progress(&Runner::standard(self.cfg, self.files.clone(), &backend.name()), backend, self.cfg)
     }
+}
+
+/// Runs `runner` on `backend` behind a progress bar.
+fn run_with_progress<B: ModelBackend>(runner: &Runner<'_, B>, backend: &B, cfg: &SuiteConfig) -> Report {
+    let bar = ProgressBar::new(runner.names().len() as u64).with_style(ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {wide_msg}").expect("valid template").progress_chars("=> "));
+    bar.set_prefix(backend.name());
+    let report = runner.run(backend, cfg, &mut |r| {
+        bar.set_message(r.name.clone());
+        bar.inc(1);
+    });
+    bar.finish_and_clear();
+    report
 }
 
 /// The suite configuration of `conform`'s flags.
@@ -279,13 +276,12 @@ fn suite_config(filter: Option<String>, xfails: Option<&Path>, seed: Option<u64>
 }
 
 fn conform(backend: &str, cfg: &SuiteConfig, reports: &[PathBuf], files: &ModelFiles) -> Result<bool, String> {
-    let items = suite::all_items(cfg);
     let names: Vec<&str> = if backend == "all" { NAMES.to_vec() } else { vec![backend] };
     let mut ok = true;
     let mut ran = Vec::new();
     let mut unavailable = Vec::new();
     for name in names {
-        match with_backend(name, &Conform { cfg, items: &items, files }) {
+        match with_backend(name, &Conform { cfg, files }) {
             Ok(report) => {
                 print_report(&report);
                 ok &= !report.summary.failed;
@@ -353,41 +349,18 @@ fn file_name(p: &Path) -> String {
 
 /// A case file run on one backend; host-op cases run on the reference and
 /// join the same report, so they count in its summary and its exit status.
-struct CheckFile<'a> {
-    items: &'a [Item],
-    host: &'a [specdec_conformance::case::Case],
-    prefix: &'a str,
-    cfg: &'a SuiteConfig,
+struct CheckFile {
+    items: Vec<Item>,
+    host: Vec<Case>,
+    prefix: String,
+    cfg: SuiteConfig,
 }
 
-impl Job for CheckFile<'_> {
+impl Job for CheckFile {
     type Out = Report;
     fn run<B: ModelBackend>(&self, backend: &B) -> Report {
-        let mut results = suite::run(backend, self.items, self.cfg, &mut |_| {});
-        for case in self.host {
-            let name = format!("{}/{}", self.prefix, case.id);
-            let start = std::time::Instant::now();
-            let (verdict, max_abs_err) = specdec_conformance::host::check_host_case_measured(case);
-            let (status, message, excused) = match verdict {
-                Verdict::Pass { excused, .. } => (Status::Pass, "host op, run on the reference".to_string(), excused),
-                Verdict::Fail(m) => (Status::Fail, format!("host op, run on the reference: {m}"), 0),
-                Verdict::NotSupported(m) => (Status::NotSupported, m, 0),
-            };
-            results.push(CheckResult {
-                name,
-                kind: Kind::Golden,
-                op: case.op.clone(),
-                rules: case.rules.clone(),
-                status,
-                message,
-                excused,
-                max_abs_err,
-                millis: start.elapsed().as_secs_f64() * 1e3,
-                repro: String::new(),
-                statistics: None,
-            });
-        }
-        Report::new(backend, self.cfg.seed, results)
+        let runner = Runner::default().with(KernelSection::from_items(self.items.clone())).with(HostSection::from_cases(&self.prefix, self.host.clone()));
+        runner.run(backend, &self.cfg, &mut |_| {})
     }
 }
 
@@ -405,13 +378,13 @@ fn check(path: &Path, backend: &str, filter: Option<String>, case_id: Option<&st
         loaded.cases.retain(|c| c.id == id);
         loaded.errors.retain(|e| e.case.as_deref() == Some(id));
     }
-    let is_host = |c: &specdec_conformance::case::Case| specdec_conformance::ops::HOST_OPS.contains(&c.op.as_str());
+    let is_host = |c: &Case| HOST_OPS.contains(&c.op.as_str());
     let cfg = SuiteConfig { filter, statistical: false, diff_cases_per_op: 0, ..SuiteConfig::default() };
     let prefix = format!("file/{stem}");
-    let host: Vec<_> = loaded.cases.iter().filter(|c| is_host(c) && cfg.wants(&format!("{prefix}/{}", c.id))).cloned().collect();
+    let host: Vec<Case> = loaded.cases.iter().filter(|c| is_host(c)).cloned().collect();
     loaded.cases.retain(|c| !is_host(c));
     let items = suite::items_named(&prefix, loaded);
-    let mut report = with_backend(backend, &CheckFile { items: &items, host: &host, prefix: &prefix, cfg: &cfg })?;
+    let mut report = with_backend(backend, &CheckFile { items, host, prefix: prefix.clone(), cfg })?;
     for r in &mut report.results {
         let id = r.name.strip_prefix(&format!("{prefix}/")).unwrap_or(&r.name);
         r.repro = format!("specdec check {} --backend {backend} --case {}", shell_quote(&path.display().to_string()), shell_quote(id));

@@ -7,7 +7,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::compare::Verdict;
-use crate::diff;
+
+/// How many differential cases each op gets by default.
+pub const DEFAULT_CASES_PER_OP: usize = 48;
 
 /// The default run seed; `SPECDEC_SEED` or `--seed` override it (STAT-1).
 pub const DEFAULT_SEED: u64 = 20_261_122;
@@ -33,6 +35,8 @@ pub enum Kind {
     Model,
     /// A speculative decoder end to end (DECODE-2 .. DECODE-5).
     EndToEnd,
+    /// A worked example of a reference-only algorithm (CASE-7), judged on the reference.
+    Host,
 }
 
 /// The status of one check (SUITE-2).
@@ -124,7 +128,7 @@ pub struct SuiteConfig {
 
 impl Default for SuiteConfig {
     fn default() -> Self {
-        SuiteConfig { seed: DEFAULT_SEED, filter: None, selection: Selection::default(), diff_cases_per_op: diff::DEFAULT_CASES_PER_OP, statistical: true }
+        SuiteConfig { seed: DEFAULT_SEED, filter: None, selection: Selection::default(), diff_cases_per_op: DEFAULT_CASES_PER_OP, statistical: true }
     }
 }
 

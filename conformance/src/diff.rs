@@ -15,8 +15,7 @@ use specdec_backend::{HostTensor, Op, PAD};
 use crate::bless::bless;
 use crate::format::{Case, CaseError, ExpectedBy, encode_f64, encode_i64};
 
-/// How many differential cases each op gets by default.
-pub const DEFAULT_CASES_PER_OP: usize = 48;
+pub use crate::check::DEFAULT_CASES_PER_OP;
 
 /// The ops with a differential generator: every op but the seeded verify,
 /// which is checked statistically, and the glue ops (GLUE-1 .. GLUE-4), exact

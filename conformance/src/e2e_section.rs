@@ -459,3 +459,26 @@ pub fn sampled_law_check<B: ModelBackend>(b: &B, weights: &LlamaWeights, m: &B::
     }
     stat::test_counts(&format!("e2e/{proposer}/sampled (n = {n})"), &counts, &expected, family).map_err(fail)
 }
+
+/// The end-to-end section as a section of the runner, with its engine
+/// configuration (the negative controls run it with an injected fault).
+pub struct EndToEndSection {
+    pub files: ModelFiles,
+    pub engine: EngineConfig,
+}
+
+impl EndToEndSection {
+    pub fn new(files: ModelFiles) -> Self {
+        EndToEndSection { files, engine: engine_config() }
+    }
+}
+
+impl<B: ModelBackend> crate::section::Section<B> for EndToEndSection {
+    fn names(&self) -> Vec<String> {
+        e2e_items().into_iter().map(|i| i.name).collect()
+    }
+
+    fn run(&self, backend: &B, cfg: &SuiteConfig, progress: &mut dyn FnMut(&CheckResult)) -> Vec<CheckResult> {
+        run_with(backend, cfg, &self.files, &self.engine, progress)
+    }
+}

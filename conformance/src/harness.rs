@@ -10,8 +10,9 @@
 //! state), and each check is then reported as one trial: pass and xfail pass,
 //! fail and xpass fail, not-supported and skipped are ignored with the
 //! reason. Set `SPECDEC_REPORT_DIR` to also write the JSON, Markdown and
-//! JUnit reports there. The model section runs after the kernel checks;
-//! its SmolLM2 checks need `SPECDEC_SMOLLM2_GGUF` (and `SPECDEC_SMOLLM2_HF`
+//! JUnit reports there. The sections are the runner's (`Runner::standard`):
+//! kernel checks, host cases on the reference, the model section, the
+//! end-to-end section; the SmolLM2 checks need `SPECDEC_SMOLLM2_GGUF` (and `SPECDEC_SMOLLM2_HF`
 //! for the export check), which `cargo xtask test` sets.
 
 use std::process::ExitCode;
@@ -19,11 +20,10 @@ use std::process::ExitCode;
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use specdec_backend::ModelBackend;
 
-use crate::e2e_section;
-use crate::model_section::{self, ModelFiles};
-
+use crate::check::{Selection, Status, SuiteConfig, seed_from_env};
+use crate::model_section::ModelFiles;
 use crate::report::Report;
-use crate::suite::{self, Selection, Status, SuiteConfig};
+use crate::runner::Runner;
 
 /// Instantiates the suite for a backend: `conformance_main!(backend_expr, "selection.toml")`.
 /// The expression may also be a `Result<Backend, String>`-returning call via
@@ -51,7 +51,7 @@ pub fn main<B: ModelBackend>(make: impl FnOnce() -> Result<B, String>, selection
             return ExitCode::FAILURE;
         }
     };
-    let seed = match suite::seed_from_env() {
+    let seed = match seed_from_env() {
         Ok(s) => s,
         Err(e) => {
             eprintln!("{e}");
@@ -59,34 +59,31 @@ pub fn main<B: ModelBackend>(make: impl FnOnce() -> Result<B, String>, selection
         }
     };
     let cfg = SuiteConfig { seed, filter: args.filter.clone().filter(|_| !args.exact), selection, ..SuiteConfig::default() };
-    let items = suite::all_items(&cfg);
-    let names: Vec<String> = items.iter().map(|i| i.name.clone()).chain(model_section::model_items().into_iter().map(|i| i.name)).chain(e2e_section::e2e_items().into_iter().map(|i| i.name)).collect();
+    let made = make();
+    let name = made.as_ref().map(|b| b.name()).unwrap_or_default();
+    let runner = Runner::standard(&cfg, ModelFiles::from_env(), &name);
     if args.list {
-        let trials = names.iter().map(|n| Trial::test(n.clone(), || Ok(()))).collect();
+        let trials = runner.names().into_iter().map(|n| Trial::test(n, || Ok(()))).collect();
         return libtest_mimic::run(&args, trials).exit_code();
     }
 
-    let backend = match make() {
+    let backend = match made {
         Ok(b) => b,
         Err(reason) => {
             println!("backend unavailable: {reason}; every check is reported as not supported");
-            let trials = names
-                .iter()
+            let trials = runner
+                .names()
+                .into_iter()
                 .map(|n| {
                     let reason = format!("not supported: backend unavailable: {reason}");
-                    Trial::ignorable_test(n.clone(), move || Ok(Completion::ignored_with(reason)))
+                    Trial::ignorable_test(n, move || Ok(Completion::ignored_with(reason)))
                 })
                 .collect();
             return libtest_mimic::run(&args, trials).exit_code();
         }
     };
     println!("specdec conformance: backend `{}` on `{}`, seed {seed}", backend.name(), backend.device());
-    let mut results = suite::run(&backend, &items, &cfg, &mut |_| {});
-    // The model section (MODEL-8 .. MODEL-14); SmolLM2 comes from `cargo xtask`'s environment.
-    results.extend(model_section::run(&backend, &cfg, &ModelFiles::from_env(), &mut |_| {}));
-    // The end-to-end section (DECODE-2 .. DECODE-5): the decoder on this backend.
-    results.extend(e2e_section::run(&backend, &cfg, &ModelFiles::from_env(), &mut |_| {}));
-    let report = Report::new(&backend, seed, results);
+    let report = runner.run(&backend, &cfg, &mut |_| {});
     println!("{}", report.summary_line());
     print!("{}", report.coverage_by_op());
     if let Ok(dir) = std::env::var("SPECDEC_REPORT_DIR")

@@ -5,16 +5,20 @@
 //! through the same judge.
 
 use serde_json::Value;
-use specdec_backend::{BackendError, HostTensor, Precision};
+use specdec_backend::{Backend, BackendError, HostTensor, Precision};
 use specdec_reference::controller::{DynamicController, SpecConfig, StepCounts};
 use specdec_reference::dflash::{self, Schedule};
 use specdec_reference::ngram::{self, NgramConfig, NgramIndex};
 use specdec_reference::{Comparator, SpecError, kvcache, lossy, speculative_accept, theory};
 
+use crate::case::parse;
+use crate::check::{CheckResult, Kind, SuiteConfig, catch, settle};
 use crate::compare::{Verdict, judge_measured};
 use crate::execute::{Observed, OutValue};
+use crate::fixtures::HOST_FILES;
 use crate::format::{Case, CaseError};
 use crate::ops::HOST_OPS;
+use crate::section::Section;
 
 /// Named outputs of a host op, or the reference's error for its input; the
 /// outer `Err` is a malformed case.
@@ -209,5 +213,68 @@ pub fn check_host_case_measured(case: &Case) -> (Verdict, f64) {
     match execute_host(case) {
         Ok(obs) => judge_measured(case, &obs, &exact, None),
         Err(e) => (Verdict::Fail(format!("case file defect: {e}")), 0.0),
+    }
+}
+
+/// Host cases as a section: each case is a check named `<prefix>/<case id>`,
+/// judged on the reference whatever the backend (the algorithms exist only
+/// there); a case or file that does not load fails as its own check.
+pub struct HostSection {
+    checks: Vec<(String, Result<Case, String>)>,
+}
+
+impl HostSection {
+    /// The shipped host cases (`fixtures/host/`), named `host/<file stem>/<case id>`.
+    pub fn shipped() -> Self {
+        let mut checks = Vec::new();
+        for (path, text) in HOST_FILES {
+            let stem = path.trim_end_matches(".json");
+            match parse(text, std::path::Path::new(path)) {
+                Err(e) => checks.push((format!("host/{stem}"), Err(e.to_string()))),
+                Ok(loaded) => {
+                    checks.extend(loaded.errors.into_iter().map(|e| (format!("host/{stem}/{}", e.case.clone().unwrap_or_else(|| "file".into())), Err(e.to_string()))));
+                    checks.extend(loaded.cases.into_iter().map(|c| (format!("host/{stem}/{}", c.id), Ok(c))));
+                }
+            }
+        }
+        HostSection { checks }
+    }
+
+    /// Given host cases, named `<prefix>/<case id>` (`specdec check` on a file).
+    pub fn from_cases(prefix: &str, cases: Vec<Case>) -> Self {
+        HostSection { checks: cases.into_iter().map(|c| (format!("{prefix}/{}", c.id), Ok(c))).collect() }
+    }
+}
+
+impl<B: Backend> Section<B> for HostSection {
+    fn names(&self) -> Vec<String> {
+        self.checks.iter().map(|(n, _)| n.clone()).collect()
+    }
+
+    fn run(&self, backend: &B, cfg: &SuiteConfig, progress: &mut dyn FnMut(&CheckResult)) -> Vec<CheckResult> {
+        let mut results = Vec::with_capacity(self.checks.len());
+        for (name, case) in &self.checks {
+            let (op, rules): (String, Vec<&str>) = match case {
+                Ok(c) => (c.op.clone(), c.rules.iter().map(String::as_str).collect()),
+                Err(_) => ("-".into(), Vec::new()),
+            };
+            let mut result = CheckResult::unselected(name, Kind::Host, op, &rules, &backend.name(), cfg.seed);
+            if cfg.wants(name) {
+                let start = std::time::Instant::now();
+                let (verdict, max_abs_err) = match case {
+                    Ok(c) => catch(|| check_host_case_measured(c)).unwrap_or_else(|msg| (Verdict::Fail(msg), 0.0)),
+                    Err(msg) => (Verdict::Fail(format!("case file defect: {msg}")), 0.0),
+                };
+                result.millis = start.elapsed().as_secs_f64() * 1e3;
+                result.max_abs_err = max_abs_err;
+                settle(&mut result, verdict, &cfg.selection);
+                if result.message.is_empty() {
+                    result.message = "run on the reference".into();
+                }
+            }
+            progress(&result);
+            results.push(result);
+        }
+        results
     }
 }

@@ -30,6 +30,8 @@ pub mod model_section;
 pub mod mutants;
 pub mod ops;
 pub mod report;
+pub mod runner;
+pub mod section;
 pub mod stat;
 pub mod suite;
 pub mod unchecked;

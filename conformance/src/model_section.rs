@@ -559,3 +559,18 @@ fn check_greedy<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model) -> Outcome {
     }
     Ok((excused, 0.0))
 }
+
+/// The model section as a section of the runner.
+pub struct ModelSection {
+    pub files: ModelFiles,
+}
+
+impl<B: ModelBackend> crate::section::Section<B> for ModelSection {
+    fn names(&self) -> Vec<String> {
+        model_items().into_iter().map(|i| i.name).collect()
+    }
+
+    fn run(&self, backend: &B, cfg: &SuiteConfig, progress: &mut dyn FnMut(&CheckResult)) -> Vec<CheckResult> {
+        run(backend, cfg, &self.files, progress)
+    }
+}

@@ -14,6 +14,7 @@ use crate::{diff, stat};
 pub use crate::check::{CheckResult, DEFAULT_SEED, Kind, Selection, Status, SuiteConfig, catch, glob, seed_from_env};
 use crate::check::{repro, settle};
 use crate::fixtures::GOLDEN_FILES;
+use crate::section::Section;
 
 /// What an item runs.
 #[derive(Debug, Clone)]
@@ -214,5 +215,33 @@ pub fn check_case_measured<B: Backend>(backend: &B, case: &Case) -> (Verdict, f6
         // Judged with the capped precision (BACKEND-6): an overstated epsilon buys nothing.
         Ok(margins) => judge_measured(case, &observed, &backend.precision().judged(), margins.as_deref()),
         Err(e) => (Verdict::Fail(format!("case file defect: {e}")), 0.0),
+    }
+}
+
+/// The kernel checks (golden, blessed, differential, large-vocabulary,
+/// unchecked, exact-law and statistical) as a section.
+pub struct KernelSection {
+    items: Vec<Item>,
+}
+
+impl KernelSection {
+    /// Every kernel check of a run configured by `cfg`.
+    pub fn new(cfg: &SuiteConfig) -> Self {
+        KernelSection { items: all_items(cfg) }
+    }
+
+    /// Given checks, such as the cases of one file (`specdec check`).
+    pub fn from_items(items: Vec<Item>) -> Self {
+        KernelSection { items }
+    }
+}
+
+impl<B: Backend> Section<B> for KernelSection {
+    fn names(&self) -> Vec<String> {
+        self.items.iter().map(|i| i.name.clone()).collect()
+    }
+
+    fn run(&self, backend: &B, cfg: &SuiteConfig, progress: &mut dyn FnMut(&CheckResult)) -> Vec<CheckResult> {
+        run(backend, &self.items, cfg, progress)
     }
 }

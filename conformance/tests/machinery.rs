@@ -366,3 +366,35 @@ fn unchecked_verify_must_match_the_checked_op() {
     let reference = suite::run(&ReferenceBackend, &items, &cfg, &mut |_| {});
     assert!(reference.iter().all(|r| r.status == Status::Pass), "{reference:?}");
 }
+
+/// The runner's standard sections: every check it lists comes back in the
+/// report, in order, whichever are selected; the host cases are part of the
+/// reference's run (judged there) and of no other backend's.
+#[test]
+fn the_runner_reports_every_check_it_lists_and_host_cases_run_on_the_reference() {
+    use specdec_conformance::check::Kind;
+    use specdec_conformance::model_section::ModelFiles;
+    use specdec_conformance::runner::Runner;
+    let cfg = SuiteConfig { filter: Some("host/".into()), statistical: false, ..SuiteConfig::default() };
+    let runner: Runner<'_, ReferenceBackend> = Runner::standard(&cfg, ModelFiles::default(), "reference");
+    let report = runner.run(&ReferenceBackend, &cfg, &mut |_| {});
+    let names: Vec<String> = report.results.iter().map(|r| r.name.clone()).collect();
+    assert_eq!(names, runner.names(), "one result per listed check, in order");
+    let host: Vec<_> = report.results.iter().filter(|r| r.name.starts_with("host/")).collect();
+    assert!(host.len() > 50, "the shipped host cases run ({} of them)", host.len());
+    assert!(host.iter().all(|r| r.kind == Kind::Host && r.status == Status::Pass), "every host case passes on the reference");
+    assert!(report.results.iter().filter(|r| !r.name.starts_with("host/")).all(|r| r.status == Status::Skipped), "the filter leaves the rest unselected");
+    let other: Runner<'_, ReferenceBackend> = Runner::standard(&cfg, ModelFiles::default(), "ndarray");
+    assert!(!other.names().iter().any(|n| n.starts_with("host/")), "another backend's run has no host cases");
+
+    // Negative control: a host case with a wrong expectation fails as itself.
+    use specdec_conformance::host::HostSection;
+    let wrong = parse(
+        &file(r#"{"id": "wrong", "op": "mask_ratio", "rules": ["DRAFT-2"], "expected_by": "hand", "params": {"schedule": "Cosine", "t": 1.0}, "inputs": {}, "expect": {"ratio": [0.5]}}"#),
+        Path::new("t.json"),
+    )
+    .unwrap();
+    let runner: Runner<'_, ReferenceBackend> = Runner::default().with(HostSection::from_cases("file/t", wrong.cases));
+    let report = runner.run(&ReferenceBackend, &SuiteConfig::default(), &mut |_| {});
+    assert_eq!((report.results[0].name.as_str(), report.results[0].status), ("file/t/wrong", Status::Fail), "{}", report.results[0].message);
+}

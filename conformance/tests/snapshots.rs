@@ -5,9 +5,9 @@ use std::fmt::Write as _;
 
 use specdec_backend::ReferenceBackend;
 use specdec_conformance::case::parse;
+use specdec_conformance::fixtures::{GOLDEN_FILES, HOST_FILES};
 use specdec_conformance::mutants::{Defect, Mutant};
 use specdec_conformance::report::Report;
-use specdec_conformance::fixtures::{GOLDEN_FILES, HOST_FILES};
 use specdec_conformance::suite::{self, SuiteConfig};
 
 /// Every shipped case: file, id, op and the rules it checks.
