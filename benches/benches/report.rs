@@ -13,7 +13,8 @@ use specdec_benches::e2e::{self, BenchPrompt, E2e, PROMPTS};
 use specdec_benches::kernels::{self, Inputs, SHAPES};
 use specdec_benches::machine::Machine;
 use specdec_benches::report::Report;
-use specdec_benches::{EachBackend, each_backend, forward, peer};
+use specdec_benches::{each_backend, forward, peer};
+use specdec_registry::Job;
 
 /// Default new tokens per end-to-end run (`SPECDEC_BENCH_TOKENS` overrides).
 const MAX_TOKENS: usize = 48;
@@ -26,7 +27,8 @@ struct KernelJob<'a> {
     out: Vec<kernels::KernelTime>,
 }
 
-impl EachBackend for KernelJob<'_> {
+impl Job for KernelJob<'_> {
+    type Out = ();
     fn run<B: ModelBackend>(&mut self, name: &str, b: &B) {
         self.out.extend(kernels::bench(self.c, name, b, self.inputs, self.machine, self.dir));
     }
@@ -40,7 +42,8 @@ struct ForwardJob<'a> {
     out: Vec<forward::ForwardTime>,
 }
 
-impl EachBackend for ForwardJob<'_> {
+impl Job for ForwardJob<'_> {
+    type Out = ();
     fn run<B: ModelBackend>(&mut self, name: &str, b: &B) {
         self.out.extend(forward::bench(self.c, name, b, self.weights, self.machine, self.dir));
     }
@@ -56,7 +59,8 @@ struct E2eJob<'a> {
     failure: Option<String>,
 }
 
-impl EachBackend for E2eJob<'_> {
+impl Job for E2eJob<'_> {
+    type Out = ();
     fn run<B: ModelBackend>(&mut self, name: &str, b: &B) {
         if self.failure.is_some() {
             return;

@@ -19,49 +19,27 @@ pub mod peer;
 pub mod plot;
 pub mod report;
 
-use specdec_backend::model::ModelBackend;
+use specdec_registry::{Entry, Job, Role};
 
-/// Work that runs on every backend of the build.
-pub trait EachBackend {
-    fn run<B: ModelBackend>(&mut self, name: &str, backend: &B);
-}
-
-/// Runs `job` on every backend this build and machine have, in report order
-/// (the scalar reference only when `with_reference`: it is the kernels'
-/// yardstick, far too slow for a model; the reduced-precision model
-/// variants, whose kernels are their base backend's, only when
-/// `with_variants`); returns the names that ran. `SPECDEC_BENCH_BACKENDS`
-/// (comma-separated names) keeps only those backends, e.g. the GPU ones on a
-/// machine whose host backends were timed elsewhere.
-pub fn each_backend(job: &mut impl EachBackend, with_reference: bool, with_variants: bool) -> Vec<String> {
+/// Runs `job` on every backend of the registry that this build and machine
+/// have, in registry order (the scalar reference only when
+/// `with_reference`: it is the kernels' yardstick, far too slow for a model;
+/// the reduced-precision model variants, whose kernels are their base
+/// backend's, only when `with_variants`); returns the names that ran.
+/// `SPECDEC_BENCH_BACKENDS` (comma-separated names) keeps only those
+/// backends, e.g. the GPU ones on a machine whose host backends were timed
+/// elsewhere. A backend unavailable here is left out of the report.
+pub fn each_backend<J: Job<Out = ()>>(job: &mut J, with_reference: bool, with_variants: bool) -> Vec<String> {
     let only = std::env::var("SPECDEC_BENCH_BACKENDS").ok();
-    let wanted = |name: &str| only.as_deref().is_none_or(|list| list.split(',').any(|n| n.trim() == name));
-    let mut ran = Vec::new();
-    let mut go = |name: &str, job: &mut dyn FnMut(&str)| {
-        if wanted(name) {
-            job(name);
-            ran.push(name.to_string());
-        }
+    let wanted = |e: &Entry| {
+        let role = match e.role {
+            Role::Reference => with_reference,
+            Role::Variant => with_variants,
+            Role::Host | Role::Accelerator => true,
+        };
+        role && only.as_deref().is_none_or(|list| list.split(',').any(|n| n.trim() == e.name))
     };
-    if with_reference {
-        go("reference", &mut |n| job.run(n, &specdec_backend::ReferenceBackend));
-    }
-    go("ndarray", &mut |n| job.run(n, &specdec_ndarray::NdarrayBackend::new()));
-    go("candle-cpu", &mut |n| job.run(n, &specdec_candle::CandleBackend::cpu()));
-    if with_variants {
-        go("candle-cpu-f16", &mut |n| job.run(n, &specdec_candle::CandleBackend::cpu_f16()));
-        go("candle-cpu-q8_0", &mut |n| job.run(n, &specdec_candle::CandleBackend::cpu_q8_0()));
-    }
-    if let Ok(b) = specdec_tch::TchBackend::try_cpu() {
-        go("tch-cpu", &mut |n| job.run(n, &b));
-    }
-    if let Ok(b) = specdec_candle::CandleBackend::cuda(0) {
-        go("candle-cuda", &mut |n| job.run(n, &b));
-    }
-    if let Ok(b) = specdec_tch::TchBackend::cuda_if_available() {
-        go("tch-cuda", &mut |n| job.run(n, &b));
-    }
-    ran
+    specdec_registry::each(job, wanted).into_iter().filter(|(_, ran)| ran.is_ok()).map(|(name, _)| name.to_string()).collect()
 }
 
 /// When this process started benching: estimates older than this are a

@@ -25,7 +25,7 @@ use specdec_decoder::{Engine, EngineConfig, FinishReason, NoProposer, NoSink, Re
 use specdec_models::draft_data::{DraftData, DraftPrompt, DraftSequence, read_prompts};
 use specdec_models::{LlamaConfig, LoadedModel, Matrix, Tokenizer};
 
-use crate::backends::Job;
+use specdec_registry::Job;
 
 pub struct DraftDataJob {
     pub model: LoadedModel,
@@ -80,7 +80,7 @@ fn synthesize_prompts<B: ModelBackend>(
 impl Job for DraftDataJob {
     type Out = Result<(), String>;
 
-    fn run<B: ModelBackend>(&self, b: &B) -> Result<(), String> {
+    fn run<B: ModelBackend>(&mut self, _name: &str, b: &B) -> Result<(), String> {
         if self.batch == 0 || self.max_tokens == 0 {
             return Err("--batch and --max-tokens must be at least 1".into());
         }

@@ -16,7 +16,7 @@ use specdec_backend::model::ModelBackend;
 use specdec_decoder::{Engine, EngineConfig, ProposerChoice, Request, RunOutput};
 use specdec_models::{LlamaWeights, Tokenizer};
 
-use crate::backends::Job;
+use specdec_registry::Job;
 
 /// The request of one `specdec generate`.
 pub struct Generate {
@@ -83,7 +83,7 @@ fn metrics(run: &RunOutput) -> serde_json::Value {
 impl Job for Generate {
     type Out = Result<(), String>;
 
-    fn run<B: ModelBackend>(&self, b: &B) -> Result<(), String> {
+    fn run<B: ModelBackend>(&mut self, _name: &str, b: &B) -> Result<(), String> {
         let tok = self.tokenizer.as_ref().ok_or("this model has no tokenizer; generate needs one to read the prompt")?;
         let weights = &self.weights;
         let cfg = &weights.config;

@@ -17,14 +17,13 @@ use specdec_conformance::report::Report;
 use specdec_conformance::runner::Runner;
 use specdec_conformance::suite::{self, Item, KernelSection, Selection, Status, SuiteConfig};
 
-mod backends;
 mod bless;
 mod campaign;
 mod draft_data;
 mod generate;
 mod model;
 
-use backends::{Describe, Job, NAMES, OPT_IN, with_backend};
+use specdec_registry::{Describe, Job, all_names, opt_in_names, with_backend};
 
 #[derive(Parser)]
 #[command(name = "specdec", version, about = "Speculative-decoding reference and conformance testbed")]
@@ -186,7 +185,7 @@ fn main() -> ExitCode {
         Command::Model { command } => model::run(command),
         Command::Generate { model, backend, prompt, chat, max_tokens, temperature, top_k, top_p, seed, json, proposer, k, compare } => {
             specdec_models::load(&model).map_err(|e| e.to_string()).and_then(|loaded| {
-                let job = generate::Generate {
+                let mut job = generate::Generate {
                     weights: std::sync::Arc::new(loaded.weights),
                     tokenizer: loaded.tokenizer,
                     prompt,
@@ -202,12 +201,12 @@ fn main() -> ExitCode {
                     compare,
                 };
                 job.validate()?;
-                with_backend(&backend, &job)?.map(|()| true)
+                with_backend(&backend, &mut job)?.map(|()| true)
             })
         }
         Command::DraftData { model, backend, prompts, split, layers, max_tokens, batch, synthesize, seed, out } => specdec_models::load(&model).map_err(|e| e.to_string()).and_then(|loaded| {
-            let job = draft_data::DraftDataJob { model: loaded, prompts, split, layers, max_tokens, batch, synthesize, seed, out };
-            with_backend(&backend, &job)?.map(|()| true)
+            let mut job = draft_data::DraftDataJob { model: loaded, prompts, split, layers, max_tokens, batch, synthesize, seed, out };
+            with_backend(&backend, &mut job)?.map(|()| true)
         }),
         Command::Check { cases, backend, filter, case_id, report } => check(&cases, &backend, filter, case_id.as_deref(), &report),
         Command::Bless { check, fixtures } => bless::run(&fixtures, check),
@@ -230,9 +229,9 @@ fn main() -> ExitCode {
 }
 
 fn list_backends() -> Result<bool, String> {
-    for name in NAMES.iter().chain(&OPT_IN) {
-        let all = if NAMES.contains(name) { "" } else { " (by name only, not in `all`)" };
-        match with_backend(name, &Describe) {
+    for name in all_names().into_iter().chain(opt_in_names()) {
+        let all = if all_names().contains(&name) { "" } else { " (by name only, not in `all`)" };
+        match with_backend(name, &mut Describe) {
             Ok(desc) => println!("{name:<16} available{all}: {desc}"),
             Err(why) => println!("{name:<16} unavailable{all}: {why}"),
         }
@@ -248,7 +247,7 @@ struct Conform<'a> {
 
 impl Job for Conform<'_> {
     type Out = Report;
-    fn run<B: ModelBackend>(&self, backend: &B) -> Report {
+    fn run<B: ModelBackend>(&mut self, _name: &str, backend: &B) -> Report {
         run_with_progress(&Runner::standard(self.cfg, self.files.clone(), &backend.name()), backend, self.cfg)
     }
 }
@@ -276,12 +275,12 @@ fn suite_config(filter: Option<String>, xfails: Option<&Path>, seed: Option<u64>
 }
 
 fn conform(backend: &str, cfg: &SuiteConfig, reports: &[PathBuf], files: &ModelFiles) -> Result<bool, String> {
-    let names: Vec<&str> = if backend == "all" { NAMES.to_vec() } else { vec![backend] };
+    let names: Vec<&str> = if backend == "all" { all_names() } else { vec![backend] };
     let mut ok = true;
     let mut ran = Vec::new();
     let mut unavailable = Vec::new();
     for name in names {
-        match with_backend(name, &Conform { cfg, files }) {
+        match with_backend(name, &mut Conform { cfg, files }) {
             Ok(report) => {
                 print_report(&report);
                 ok &= !report.summary.failed;
@@ -358,7 +357,7 @@ struct CheckFile {
 
 impl Job for CheckFile {
     type Out = Report;
-    fn run<B: ModelBackend>(&self, backend: &B) -> Report {
+    fn run<B: ModelBackend>(&mut self, _name: &str, backend: &B) -> Report {
         let runner = Runner::default().with(KernelSection::from_items(self.items.clone())).with(HostSection::from_cases(&self.prefix, self.host.clone()));
         runner.run(backend, &self.cfg, &mut |_| {})
     }
@@ -384,7 +383,7 @@ fn check(path: &Path, backend: &str, filter: Option<String>, case_id: Option<&st
     let host: Vec<Case> = loaded.cases.iter().filter(|c| is_host(c)).cloned().collect();
     loaded.cases.retain(|c| !is_host(c));
     let items = suite::items_named(&prefix, loaded);
-    let mut report = with_backend(backend, &CheckFile { items, host, prefix: prefix.clone(), cfg })?;
+    let mut report = with_backend(backend, &mut CheckFile { items, host, prefix: prefix.clone(), cfg })?;
     for r in &mut report.results {
         let id = r.name.strip_prefix(&format!("{prefix}/")).unwrap_or(&r.name);
         r.repro = format!("specdec check {} --backend {backend} --case {}", shell_quote(&path.display().to_string()), shell_quote(id));

@@ -34,7 +34,7 @@ use specdec_backend::model::{ForwardRequest, LlamaWeights, ModelBackend, RefMode
 use specdec_backend::{NgramConfig, SamplingParams};
 use std::sync::Arc;
 
-use specdec_decoder::{DflashMode, DflashProposer, DraftModelProposer, Engine, EngineConfig, NgramProposer, NoSink, Proposer, Request};
+use specdec_decoder::{DflashMode, DflashProposer, DraftModelProposer, Engine, EngineConfig, NgramProposer, NoSink, Proposer, ProposerChoice, Request};
 use specdec_reference::process_logits;
 use specdec_stats::TestReport;
 
@@ -97,28 +97,31 @@ pub fn e2e_items() -> Vec<E2eItem> {
     items
 }
 
-/// Builds a proposer of the section for `w` on `b`.
+/// Builds a proposer of the section for `w` on `b`. Its names are read by
+/// the decoder's one parser ([`ProposerChoice`]); their arguments name the
+/// section's own drafts: `self` (the target), `seeded` (a seeded model of
+/// the target's vocabulary) and `trained` (the shipped DFlash checkpoint).
 pub fn build_proposer<B: ModelBackend>(b: &B, name: &str, w: &Arc<LlamaWeights>) -> Result<Box<dyn Proposer<B>>, String> {
     let vocab = w.config.vocab_size;
     let e = |e: specdec_decoder::DecodeError| e.to_string();
-    Ok(match name {
-        "ngram" => Box::new(NgramProposer::new(NgramConfig { k: K, ..NgramConfig::default() }, vocab).map_err(e)?),
-        "draft:self" => Box::new(DraftModelProposer::new(b, name, w, vocab).map_err(e)?),
-        "draft:seeded" => Box::new(DraftModelProposer::new(b, name, &seeded_draft(w)?, vocab).map_err(e)?),
-        "dflash:seeded" => Box::new(DflashProposer::new(name, seeded_dflash(w)?, Arc::clone(w), DflashMode::Parallel).map_err(e)?),
-        // The shipped draft trained for SmolLM2 (its checkpoint is validated against `w` at load).
-        "dflash:trained" => {
-            let draft = specdec_models::load_dflash(model_section::shipped_dflash_dir(), &w.config).map_err(|e| format!("the shipped DFlash draft: {e}"))?;
-            Box::new(DflashProposer::new(name, draft, Arc::clone(w), DflashMode::Parallel).map_err(e)?)
-        }
-        "dflash-iter:seeded" => {
-            let mode = DflashMode::Iterative { steps: 2, schedule: specdec_models::dflash::Schedule::Cosine };
-            Box::new(DflashProposer::new(name, seeded_dflash(w)?, Arc::clone(w), mode).map_err(e)?)
-        }
-        other => match other.strip_prefix("early-exit:").and_then(|l| l.parse().ok()) {
-            Some(l) => Box::new(DraftModelProposer::early_exit(b, w, l).map_err(e)?),
-            None => return Err(format!("unknown proposer `{other}`")),
+    let arg = |p: &std::path::Path| p.to_str().unwrap_or_default().to_string();
+    let dflash = |draft, mode| -> Result<Box<dyn Proposer<B>>, String> { Ok(Box::new(DflashProposer::new(name, draft, Arc::clone(w), mode).map_err(e)?)) };
+    Ok(match name.parse::<ProposerChoice>()? {
+        ProposerChoice::Ngram => Box::new(NgramProposer::new(NgramConfig { k: K, ..NgramConfig::default() }, vocab).map_err(e)?),
+        ProposerChoice::EarlyExit(l) => Box::new(DraftModelProposer::early_exit(b, w, l).map_err(e)?),
+        ProposerChoice::Draft(p) => match arg(&p).as_str() {
+            "self" => Box::new(DraftModelProposer::new(b, name, w, vocab).map_err(e)?),
+            "seeded" => Box::new(DraftModelProposer::new(b, name, &seeded_draft(w)?, vocab).map_err(e)?),
+            other => return Err(format!("the section has no draft `{other}`")),
         },
+        ProposerChoice::Dflash(p) => match arg(&p).as_str() {
+            "seeded" => dflash(seeded_dflash(w)?, DflashMode::Parallel)?,
+            // The shipped draft trained for SmolLM2 (its checkpoint is validated against `w` at load).
+            "trained" => dflash(specdec_models::load_dflash(model_section::shipped_dflash_dir(), &w.config).map_err(|e| format!("the shipped DFlash draft: {e}"))?, DflashMode::Parallel)?,
+            other => return Err(format!("the section has no DFlash draft `{other}`")),
+        },
+        ProposerChoice::DflashIter(p) if arg(&p) == "seeded" => dflash(seeded_dflash(w)?, specdec_decoder::choice::ITERATIVE)?,
+        other => return Err(format!("the section has no proposer `{other}`")),
     })
 }
 

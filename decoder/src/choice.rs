@@ -1,5 +1,8 @@
 //! Proposers by name, as `specdec generate --proposer` spells them:
-//! `none`, `ngram`, `draft:PATH`, `early-exit:L`, `dflash:PATH`.
+//! `none`, `ngram`, `draft:PATH`, `early-exit:L`, `dflash:PATH`,
+//! `dflash-iter:PATH`. The one parser of proposer names: the end-to-end
+//! section of the suite reads its names (`draft:seeded`, `dflash:trained`,
+//! ...) with it too, and only resolves what their argument stands for.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -8,7 +11,10 @@ use specdec_backend::NgramConfig;
 use specdec_backend::model::{LlamaWeights, ModelBackend};
 
 use crate::DecodeError;
-use crate::proposer::{DraftModelProposer, NgramProposer, NoProposer, Proposer};
+use crate::proposer::{DflashMode, DraftModelProposer, NgramProposer, NoProposer, Proposer};
+
+/// The unmasking of `dflash-iter`: two steps, cosine schedule.
+pub const ITERATIVE: DflashMode = DflashMode::Iterative { steps: 2, schedule: specdec_models::dflash::Schedule::Cosine };
 
 /// A proposer named on a command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,18 +27,21 @@ pub enum ProposerChoice {
     EarlyExit(usize),
     /// A DFlash block-draft checkpoint (HF layout with `dflash_config`).
     Dflash(PathBuf),
+    /// The same checkpoint drafting by iterative unmasking ([`ITERATIVE`]).
+    DflashIter(PathBuf),
 }
 
 impl std::str::FromStr for ProposerChoice {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("unknown proposer `{s}`: expected none, ngram, draft:PATH, early-exit:L or dflash:PATH");
+        let bad = || format!("unknown proposer `{s}`: expected none, ngram, draft:PATH, early-exit:L, dflash:PATH or dflash-iter:PATH");
         Ok(match s.split_once(':') {
             None if s == "none" => ProposerChoice::None,
             None if s == "ngram" => ProposerChoice::Ngram,
             Some(("draft", p)) if !p.is_empty() => ProposerChoice::Draft(p.into()),
             Some(("dflash", p)) if !p.is_empty() => ProposerChoice::Dflash(p.into()),
+            Some(("dflash-iter", p)) if !p.is_empty() => ProposerChoice::DflashIter(p.into()),
             Some(("early-exit", l)) => ProposerChoice::EarlyExit(l.parse().map_err(|_| format!("early-exit:{l}: L must be a layer count"))?),
             _ => return Err(bad()),
         })
@@ -48,6 +57,7 @@ impl std::fmt::Display for ProposerChoice {
             ProposerChoice::Draft(path) => write!(f, "draft:{}", path.display()),
             ProposerChoice::EarlyExit(l) => write!(f, "early-exit:{l}"),
             ProposerChoice::Dflash(path) => write!(f, "dflash:{}", path.display()),
+            ProposerChoice::DflashIter(path) => write!(f, "dflash-iter:{}", path.display()),
         }
     }
 }
@@ -66,7 +76,8 @@ impl ProposerChoice {
                 Box::new(DraftModelProposer::new(backend, format!("draft:{}", path.display()), &draft.weights, vocab)?)
             }
             ProposerChoice::EarlyExit(l) => Box::new(DraftModelProposer::early_exit(backend, target, *l)?),
-            ProposerChoice::Dflash(path) => crate::proposer::dflash_from_path(backend, target, path)?,
+            ProposerChoice::Dflash(path) => crate::proposer::dflash_from_path(self.to_string(), target, path, DflashMode::Parallel)?,
+            ProposerChoice::DflashIter(path) => crate::proposer::dflash_from_path(self.to_string(), target, path, ITERATIVE)?,
         })
     }
 }
@@ -77,7 +88,7 @@ mod tests {
 
     #[test]
     fn display_is_what_from_str_reads() {
-        for name in ["none", "ngram", "draft:models/d.gguf", "early-exit:10", "dflash:ckpt"] {
+        for name in ["none", "ngram", "draft:models/d.gguf", "early-exit:10", "dflash:ckpt", "dflash-iter:ckpt"] {
             let choice: ProposerChoice = name.parse().unwrap();
             assert_eq!(choice.to_string(), name);
             assert_eq!(choice.to_string().parse::<ProposerChoice>().unwrap(), choice);

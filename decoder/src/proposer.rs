@@ -141,7 +141,12 @@ pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 }
 
 /// A DFlash proposer from a checkpoint directory (parallel drafting).
-pub(crate) fn dflash_from_path<B: ModelBackend>(_backend: &B, target: &std::sync::Arc<specdec_backend::model::LlamaWeights>, path: &std::path::Path) -> Result<Box<dyn Proposer<B>>, DecodeError> {
+pub(crate) fn dflash_from_path<B: ModelBackend>(
+    name: String,
+    target: &std::sync::Arc<specdec_backend::model::LlamaWeights>,
+    path: &std::path::Path,
+    mode: DflashMode,
+) -> Result<Box<dyn Proposer<B>>, DecodeError> {
     let draft = specdec_models::load_dflash(path, &target.config).map_err(|e| DecodeError::Config(format!("dflash checkpoint: {e}")))?;
-    Ok(Box::new(DflashProposer::new(format!("dflash:{}", path.display()), draft, std::sync::Arc::clone(target), DflashMode::Parallel)?))
+    Ok(Box::new(DflashProposer::new(name, draft, std::sync::Arc::clone(target), mode)?))
 }

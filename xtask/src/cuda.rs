@@ -60,7 +60,7 @@ const BUILD_ARGS: [&str; 14] = [
     "--bins",
     "--bench",
     "report",
-    "--features=specdec-cli/tch,specdec-cli/cuda,specdec-train/libtorch,specdec-candle/cuda,specdec-tch/libtorch",
+    "--features=specdec-cli/tch,specdec-cli/cuda,specdec-train/libtorch,specdec-benches/libtorch,specdec-benches/cuda",
 ];
 
 /// Builds the GPU binaries for GPUs of compute capability `compute_cap`

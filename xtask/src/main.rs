@@ -180,7 +180,7 @@ fn run(task: Task) -> Result<(), String> {
             if let Some(python) = peers::installed_python(&root) {
                 env.push(("SPECDEC_PEERS_PYTHON".into(), python));
             }
-            cargo_with(&root, &["bench", "-p", "specdec-benches", "--features", "specdec-tch/libtorch", "--bench", "report"], &rest_after_dashdash(rest), Some(&lt), &env)
+            cargo_with(&root, &["bench", "-p", "specdec-benches", "--features", "libtorch", "--bench", "report"], &rest_after_dashdash(rest), Some(&lt), &env)
         }
         Task::TrainDflash { backend, steps, out } => train_dflash::train(&root, &backend, steps, out),
         Task::Fuzz { targets, seconds } => fuzz::fuzz(&root, &targets, seconds),
