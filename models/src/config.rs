@@ -8,6 +8,22 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, Result};
 
+/// The one table of a decoder layer's tensors, in [`LayerWeights`] field
+/// order: the HF name below `model.layers.{i}.` and the GGUF name below
+/// `blk.{i}.` (as llama.cpp's converter maps them). Loading, export, the
+/// config's shapes, DFlash checkpoints and the GGUF mapping all read it.
+pub const LAYER_TENSORS: [(&str, &str); 9] = [
+    ("input_layernorm.weight", "attn_norm.weight"),
+    ("self_attn.q_proj.weight", "attn_q.weight"),
+    ("self_attn.k_proj.weight", "attn_k.weight"),
+    ("self_attn.v_proj.weight", "attn_v.weight"),
+    ("self_attn.o_proj.weight", "attn_output.weight"),
+    ("post_attention_layernorm.weight", "ffn_norm.weight"),
+    ("mlp.gate_proj.weight", "ffn_gate.weight"),
+    ("mlp.up_proj.weight", "ffn_up.weight"),
+    ("mlp.down_proj.weight", "ffn_down.weight"),
+];
+
 /// Largest size any one dimension may take; keeps every product of a few
 /// dimensions far from `usize` overflow and rejects absurd headers early.
 pub const MAX_DIM: usize = 1 << 24;
@@ -192,16 +208,9 @@ impl LlamaConfig {
         let (nh, nkv) = (self.num_attention_heads, self.num_key_value_heads);
         let mut out = vec![("model.embed_tokens.weight".to_string(), vec![v, h])];
         for l in 0..self.num_hidden_layers {
-            let p = format!("model.layers.{l}");
-            out.push((format!("{p}.input_layernorm.weight"), vec![h]));
-            out.push((format!("{p}.self_attn.q_proj.weight"), vec![nh * hd, h]));
-            out.push((format!("{p}.self_attn.k_proj.weight"), vec![nkv * hd, h]));
-            out.push((format!("{p}.self_attn.v_proj.weight"), vec![nkv * hd, h]));
-            out.push((format!("{p}.self_attn.o_proj.weight"), vec![h, nh * hd]));
-            out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
-            out.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h]));
-            out.push((format!("{p}.mlp.up_proj.weight"), vec![i, h]));
-            out.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
+            // In `LAYER_TENSORS` order.
+            let shapes = [vec![h], vec![nh * hd, h], vec![nkv * hd, h], vec![nkv * hd, h], vec![h, nh * hd], vec![h], vec![i, h], vec![i, h], vec![h, i]];
+            out.extend(LAYER_TENSORS.iter().zip(shapes).map(|((hf, _), shape)| (format!("model.layers.{l}.{hf}"), shape)));
         }
         out.push(("model.norm.weight".to_string(), vec![h]));
         if !self.tie_word_embeddings {

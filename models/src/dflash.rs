@@ -267,16 +267,7 @@ impl DflashWeights {
     pub fn named(&self) -> Vec<(String, &Matrix)> {
         let mut out = vec![("fc.weight".to_string(), &self.fc), ("hidden_norm.weight".to_string(), &self.hidden_norm)];
         for (l, w) in self.layers.iter().enumerate() {
-            let p = format!("layers.{l}");
-            out.push((format!("{p}.input_layernorm.weight"), &w.attn_norm));
-            out.push((format!("{p}.self_attn.q_proj.weight"), &w.wq));
-            out.push((format!("{p}.self_attn.k_proj.weight"), &w.wk));
-            out.push((format!("{p}.self_attn.v_proj.weight"), &w.wv));
-            out.push((format!("{p}.self_attn.o_proj.weight"), &w.wo));
-            out.push((format!("{p}.post_attention_layernorm.weight"), &w.mlp_norm));
-            out.push((format!("{p}.mlp.gate_proj.weight"), &w.w_gate));
-            out.push((format!("{p}.mlp.up_proj.weight"), &w.w_up));
-            out.push((format!("{p}.mlp.down_proj.weight"), &w.w_down));
+            out.extend(w.named(&format!("layers.{l}")));
         }
         out.push(("norm.weight".to_string(), &self.norm));
         out

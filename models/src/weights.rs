@@ -7,7 +7,7 @@
 //! are widened or dequantized exactly on load). Shapes agree with the config:
 //! [`LlamaWeights::new`] checks every tensor.
 
-use crate::config::LlamaConfig;
+use crate::config::{LAYER_TENSORS, LlamaConfig};
 use crate::error::{ModelError, Result};
 
 /// A dense f32 matrix or vector with its shape.
@@ -70,17 +70,19 @@ impl LayerWeights {
     /// `model.layers.3`), through the loader's `get`, which names a missing
     /// tensor in its error.
     pub(crate) fn from_hf(p: &str, get: &mut impl FnMut(String) -> Result<Matrix>) -> Result<Self> {
-        Ok(LayerWeights {
-            attn_norm: get(format!("{p}.input_layernorm.weight"))?,
-            wq: get(format!("{p}.self_attn.q_proj.weight"))?,
-            wk: get(format!("{p}.self_attn.k_proj.weight"))?,
-            wv: get(format!("{p}.self_attn.v_proj.weight"))?,
-            wo: get(format!("{p}.self_attn.o_proj.weight"))?,
-            mlp_norm: get(format!("{p}.post_attention_layernorm.weight"))?,
-            w_gate: get(format!("{p}.mlp.gate_proj.weight"))?,
-            w_up: get(format!("{p}.mlp.up_proj.weight"))?,
-            w_down: get(format!("{p}.mlp.down_proj.weight"))?,
-        })
+        let mut m = LAYER_TENSORS.map(|(hf, _)| format!("{p}.{hf}")).into_iter().map(&mut *get);
+        let mut next = || m.next().expect("nine names");
+        Ok(LayerWeights { attn_norm: next()?, wq: next()?, wk: next()?, wv: next()?, wo: next()?, mlp_norm: next()?, w_gate: next()?, w_up: next()?, w_down: next()? })
+    }
+
+    /// The tensors in [`LAYER_TENSORS`] order.
+    pub fn matrices(&self) -> [&Matrix; 9] {
+        [&self.attn_norm, &self.wq, &self.wk, &self.wv, &self.wo, &self.mlp_norm, &self.w_gate, &self.w_up, &self.w_down]
+    }
+
+    /// Each tensor with its HF name below `p`, in [`LAYER_TENSORS`] order.
+    pub fn named(&self, p: &str) -> impl Iterator<Item = (String, &Matrix)> {
+        LAYER_TENSORS.iter().zip(self.matrices()).map(move |((hf, _), m)| (format!("{p}.{hf}"), m))
     }
 }
 

@@ -131,11 +131,6 @@ struct Params {
     norm: Tensor,
 }
 
-/// Layer tensor order: attn_norm, wq, wk, wv, wo, mlp_norm, w_gate, w_up, w_down.
-fn layer_matrices(l: &LayerWeights) -> [&Matrix; 9] {
-    [&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.mlp_norm, &l.w_gate, &l.w_up, &l.w_down]
-}
-
 /// `m` on the host (the data stays there; batches move to the device).
 fn tensor(m: &Matrix) -> Tensor {
     let shape: Vec<i64> = m.shape.iter().map(|&d| d as i64).collect();
@@ -370,7 +365,7 @@ pub fn train(target: &LlamaWeights, data: &DraftData, heldout: Option<&DraftData
     let params = Params {
         fc: root.var_copy("fc", &Tensor::from_slice(&fc_init).view([h as i64, width as i64])),
         hidden_norm: root.var_copy("hidden_norm", &tensor(&source(0).attn_norm)),
-        layers: (0..cfg.draft_layers).map(|i| layer_matrices(source(i)).map(|m| root.var_copy(&format!("layer{i}"), &tensor(m)))).collect(),
+        layers: (0..cfg.draft_layers).map(|i| source(i).matrices().map(|m| root.var_copy(&format!("layer{i}"), &tensor(m)))).collect(),
         norm: root.var_copy("norm", &tensor(&target.final_norm)),
     };
     let mut opt = nn::AdamW { wd: 0.0, ..nn::AdamW::default() }.build(&vs, cfg.lr).map_err(|e| e.to_string())?;
@@ -459,7 +454,7 @@ pub fn evaluate_draft(target: &LlamaWeights, draft: &DflashDraft, heldout: &Draf
     let g = Geometry { heads: tc.num_attention_heads as i64, kv_heads: tc.num_key_value_heads as i64, head_dim: tc.head_dim() as i64, eps: tc.rms_norm_eps, theta: tc.rope_theta, block: b as i64 };
     let w = draft.weights();
     let on = |m: &Matrix| tensor(m).to_device(device);
-    let params = Params { fc: on(&w.fc), hidden_norm: on(&w.hidden_norm), layers: w.layers.iter().map(|l| layer_matrices(l).map(on)).collect(), norm: on(&w.norm) };
+    let params = Params { fc: on(&w.fc), hidden_norm: on(&w.hidden_norm), layers: w.layers.iter().map(|l| l.matrices().map(on)).collect(), norm: on(&w.norm) };
     let weights: Vec<f32> = (1..b).map(|i| (-((i - 1) as f64) / TrainConfig::default().gamma).exp() as f32).collect();
     let weights = Tensor::from_slice(&weights).to_device(device);
     Ok(evaluate(&params, &embed, &head, &g, &seqs, b, c.mask_token_id, &weights, 0))

@@ -1,0 +1,48 @@
+//! Dequantization of ggml blocks (F32, F16, Q8_0, Q4_0, Q4_1) to f32.
+
+use half::f16;
+
+use super::types::{GGML_F16, GGML_F32, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, GgmlType};
+
+/// Dequantizes `n` elements of a supported type. `bytes` holds exactly
+/// `n / block_size` blocks (checked when the file was opened); a block
+/// never straddles a row because the fastest dimension is a multiple of
+/// the block size, so the flat order is the row-major order.
+pub(super) fn dequantize(ty: GgmlType, bytes: &[u8], n: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(n);
+    let half = |b: &[u8], i: usize| f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32();
+    match ty.id {
+        GGML_F32 => out.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
+        GGML_F16 => out.extend(bytes.chunks_exact(2).map(|c| half(c, 0))),
+        // block_q8_0 { f16 d; i8 qs[32]; }: x = qs·d.
+        GGML_Q8_0 => {
+            for b in bytes.chunks_exact(34) {
+                let d = half(b, 0);
+                out.extend(b[2..34].iter().map(|&q| f32::from(q as i8) * d));
+            }
+        }
+        // block_q4_0 { f16 d; u8 qs[16]; }: element j is the low nibble of
+        // qs[j], element j+16 its high nibble; x = (nibble − 8)·d.
+        GGML_Q4_0 => {
+            for b in bytes.chunks_exact(18) {
+                let d = half(b, 0);
+                let qs = &b[2..18];
+                out.extend(qs.iter().map(|&q| f32::from((q & 0x0F) as i8 - 8) * d));
+                out.extend(qs.iter().map(|&q| f32::from((q >> 4) as i8 - 8) * d));
+            }
+        }
+        // block_q4_1 { f16 d; f16 m; u8 qs[16]; }: x = nibble·d + m, same
+        // nibble order as Q4_0. Multiply then add in f32, unfused, as ggml's
+        // reference and gguf-py (HF transformers' loader) both compute it.
+        GGML_Q4_1 => {
+            for b in bytes.chunks_exact(20) {
+                let (d, m) = (half(b, 0), half(b, 2));
+                let qs = &b[4..20];
+                out.extend(qs.iter().map(|&q| f32::from(q & 0x0F) * d + m));
+                out.extend(qs.iter().map(|&q| f32::from(q >> 4) * d + m));
+            }
+        }
+        _ => {}
+    }
+    out
+}
