@@ -18,16 +18,27 @@
 //! reads the target's hidden states).
 
 pub mod choice;
+mod commit;
+pub mod config;
 pub(crate) mod device;
 pub mod engine;
+mod fault;
 pub mod proposer;
 pub mod request;
+mod seq;
+pub mod sink;
 pub mod stop;
+mod verify;
+mod window;
 
 pub use choice::ProposerChoice;
-pub use engine::{Engine, EngineConfig, Fault, NoSink, OnProposerError, Rollback, Sink, noise_streams};
+pub use config::{EngineConfig, MAX_K, OnProposerError, Rollback};
+pub use engine::Engine;
+pub use fault::Fault;
 pub use proposer::{DflashMode, DflashProposer, DraftModelProposer, HiddenRecorder, NgramProposer, NoProposer, Proposal, Proposer, Recorded, SeqView, VerifyRule, record_hidden};
 pub use request::{Acceptance, FinishReason, Output, Request, RunOutput, Timings};
+pub use seq::noise_streams;
+pub use sink::{NoSink, Sink};
 pub use stop::Detokenize;
 
 use specdec_backend::BackendError;

@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 use specdec_backend::SamplingParams;
+use specdec_reference::controller::{SpecStats, StepCounts};
 
 use crate::DecodeError;
 
@@ -91,6 +92,9 @@ pub struct Acceptance {
     pub plain_steps: u64,
     pub proposed: u64,
     pub accepted: u64,
+    /// Steps whose every draft (at least one) was accepted: the emitted
+    /// token after them was a bonus.
+    pub bonus: u64,
     /// `proposed_at[j]`: steps that proposed a draft at position `j`.
     pub proposed_at: Vec<u64>,
     /// `accepted_at[j]`: steps whose draft at position `j` was accepted.
@@ -104,6 +108,7 @@ impl Acceptance {
         self.plain_steps += u64::from(proposed == 0);
         self.proposed += proposed as u64;
         self.accepted += accepted as u64;
+        self.bonus += u64::from(proposed > 0 && accepted == proposed);
         if self.proposed_at.len() < proposed {
             self.proposed_at.resize(proposed, 0);
             self.accepted_at.resize(proposed, 0);
@@ -119,6 +124,7 @@ impl Acceptance {
         self.plain_steps += other.plain_steps;
         self.proposed += other.proposed;
         self.accepted += other.accepted;
+        self.bonus += other.bonus;
         let n = self.proposed_at.len().max(other.proposed_at.len());
         self.proposed_at.resize(n, 0);
         self.accepted_at.resize(n, 0);
@@ -128,9 +134,21 @@ impl Acceptance {
         }
     }
 
-    /// Accepted over proposed drafts; 0 before any proposal.
+    /// The counts in the controller's terms (CTRL-5, CTRL-6): a request's
+    /// steps are its sequence steps. One definition of the metrics serves the
+    /// decoder and the controller ([`SpecStats`]).
+    pub fn stats(&self) -> SpecStats {
+        SpecStats { steps: self.steps, sequence_steps: self.steps, proposed: self.proposed, accepted: self.accepted, bonus_tokens: self.bonus, fallback_steps: self.plain_steps }
+    }
+
+    /// One batch step's counts (each recorded sequence once), for the controller.
+    pub fn step_counts(&self) -> StepCounts {
+        StepCounts { sequences: self.steps, proposed: self.proposed, accepted: self.accepted, bonus: self.bonus }
+    }
+
+    /// Accepted over proposed drafts; 0 before any proposal (CTRL-5).
     pub fn acceptance_rate(&self) -> f64 {
-        if self.proposed == 0 { 0.0 } else { self.accepted as f64 / self.proposed as f64 }
+        self.stats().acceptance_rate()
     }
 
     /// The acceptance rate of each draft position: `accepted_at[j] / proposed_at[j]`.
@@ -144,9 +162,11 @@ impl Acceptance {
     }
 
     /// CTRL-5 (erratum E6): tokens a verify step emits per sequence,
-    /// `(accepted + steps) / steps`; a fully accepted step of `k` counts `k + 1`.
+    /// `(accepted + steps) / steps`; a fully accepted step of `k` counts `k + 1`,
+    /// and a run without steps counts 1 (what plain decoding emits), as the
+    /// controller's statistics do.
     pub fn tokens_per_step(&self) -> f64 {
-        if self.steps == 0 { 0.0 } else { (self.accepted + self.steps) as f64 / self.steps as f64 }
+        self.stats().tokens_per_sequence_step()
     }
 }
 
@@ -197,5 +217,28 @@ impl RunOutput {
         let tokens: usize = self.outputs.iter().map(|o| o.tokens.len()).sum();
         let t = self.timings.total_s() - self.timings.prefill_s;
         if t > 0.0 { tokens as f64 / t } else { 0.0 }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One counter, one set of formulas: a request's acceptance and the
+    /// controller's statistics of the same steps agree, the empty run included.
+    #[test]
+    fn acceptance_and_the_controllers_statistics_agree() {
+        assert_eq!(Acceptance::default().tokens_per_step(), SpecStats::default().tokens_per_sequence_step());
+        assert_eq!(Acceptance::default().tokens_per_step(), 1.0, "a run without steps emits one token a step, as plain decoding does");
+        let mut a = Acceptance::default();
+        for (proposed, accepted) in [(4, 4), (4, 1), (0, 0), (2, 0)] {
+            a.record(proposed, accepted);
+        }
+        let s = a.stats();
+        assert_eq!((s.proposed, s.accepted, s.bonus_tokens, s.fallback_steps, s.sequence_steps), (10, 5, 1, 1, 4));
+        assert_eq!(a.tokens_per_step(), 9.0 / 4.0);
+        assert_eq!(a.acceptance_rate(), 0.5);
+        let c = a.step_counts();
+        assert_eq!((c.sequences, c.proposed, c.accepted, c.bonus), (4, 10, 5, 1));
     }
 }

@@ -1,0 +1,78 @@
+//! The commit of a verified step: each sequence emits its tokens up to a
+//! stop condition (DECODE-6, DECODE-7), the target cache keeps exactly the
+//! prompt and the emitted tokens but the last (DECODE-5, KV-6; with the
+//! min-accepted policy every sequence keeps the batch's smallest accepted
+//! count, KV-7), and the step's draft counts are recorded once.
+
+use specdec_backend::model::ModelBackend;
+
+use crate::DecodeError;
+use crate::config::{EngineConfig, Rollback};
+use crate::request::{Acceptance, FinishReason};
+use crate::seq::Seq;
+use crate::sink::Sink;
+use crate::stop::{Appended, Detokenize};
+use crate::verify::Verdict;
+
+/// What a step committed: each active sequence's emitted count (in active
+/// order) and the step's draft counts over the active sequences.
+pub(crate) struct Committed {
+    pub(crate) kept: Vec<usize>,
+    pub(crate) counts: Acceptance,
+}
+
+/// Emits, trims the cache and counts; `proposed[pos]` is each active sequence's draft count.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn commit<B: ModelBackend>(
+    b: &B,
+    cache: &mut B::ModelCache,
+    config: &EngineConfig,
+    seqs: &mut [Seq<'_>],
+    active: &[usize],
+    proposed: &[usize],
+    verdict: &Verdict,
+    detok: Option<&dyn Detokenize>,
+    sink: &mut dyn Sink,
+) -> Result<Committed, DecodeError> {
+    let faults = config.faults();
+    let shared = match config.rollback {
+        Rollback::PerSequence => None,
+        Rollback::MinAccepted => verdict.num_accepted.iter().min().copied(),
+    };
+    let mut amounts = vec![0usize; seqs.len()];
+    let mut counts = Acceptance::default();
+    let mut kept = Vec::with_capacity(active.len());
+    for (pos, &i) in active.iter().enumerate() {
+        let n = shared.unwrap_or(verdict.num_accepted[pos]);
+        counts.record(proposed[pos], n);
+        seqs[i].acceptance.record(proposed[pos], n);
+        // The forward appended the last token and the drafts; keep the last
+        // token and the emitted ones but the new last (KV-6), fewer when a
+        // stop cut the run (DECODE-5).
+        let emitted = emit(&mut seqs[i], i, &verdict.tokens[pos][..=n], faults.emits_past_eos(), detok, sink);
+        amounts[i] = 1 + proposed[pos] - emitted + faults.extra_trim();
+        kept.push(emitted);
+    }
+    b.cache_trim(cache, &amounts)?;
+    Ok(Committed { kept, counts })
+}
+
+/// Appends a step's tokens to a sequence until a stop condition holds;
+/// returns how many were emitted.
+fn emit(s: &mut Seq<'_>, slot: usize, tokens: &[u32], past_eos: bool, detok: Option<&dyn Detokenize>, sink: &mut dyn Sink) -> usize {
+    let start = s.out.len();
+    for (j, &t) in tokens.iter().enumerate() {
+        s.out.push(t);
+        s.context.push(t);
+        match s.stop.check(&s.out, detok) {
+            Appended::Finished(FinishReason::Eos) if past_eos && j + 1 < tokens.len() => {}
+            Appended::Finished(reason) => {
+                s.finish = Some(reason);
+                break;
+            }
+            Appended::Continue => {}
+        }
+    }
+    sink.emit(slot, &s.out[start..]);
+    s.out.len() - start
+}

@@ -1,0 +1,39 @@
+//! Decoder bugs peers have shipped, injected so the end-to-end checks can
+//! prove they reject them (negative controls). The decode step asks
+//! [`Faults`] at the three places a fault would bend it, each a no-op
+//! unless the `negative-controls` feature set one.
+
+/// A decoder bug peers have shipped (the config field that selects one
+/// exists with the `negative-controls` feature alone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Trims one position more than the rejected drafts (seed 001's
+    /// Conflict-2 example, erratum E5).
+    RollbackOffByOne,
+    /// Takes the bonus distribution from the last draft's row, not row
+    /// `len_b` (erratum E11).
+    BonusFromWrongRow,
+    /// Ignores eos inside an accepted run (emits the drafts after it).
+    AcceptPastEos,
+}
+
+/// The fault of a run, if any.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Faults(pub(crate) Option<Fault>);
+
+impl Faults {
+    /// The logit row read for window position `j` of a sequence with `len` drafts.
+    pub(crate) fn window_row(self, j: usize, len: usize) -> usize {
+        if j == len && len > 0 && self.0 == Some(Fault::BonusFromWrongRow) { j - 1 } else { j }
+    }
+
+    /// Positions trimmed beyond the rejected drafts.
+    pub(crate) fn extra_trim(self) -> usize {
+        usize::from(self.0 == Some(Fault::RollbackOffByOne))
+    }
+
+    /// Whether an eos inside an accepted run is ignored.
+    pub(crate) fn emits_past_eos(self) -> bool {
+        self.0 == Some(Fault::AcceptPastEos)
+    }
+}
