@@ -73,3 +73,53 @@ fn draft_q_at_another_temperature_is_rejected() {
         assert_eq!(report.decision, Decision::Reject, "{name}: {report}");
     }
 }
+
+/// DECODE-6: drafts emitted past `max_tokens` inside an accepted run. The
+/// tiny prompts include one whose greedy output never reaches the eos, so a
+/// run crosses the length cap.
+#[test]
+fn accepting_past_the_length_cap_is_rejected() {
+    let r = tiny_section(&with_fault(Fault::AcceptPastLength));
+    assert!(failed(&r, "/greedy").contains(&format!("e2e/{TINY}/draft:self/greedy")), "{r:?}");
+}
+
+/// DECODE-7: a stop string looked for only at the end of each emitted run
+/// cuts the run late wherever the string completes inside it.
+#[test]
+fn stop_strings_checked_at_run_ends_only_are_rejected() {
+    let r = tiny_section(&with_fault(Fault::StopAtRunEndOnly));
+    assert!(failed(&r, "/stop").contains(&format!("e2e/{TINY}/draft:self/stop")), "{r:?}");
+    // Without the fault every stop check passes (the same run, no fault).
+    let clean = tiny_section(&engine_config());
+    assert!(failed(&clean, "/stop").is_empty() && failed(&clean, "/fidelity").is_empty(), "{clean:?}");
+}
+
+/// The tiny greedy setup reaches what the checks claim: an eos first seen
+/// mid-output in some prompt, and the length cap in another.
+#[test]
+fn the_tiny_greedy_prompts_reach_an_eos_mid_output_and_the_length_cap() {
+    let w = TinySpec::preset(TINY).unwrap().weights().unwrap();
+    let prompts = vec![vec![1, 2, 3, 1, 2, 3, 1], vec![5], vec![7, 7, 7, 7], vec![0, 4, 9, 2, 4, 9, 2, 4, 11, 10]];
+    let eos = e2e_section::tiny_eos(&w, &prompts).unwrap();
+    let m = specdec_models::RefModel::new(w.clone());
+    let runs = specdec_conformance::model_section::greedy(&ReferenceBackend, &m, &prompts, e2e_section::TINY_TOKENS, &[eos], w.config.vocab_size).unwrap();
+    let lens: Vec<usize> = runs.iter().map(|r| r.tokens.len()).collect();
+    assert!(lens.contains(&e2e_section::TINY_TOKENS), "some prompt reaches the cap: {lens:?}");
+    assert!(lens.iter().any(|&n| n > e2e_section::TINY_TOKENS / 3 && n < e2e_section::TINY_TOKENS), "some prompt reaches the eos mid-output: {lens:?}");
+    assert!(lens.iter().all(|&n| n > 4), "no prompt stops at once: {lens:?}");
+}
+
+/// NGRAM-2: an n-gram proposer drafting from a stale context stays lossless
+/// but fails the fidelity check.
+#[test]
+fn an_ngram_proposer_with_a_stale_context_is_rejected() {
+    let w = TinySpec::preset(TINY).unwrap().weights().unwrap();
+    let b = ReferenceBackend;
+    let m = b.load_model(&w).unwrap();
+    let prompts = vec![vec![1, 2, 3, 1, 2, 3, 1], vec![0, 4, 9, 2, 4, 9, 2, 4, 11, 10]];
+    let cfg = specdec_backend::NgramConfig { k: e2e_section::K, ..Default::default() };
+    let check = |p: &mut specdec_decoder::NgramProposer| e2e_section::ngram_fidelity(&b, &w, &m, &prompts, 16, &[], p, &engine_config());
+    check(&mut specdec_decoder::NgramProposer::new(cfg, w.config.vocab_size).unwrap()).unwrap();
+    let stale = check(&mut specdec_decoder::NgramProposer::stale(cfg, w.config.vocab_size).unwrap()).unwrap_err();
+    assert!(stale.contains("the n-gram rule gives"), "{stale}");
+}

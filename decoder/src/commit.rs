@@ -8,6 +8,7 @@ use specdec_backend::model::ModelBackend;
 
 use crate::DecodeError;
 use crate::config::{EngineConfig, Rollback};
+use crate::fault::Faults;
 use crate::request::{Acceptance, FinishReason};
 use crate::seq::Seq;
 use crate::sink::Sink;
@@ -49,7 +50,7 @@ pub(crate) fn commit<B: ModelBackend>(
         // The forward appended the last token and the drafts; keep the last
         // token and the emitted ones but the new last (KV-6), fewer when a
         // stop cut the run (DECODE-5).
-        let emitted = emit(&mut seqs[i], i, &verdict.tokens[pos][..=n], faults.emits_past_eos(), detok, sink);
+        let emitted = emit(&mut seqs[i], i, &verdict.tokens[pos][..=n], faults, detok, sink);
         amounts[i] = 1 + proposed[pos] - emitted + faults.extra_trim();
         kept.push(emitted);
     }
@@ -59,13 +60,16 @@ pub(crate) fn commit<B: ModelBackend>(
 
 /// Appends a step's tokens to a sequence until a stop condition holds;
 /// returns how many were emitted.
-fn emit(s: &mut Seq<'_>, slot: usize, tokens: &[u32], past_eos: bool, detok: Option<&dyn Detokenize>, sink: &mut dyn Sink) -> usize {
+fn emit(s: &mut Seq<'_>, slot: usize, tokens: &[u32], faults: Faults, detok: Option<&dyn Detokenize>, sink: &mut dyn Sink) -> usize {
     let start = s.out.len();
     for (j, &t) in tokens.iter().enumerate() {
         s.out.push(t);
         s.context.push(t);
+        let inside = j + 1 < tokens.len();
+        let detok = if inside && faults.stop_at_run_end_only() { None } else { detok };
         match s.stop.check(&s.out, detok) {
-            Appended::Finished(FinishReason::Eos) if past_eos && j + 1 < tokens.len() => {}
+            Appended::Finished(FinishReason::Eos) if inside && faults.emits_past_eos() => {}
+            Appended::Finished(FinishReason::Length) if inside && faults.emits_past_length() => {}
             Appended::Finished(reason) => {
                 s.finish = Some(reason);
                 break;

@@ -1,6 +1,6 @@
 //! Decoder bugs peers have shipped, injected so the end-to-end checks can
 //! prove they reject them (negative controls). The decode step asks
-//! [`Faults`] at the three places a fault would bend it, each a no-op
+//! [`Faults`] at the places a fault would bend it, each a no-op
 //! unless the `negative-controls` feature set one.
 
 /// A decoder bug peers have shipped (the config field that selects one
@@ -15,6 +15,11 @@ pub enum Fault {
     BonusFromWrongRow,
     /// Ignores eos inside an accepted run (emits the drafts after it).
     AcceptPastEos,
+    /// Ignores `max_tokens` inside an accepted run (emits the drafts after the cap).
+    AcceptPastLength,
+    /// Looks for stop strings only at the last token of an emitted run, so a
+    /// string completed inside the run cuts it at its end, not where it completes.
+    StopAtRunEndOnly,
 }
 
 /// The fault of a run, if any.
@@ -35,5 +40,15 @@ impl Faults {
     /// Whether an eos inside an accepted run is ignored.
     pub(crate) fn emits_past_eos(self) -> bool {
         self.0 == Some(Fault::AcceptPastEos)
+    }
+
+    /// Whether the length cap inside an accepted run is ignored.
+    pub(crate) fn emits_past_length(self) -> bool {
+        self.0 == Some(Fault::AcceptPastLength)
+    }
+
+    /// Whether stop strings are looked for only at a run's last token.
+    pub(crate) fn stop_at_run_end_only(self) -> bool {
+        self.0 == Some(Fault::StopAtRunEndOnly)
     }
 }

@@ -17,13 +17,40 @@ pub struct NgramProposer {
     cfg: NgramConfig,
     vocab: usize,
     indexes: Vec<Option<NgramIndex>>,
+    /// A negative control: drafts from the context before the last token.
+    #[cfg(feature = "negative-controls")]
+    stale: bool,
 }
 
 impl NgramProposer {
     /// `cfg.k` is the most drafts per step; a step's `max_drafts` may lower it.
     pub fn new(cfg: NgramConfig, vocab: usize) -> Result<Self, DecodeError> {
         NgramIndex::new(cfg, vocab).map_err(|e| DecodeError::Config(format!("n-gram proposer: {e}")))?;
-        Ok(NgramProposer { cfg, vocab, indexes: Vec::new() })
+        Ok(NgramProposer {
+            cfg,
+            vocab,
+            indexes: Vec::new(),
+            #[cfg(feature = "negative-controls")]
+            stale: false,
+        })
+    }
+
+    /// A negative control: a proposer that drafts from a stale context (the
+    /// sequence's context without its last token, as when the emitted tokens
+    /// are appended after drafting). Its output stays lossless; its drafts
+    /// are not the n-gram rule's.
+    #[cfg(feature = "negative-controls")]
+    pub fn stale(cfg: NgramConfig, vocab: usize) -> Result<Self, DecodeError> {
+        Ok(NgramProposer { stale: true, ..Self::new(cfg, vocab)? })
+    }
+
+    /// How much of a context to index: all of it, or (a negative control) all but the last token.
+    fn indexed(&self, context: &[u32]) -> usize {
+        #[cfg(feature = "negative-controls")]
+        if self.stale {
+            return context.len() - 1;
+        }
+        context.len()
     }
 }
 
@@ -40,6 +67,7 @@ impl<B: ModelBackend> Proposer<B> for NgramProposer {
     fn propose(&mut self, _: &B, seqs: &[SeqView<'_>], _: &mut [Pcg64]) -> Result<Proposal<B::Tensor>, DecodeError> {
         let mut drafts = Vec::with_capacity(seqs.len());
         for s in seqs {
+            let upto = self.indexed(s.context);
             let slot = self.indexes.get_mut(s.slot).ok_or_else(|| DecodeError::proposer("ngram", format!("slot {} beyond the batch", s.slot)))?;
             let index = match slot {
                 Some(i) => i,
@@ -47,7 +75,7 @@ impl<B: ModelBackend> Proposer<B> for NgramProposer {
             };
             // Contexts only grow: index the new tail.
             let seen = index.context().len();
-            let tail: Vec<i64> = s.context[seen..].iter().map(|&t| i64::from(t)).collect();
+            let tail: Vec<i64> = s.context[seen.min(upto)..upto].iter().map(|&t| i64::from(t)).collect();
             index.extend(&tail).map_err(|e| DecodeError::proposer("ngram", e))?;
             let mut p = index.propose().map_err(|e| DecodeError::proposer("ngram", e))?;
             p.truncate(s.max_drafts);

@@ -16,6 +16,16 @@
 //! - `rollback`: after that run the target cache equals a fresh prefill of
 //!   the prompt and the emitted tokens but the last (within the backend's
 //!   tolerance; exactly on the reference);
+//! - `stop`: with stop strings (DECODE-7) cut from the plain output (a
+//!   token's whole text, and the last character of one token with the first
+//!   of the next), each request ends exactly at the token that completes its
+//!   string, wherever that falls in an accepted run or across steps
+//!   (`stop.rs`);
+//! - `fidelity` (n-gram; the target as its own draft): the proposer does
+//!   what it claims, which losslessness alone does not show: every n-gram
+//!   draft is the reference rule's on the sequence's current context, and
+//!   the target drafting for itself at temperature 0 has every draft
+//!   accepted (`fidelity.rs`);
 //! - `sampled` (tiny model only): the law of whole generated sequences
 //!   (temperature 1, top-k 4, up to 3 tokens, an eos the law reaches, k = 2) from
 //!   requests with their own seeds equals the exact law computed from the
@@ -43,14 +53,20 @@ use crate::compare::{Verdict, row_scale, within};
 use crate::model_section::{self, ModelFiles, SMOLLM2, Subject, err, shipped_prompts};
 use crate::stat;
 
+mod fidelity;
+pub use fidelity::ngram_fidelity;
+pub use stop::tiny_text;
+mod stop;
+
 /// The tiny model of the end-to-end section (vocabulary 12: its whole output law is enumerable).
 pub const TINY: &str = "tiny-v12-l2";
 /// Drafts per step in the section.
 pub const K: usize = 3;
 /// Generated tokens per SmolLM2 prompt.
 pub const SMOLLM2_TOKENS: usize = 24;
-/// Generated tokens per tiny prompt in the greedy check.
-pub const TINY_TOKENS: usize = 16;
+/// Generated tokens per tiny prompt in the greedy check: not a multiple of
+/// `K + 1`, so a fully accepted run crosses the length cap.
+pub const TINY_TOKENS: usize = 22;
 /// Tokens of a sampled tiny generation (the law's sequences are at most this long).
 pub const SAMPLED_TOKENS: usize = 3;
 /// Drafts per step in the sampled check: fewer than its tokens, so a fully
@@ -85,7 +101,10 @@ pub fn e2e_items() -> Vec<E2eItem> {
     let mut items = Vec::new();
     for model in [TINY, SMOLLM2] {
         for p in proposers(model) {
-            let mut checks: Vec<(&'static str, &'static [&'static str])> = vec![("greedy", &["DECODE-2", "GREEDY-5"]), ("rollback", &["DECODE-5", "KV-6"])];
+            let mut checks: Vec<(&'static str, &'static [&'static str])> = vec![("greedy", &["DECODE-2", "GREEDY-5"]), ("rollback", &["DECODE-5", "KV-6"]), ("stop", &["DECODE-7", "DECODE-6"])];
+            if fidelity::applies(p) && (model == TINY || p == "ngram") {
+                checks.push(("fidelity", fidelity::rules(p)));
+            }
             if model == TINY {
                 checks.push(("sampled", &["DECODE-2", "DECODE-3", "REJECT-7", "STAT-3"]));
             }
@@ -223,6 +242,18 @@ pub fn run_with<B: ModelBackend>(backend: &B, cfg: &SuiteConfig, files: &ModelFi
                     None => unreachable!("set above"),
                 }
             }
+            "stop" | "fidelity" => {
+                if plain.as_ref().is_none_or(|(m, _)| *m != item.model) {
+                    plain = Some((item.model.clone(), catch(|| plain_run(backend, subject, model)).and_then(|r| r)));
+                }
+                let outcome = match &plain {
+                    Some((_, Ok(p))) if item.check == "stop" => catch(|| stop::check(backend, subject, model, p, &item.proposer, engine)).and_then(|r| r),
+                    Some((_, Ok(p))) => catch(|| fidelity::check(backend, subject, model, p, &item.proposer, engine)).and_then(|r| r),
+                    Some((_, Err(e))) => Err(e.clone()),
+                    None => unreachable!("set above"),
+                };
+                to_verdict(outcome)
+            }
             "sampled" => {
                 // Judged with the family below (Holm, STAT-2).
                 let outcome = catch(|| sampled_counts(backend, subject, model, &item.proposer, engine, cfg.seed)).unwrap_or_else(|m| Err(Verdict::Fail(m)));
@@ -284,16 +315,29 @@ fn greedy_prompts(s: &Subject) -> Result<GreedyPrompts, String> {
         return Ok(GreedyPrompts { prompts, max_tokens: SMOLLM2_TOKENS, eos: s.weights.config.eos_ids() });
     }
     let prompts = vec![vec![1, 2, 3, 1, 2, 3, 1], vec![5], vec![7, 7, 7, 7], vec![0, 4, 9, 2, 4, 9, 2, 4, 11, 10]];
-    // An eos the first prompt's greedy output reaches mid-generation, so
-    // accepted runs hold it (DECODE-6).
-    let plain = RefModel::new((*s.weights).clone());
-    let r = model_section::greedy(&specdec_backend::ReferenceBackend, &plain, &prompts[..1], TINY_TOKENS, &[], s.weights.config.vocab_size)?;
-    let eos = r[0].tokens[TINY_TOKENS / 2];
+    let eos = tiny_eos(&s.weights, &prompts)?;
     Ok(GreedyPrompts { prompts, max_tokens: TINY_TOKENS, eos: vec![eos] })
 }
 
+/// The tiny greedy check's eos: an id the plain greedy outputs (of the
+/// reference, without eos) first reach mid-generation in some prompts,
+/// never in the first few tokens of any, and never at all in another, so
+/// accepted runs hold it (DECODE-6) and a run also crosses the length cap.
+/// The smallest such id.
+pub fn tiny_eos(w: &LlamaWeights, prompts: &[Vec<u32>]) -> Result<u32, String> {
+    let reference = RefModel::new(w.clone());
+    let runs = model_section::greedy(&specdec_backend::ReferenceBackend, &reference, prompts, TINY_TOKENS, &[], w.config.vocab_size)?;
+    let first = |v: u32| runs.iter().map(|r| r.tokens.iter().position(|&t| t == v)).collect::<Vec<_>>();
+    (0..w.config.vocab_size as u32)
+        .find(|&v| {
+            let f = first(v);
+            f.iter().flatten().all(|&p| p >= 4) && f.iter().flatten().any(|&p| p >= TINY_TOKENS / 3) && f.iter().any(Option::is_none)
+        })
+        .ok_or_else(|| "no id of the tiny model's vocabulary ends some greedy outputs mid-generation and no other".to_string())
+}
+
 /// A model's greedy prompts and their plain greedy decoding on the backend.
-struct Plain {
+pub(crate) struct Plain {
     prompts: Vec<Vec<u32>>,
     max_tokens: usize,
     eos: Vec<u32>,

@@ -1,0 +1,134 @@
+//! The `fidelity` check: a proposer does what it claims. Losslessness alone
+//! cannot show it (greedy verify repairs any draft), yet users read the
+//! acceptance figures as facts about the proposer.
+//!
+//! - `ngram` (NGRAM-2, NGRAM-3): every step's drafts are the reference rule's
+//!   (`specdec_reference::ngram::propose`) on the sequence's context at that
+//!   step, cut to the step's room; a proposer drafting from a stale context
+//!   fails (the negative control in `tests/e2e_section.rs`).
+//! - `draft:self` (GREEDY-2, DECODE-2): the target drafting for itself at
+//!   temperature 0 has every draft accepted; a rejection is excused (and
+//!   counted) only where the request's plain output has a top-2 margin below
+//!   the backend's window epsilon.
+
+use rand_pcg::Pcg64;
+use specdec_backend::NgramConfig;
+use specdec_backend::model::{LlamaWeights, ModelBackend};
+use specdec_decoder::proposer::Observed;
+use specdec_decoder::{DecodeError, Engine, EngineConfig, NoSink, Proposal, Proposer, Request, SeqView};
+
+use super::{K, Plain, build_proposer, err_of};
+use crate::model_section::Subject;
+
+/// Whether a proposer has a fidelity statement.
+pub(super) fn applies(proposer: &str) -> bool {
+    matches!(proposer, "ngram" | "draft:self")
+}
+
+pub(super) fn rules(proposer: &str) -> &'static [&'static str] {
+    if proposer == "ngram" { &["NGRAM-2", "NGRAM-3"] } else { &["GREEDY-2", "DECODE-2"] }
+}
+
+/// One proposal: the context it was drafted from, the room, the drafts.
+struct Step {
+    slot: usize,
+    context: Vec<u32>,
+    max_drafts: usize,
+    drafts: Vec<u32>,
+}
+
+/// A proposer that records what the proposer it wraps drafted, from what.
+struct Recording<'p, B: ModelBackend> {
+    inner: &'p mut dyn Proposer<B>,
+    steps: Vec<Step>,
+}
+
+impl<B: ModelBackend> Proposer<B> for Recording<'_, B> {
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+
+    fn hidden_layers(&self) -> &[usize] {
+        self.inner.hidden_layers()
+    }
+
+    fn begin(&mut self, b: &B, batch: usize, capacity: usize, max_k: usize) -> Result<(), DecodeError> {
+        self.inner.begin(b, batch, capacity, max_k)
+    }
+
+    fn propose(&mut self, b: &B, seqs: &[SeqView<'_>], rngs: &mut [Pcg64]) -> Result<Proposal<B::Tensor>, DecodeError> {
+        let p = self.inner.propose(b, seqs, rngs)?;
+        for (v, d) in seqs.iter().zip(&p.drafts) {
+            self.steps.push(Step { slot: v.slot, context: v.context.to_vec(), max_drafts: v.max_drafts, drafts: d.clone() });
+        }
+        Ok(p)
+    }
+
+    fn observe(&mut self, b: &B, observed: &Observed<'_, B::Tensor>) -> Result<(), DecodeError> {
+        self.inner.observe(b, observed)
+    }
+}
+
+/// The n-gram statement for any proposer claiming the rule (the section's
+/// own, or a negative control's): runs the plain prompts greedily and
+/// compares every step's drafts with the reference's.
+#[allow(clippy::too_many_arguments)]
+pub fn ngram_fidelity<B: ModelBackend>(
+    b: &B,
+    weights: &LlamaWeights,
+    m: &B::Model,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+    eos: &[u32],
+    proposer: &mut dyn Proposer<B>,
+    config: &EngineConfig,
+) -> Result<usize, String> {
+    let mut rec = Recording { inner: proposer, steps: Vec::new() };
+    let engine = Engine::new(b, m, &weights.config, config.clone()).map_err(|e| e.to_string())?;
+    let requests: Vec<Request> = prompts.iter().map(|p| Request { eos: eos.to_vec(), ..Request::greedy(p.clone(), max_tokens) }).collect();
+    engine.generate(&requests, &mut rec, None, &mut NoSink).map_err(|e| err_of(&e))?;
+    let cfg = NgramConfig { k: K, ..NgramConfig::default() };
+    let mut drafted = 0;
+    for (n, st) in rec.steps.iter().enumerate() {
+        let context: Vec<i64> = st.context.iter().map(|&t| i64::from(t)).collect();
+        let mut want = specdec_reference::ngram::propose(&context, weights.config.vocab_size, &cfg).map_err(|e| e.to_string())?;
+        want.truncate(st.max_drafts);
+        let got: Vec<i64> = st.drafts.iter().map(|&t| i64::from(t)).collect();
+        if got != want {
+            return Err(format!("proposal {n} (sequence {}, context of {} tokens): drafts {got:?}, the n-gram rule gives {want:?}", st.slot, st.context.len()));
+        }
+        drafted += usize::from(!want.is_empty());
+    }
+    if drafted == 0 {
+        return Err("no step drafted anything: the prompts do not exercise the n-gram rule".into());
+    }
+    Ok(0)
+}
+
+/// Runs the check for `proposer` on the section's greedy prompts.
+pub(super) fn check<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, plain: &Plain, proposer: &str, config: &EngineConfig) -> Result<usize, String> {
+    let mut p = build_proposer(b, proposer, &s.weights)?;
+    if proposer == "ngram" {
+        return ngram_fidelity(b, &s.weights, m, &plain.prompts, plain.max_tokens, &plain.eos, p.as_mut(), config);
+    }
+    let engine = Engine::new(b, m, &s.weights.config, config.clone()).map_err(|e| e.to_string())?;
+    let requests: Vec<Request> = plain.prompts.iter().map(|p| Request { eos: plain.eos.clone(), ..Request::greedy(p.clone(), plain.max_tokens) }).collect();
+    let out = engine.generate(&requests, p.as_mut(), None, &mut NoSink).map_err(|e| err_of(&e))?;
+    let eps = b.model_precision().window_margin_epsilon;
+    let mut excused = 0;
+    for (i, (o, run)) in out.outputs.iter().zip(&plain.runs).enumerate() {
+        let a = &o.acceptance;
+        if a.accepted == a.proposed {
+            continue;
+        }
+        if run.margins.iter().any(|&m| m < eps) {
+            excused += 1;
+            continue;
+        }
+        return Err(format!("request {i}: the target drafting for itself had {} of {} drafts accepted", a.accepted, a.proposed));
+    }
+    if out.acceptance.proposed == 0 {
+        return Err("no draft was proposed".into());
+    }
+    Ok(excused)
+}

@@ -1,0 +1,102 @@
+//! The `stop` check (DECODE-7, DECODE-6): stop strings end a generation at
+//! the token that completes them, wherever it falls: inside an accepted run,
+//! across two tokens of a run, or across two steps.
+//!
+//! The strings are cut from the backend's own plain greedy output: for
+//! several positions `j`, the whole text of token `j`, and the last
+//! character of tokens `..=j` with the first character that token `j + 1`
+//! adds. The expected output is computed independently of the decoder: the
+//! plain tokens up to the first prefix whose text holds the string. Each
+//! request carries one string; the speculative run must give exactly that
+//! prefix and finish with `Stop`, a divergence being excused (and counted)
+//! only where the plain top-2 margin is below the backend's window epsilon.
+//!
+//! The tiny model has no tokenizer: its ids read as two letters each (`Aa`,
+//! `Bb`, ...), so strings straddle tokens as real ones do.
+
+use specdec_backend::model::ModelBackend;
+use specdec_decoder::{Detokenize, Engine, EngineConfig, FinishReason, NoSink, Request};
+
+use super::{Plain, build_proposer, err_of};
+use crate::model_section::Subject;
+
+/// Cut positions `j` of the tiny model's outputs (generations of up to 22
+/// tokens, k = 3: inside a run and across a step boundary), and SmolLM2's.
+const TINY_CUTS: [usize; 4] = [2, 3, 4, 5];
+const SMOLLM2_CUTS: [usize; 2] = [3, 6];
+/// SmolLM2 prompts used (its generations are costly).
+const SMOLLM2_PROMPTS: usize = 2;
+
+/// The tiny model's text: id `i` reads as `A + i`, `a + i`.
+pub fn tiny_text(ids: &[u32]) -> String {
+    ids.iter().flat_map(|&i| [char::from(b'A' + i as u8), char::from(b'a' + i as u8)]).collect()
+}
+
+/// The stop strings of one plain output, each with the number of tokens the
+/// output keeps when it stops (the string completes at the last of them).
+pub fn cuts(tokens: &[u32], cut_at: &[usize], text: &dyn Fn(&[u32]) -> String) -> Vec<(String, usize)> {
+    let mut out = Vec::new();
+    for &j in cut_at.iter().filter(|&&j| j + 1 < tokens.len()) {
+        let (upto, next) = (text(&tokens[..=j]), text(&tokens[..=j + 1]));
+        let whole = text(&tokens[j..=j]);
+        let straddle = match (upto.chars().last(), next.strip_prefix(upto.as_str()).and_then(|rest| rest.chars().next())) {
+            (Some(a), Some(b)) => Some(format!("{a}{b}")),
+            _ => None,
+        };
+        for s in [Some(whole), straddle].into_iter().flatten().filter(|s| !s.trim().is_empty()) {
+            // The first prefix of the output whose text holds it.
+            if let Some(keep) = (1..=tokens.len()).find(|&n| text(&tokens[..n]).contains(s.as_str())) {
+                out.push((s, keep));
+            }
+        }
+    }
+    out
+}
+
+/// Runs the check; `Ok` is the number of excused requests.
+pub(super) fn check<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, plain: &Plain, proposer: &str, config: &EngineConfig) -> Result<usize, String> {
+    let decode = |ids: &[u32]| -> String {
+        match &s.loaded {
+            Some(l) => l.tokenizer.as_ref().and_then(|t| t.decode(ids, false).ok()).unwrap_or_default(),
+            None => tiny_text(ids),
+        }
+    };
+    let (cut_at, prompts): (&[usize], usize) = if s.loaded.is_some() { (&SMOLLM2_CUTS, SMOLLM2_PROMPTS) } else { (&TINY_CUTS, plain.prompts.len()) };
+    let mut requests = Vec::new();
+    let mut expected = Vec::new();
+    for (i, run) in plain.runs.iter().enumerate().take(prompts) {
+        for (stop, keep) in cuts(&run.tokens, cut_at, &decode) {
+            requests.push(Request { eos: plain.eos.clone(), stop_strings: vec![stop.clone()], ..Request::greedy(plain.prompts[i].clone(), plain.max_tokens) });
+            expected.push((i, stop, keep));
+        }
+    }
+    if requests.is_empty() {
+        return Err("no plain output is long enough to cut stop strings from".into());
+    }
+    let mut p = build_proposer(b, proposer, &s.weights)?;
+    let engine = Engine::new(b, m, &s.weights.config, config.clone()).map_err(|e| e.to_string())?;
+    let out = engine.run(&requests, p.as_mut(), Some(&decode as &dyn Detokenize), &mut NoSink).map_err(|e| err_of(&e))?.0;
+    let eps = b.model_precision().window_margin_epsilon;
+    let mut excused = 0;
+    for (o, (i, stop, keep)) in out.outputs.iter().zip(&expected) {
+        let plain_run = &plain.runs[*i];
+        let want = &plain_run.tokens[..*keep];
+        // Eos wins over a stop string completed by the same token.
+        let finish = if want.last().is_some_and(|t| plain.eos.contains(t)) { FinishReason::Eos } else { FinishReason::Stop };
+        if o.tokens == want && o.finish == finish {
+            continue;
+        }
+        match o.tokens.iter().zip(want).position(|(a, b)| a != b) {
+            Some(step) if plain_run.margins[step] < eps => excused += 1,
+            _ => {
+                return Err(format!(
+                    "prompt {i}, stop string {stop:?}: the run gave {} tokens ({:?}, finish {:?}), the plain output stops after {keep} ({want:?})",
+                    o.tokens.len(),
+                    o.tokens,
+                    o.finish
+                ));
+            }
+        }
+    }
+    Ok(excused)
+}
