@@ -123,3 +123,18 @@ fn an_ngram_proposer_with_a_stale_context_is_rejected() {
     let stale = check(&mut specdec_decoder::NgramProposer::stale(cfg, w.config.vocab_size).unwrap()).unwrap_err();
     assert!(stale.contains("the n-gram rule gives"), "{stale}");
 }
+
+/// DECODE-4: a draft model that forgets rejected tokens without trimming its
+/// cache stays lossless but fails the fidelity check.
+#[test]
+fn a_draft_model_without_cache_rollback_is_rejected() {
+    let w = TinySpec::preset(TINY).unwrap().weights().unwrap();
+    let b = ReferenceBackend;
+    let m = b.load_model(&w).unwrap();
+    let draft = e2e_section::seeded_draft(&w).unwrap();
+    let prompts = vec![vec![1, 2, 3, 1, 2, 3, 1], vec![0, 4, 9, 2, 4, 9, 2, 4, 11, 10]];
+    let check = |p: &mut DraftModelProposer<ReferenceBackend>| e2e_section::draft_cache_fidelity(&b, &w, &m, &prompts, 16, &[], p, draft.config.num_hidden_layers, &engine_config());
+    check(&mut DraftModelProposer::new(&b, "draft:seeded", &draft, w.config.vocab_size).unwrap()).unwrap();
+    let broken = check(&mut DraftModelProposer::new(&b, "draft:seeded", &draft, w.config.vocab_size).unwrap().without_cache_rollback()).unwrap_err();
+    assert!(broken.contains("the draft cache holds"), "{broken}");
+}

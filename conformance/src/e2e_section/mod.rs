@@ -21,11 +21,12 @@
 //!   of the next), each request ends exactly at the token that completes its
 //!   string, wherever that falls in an accepted run or across steps
 //!   (`stop.rs`);
-//! - `fidelity` (n-gram; the target as its own draft): the proposer does
+//! - `fidelity` (n-gram, a seeded draft model, the target as its own draft): the proposer does
 //!   what it claims, which losslessness alone does not show: every n-gram
-//!   draft is the reference rule's on the sequence's current context, and
-//!   the target drafting for itself at temperature 0 has every draft
-//!   accepted (`fidelity.rs`);
+//!   draft is the reference rule's on the sequence's current context, a
+//!   draft model's cache is rolled back after every step, and the target
+//!   drafting for itself at temperature 0 has every draft accepted
+//!   (`fidelity.rs`);
 //! - `sampled` (tiny model only): the law of whole generated sequences
 //!   (temperature 1, top-k 4, up to 3 tokens, an eos the law reaches, k = 2) from
 //!   requests with their own seeds equals the exact law computed from the
@@ -54,7 +55,7 @@ use crate::model_section::{self, ModelFiles, SMOLLM2, Subject, err, shipped_prom
 use crate::stat;
 
 mod fidelity;
-pub use fidelity::ngram_fidelity;
+pub use fidelity::{draft_cache_fidelity, ngram_fidelity};
 pub use stop::tiny_text;
 mod stop;
 

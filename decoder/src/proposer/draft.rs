@@ -31,6 +31,8 @@ pub struct DraftModelProposer<B: ModelBackend> {
     fed: Vec<Vec<u32>>,
     /// Injected defect for negative controls: `q` reported at another temperature.
     q_temperature_scale: Option<f64>,
+    /// Injected defect for negative controls: the cache is not trimmed after a step.
+    keeps_rejected: bool,
 }
 
 impl<B: ModelBackend> DraftModelProposer<B> {
@@ -41,7 +43,16 @@ impl<B: ModelBackend> DraftModelProposer<B> {
             return Err(DecodeError::Config(format!("draft `{name}` has a vocabulary of {}, the target {target_vocab}", weights.config.vocab_size)));
         }
         let model = backend.load_model(weights)?;
-        Ok(DraftModelProposer { name, model, vocab: target_vocab, max_positions: weights.config.max_position_embeddings, cache: None, fed: Vec::new(), q_temperature_scale: None })
+        Ok(DraftModelProposer {
+            name,
+            model,
+            vocab: target_vocab,
+            max_positions: weights.config.max_position_embeddings,
+            cache: None,
+            fed: Vec::new(),
+            q_temperature_scale: None,
+            keeps_rejected: false,
+        })
     }
 
     /// The early-exit self-draft: the target's first `layers` layers (MODEL-7).
@@ -60,6 +71,26 @@ impl<B: ModelBackend> DraftModelProposer<B> {
     pub fn with_wrong_q_temperature(mut self, scale: f64) -> Self {
         self.q_temperature_scale = Some(scale);
         self
+    }
+
+    /// NEGATIVE CONTROL: forgets the tokens a step rejected without trimming
+    /// the draft cache, so it drafts from stale positions (lossless all the
+    /// same, since the target verifies).
+    #[cfg(feature = "negative-controls")]
+    pub fn without_cache_rollback(mut self) -> Self {
+        self.keeps_rejected = true;
+        self
+    }
+
+    /// The draft model on the device.
+    pub fn model(&self) -> &B::Model {
+        &self.model
+    }
+
+    /// The draft cache (after `begin`) and, per sequence, the tokens it is
+    /// meant to hold: the state a fidelity check compares with a fresh prefill.
+    pub fn cache_and_fed(&self) -> Option<(&B::ModelCache, &[Vec<u32>])> {
+        self.cache.as_ref().map(|c| (c, self.fed.as_slice()))
     }
 }
 
@@ -145,7 +176,7 @@ impl<B: ModelBackend> Proposer<B> for DraftModelProposer<B> {
             amounts[s.slot] = fed.len() - keep;
             fed.truncate(keep);
         }
-        if amounts.iter().any(|&a| a > 0) {
+        if amounts.iter().any(|&a| a > 0) && !self.keeps_rejected {
             backend.cache_trim(cache, &amounts)?;
         }
         Ok(())
