@@ -100,7 +100,7 @@ enum Command {
         /// proposer, acceptance, mean_accepted, tokens_per_step, steps, timings).
         #[arg(long)]
         json: bool,
-        /// none, ngram, draft:PATH, early-exit:L or dflash:PATH.
+        /// none, ngram, draft:PATH, early-exit:L, dflash:PATH or dflash-iter:PATH.
         #[arg(long, default_value = "none")]
         proposer: specdec_decoder::ProposerChoice,
         /// Drafts per step at most.
