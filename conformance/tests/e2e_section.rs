@@ -5,7 +5,7 @@
 
 use specdec_backend::ReferenceBackend;
 use specdec_backend::model::ModelBackend;
-use specdec_conformance::e2e_section::{self, TINY, engine_config, run_with, sampled_law_check};
+use specdec_conformance::e2e_section::{self, GreedyPrompts, TINY, engine_config, run_with, sampled_law_check};
 use specdec_conformance::model_section::ModelFiles;
 use specdec_conformance::stat::FAMILY_ALPHA;
 use specdec_conformance::suite::{Selection, Status, SuiteConfig};
@@ -116,9 +116,9 @@ fn an_ngram_proposer_with_a_stale_context_is_rejected() {
     let w = TinySpec::preset(TINY).unwrap().weights().unwrap();
     let b = ReferenceBackend;
     let m = b.load_model(&w).unwrap();
-    let prompts = vec![vec![1, 2, 3, 1, 2, 3, 1], vec![0, 4, 9, 2, 4, 9, 2, 4, 11, 10]];
+    let set = GreedyPrompts { prompts: vec![vec![1, 2, 3, 1, 2, 3, 1], vec![0, 4, 9, 2, 4, 9, 2, 4, 11, 10]], max_tokens: 16, eos: vec![] };
     let cfg = specdec_backend::NgramConfig { k: e2e_section::K, ..Default::default() };
-    let check = |p: &mut specdec_decoder::NgramProposer| e2e_section::ngram_fidelity(&b, &w, &m, &prompts, 16, &[], p, &engine_config());
+    let check = |p: &mut specdec_decoder::NgramProposer| e2e_section::ngram_fidelity(&b, &w, &m, &set, p, &engine_config());
     check(&mut specdec_decoder::NgramProposer::new(cfg, w.config.vocab_size).unwrap()).unwrap();
     let stale = check(&mut specdec_decoder::NgramProposer::stale(cfg, w.config.vocab_size).unwrap()).unwrap_err();
     assert!(stale.contains("the n-gram rule gives"), "{stale}");
@@ -132,8 +132,8 @@ fn a_draft_model_without_cache_rollback_is_rejected() {
     let b = ReferenceBackend;
     let m = b.load_model(&w).unwrap();
     let draft = e2e_section::seeded_draft(&w).unwrap();
-    let prompts = vec![vec![1, 2, 3, 1, 2, 3, 1], vec![0, 4, 9, 2, 4, 9, 2, 4, 11, 10]];
-    let check = |p: &mut DraftModelProposer<ReferenceBackend>| e2e_section::draft_cache_fidelity(&b, &w, &m, &prompts, 16, &[], p, draft.config.num_hidden_layers, &engine_config());
+    let set = GreedyPrompts { prompts: vec![vec![1, 2, 3, 1, 2, 3, 1], vec![0, 4, 9, 2, 4, 9, 2, 4, 11, 10]], max_tokens: 16, eos: vec![] };
+    let check = |p: &mut DraftModelProposer<ReferenceBackend>| e2e_section::draft_cache_fidelity(&b, &w, &m, &set, p, draft.config.num_hidden_layers, &engine_config());
     check(&mut DraftModelProposer::new(&b, "draft:seeded", &draft, w.config.vocab_size).unwrap()).unwrap();
     let broken = check(&mut DraftModelProposer::new(&b, "draft:seeded", &draft, w.config.vocab_size).unwrap().without_cache_rollback()).unwrap_err();
     assert!(broken.contains("the draft cache holds"), "{broken}");

@@ -21,9 +21,9 @@ use specdec_backend::NgramConfig;
 use specdec_backend::model::{ForwardRequest, LogitRows};
 use specdec_backend::model::{LlamaWeights, ModelBackend};
 use specdec_decoder::proposer::Observed;
-use specdec_decoder::{DecodeError, DraftModelProposer, Engine, EngineConfig, NoSink, Proposal, Proposer, Request, SeqView};
+use specdec_decoder::{DecodeError, DraftModelProposer, EngineConfig, NoSink, Proposal, Proposer, SeqView};
 
-use super::{K, Plain, build_proposer, err_of, seeded_draft};
+use super::{GreedyPrompts, K, Plain, build_proposer, engine, err_of, seeded_draft};
 use crate::compare::{row_scale, within};
 use crate::model_section::{Subject, err};
 
@@ -83,21 +83,9 @@ impl<B: ModelBackend> Proposer<B> for Recording<'_, B> {
 /// The n-gram statement for any proposer claiming the rule (the section's
 /// own, or a negative control's): runs the plain prompts greedily and
 /// compares every step's drafts with the reference's.
-#[allow(clippy::too_many_arguments)]
-pub fn ngram_fidelity<B: ModelBackend>(
-    b: &B,
-    weights: &LlamaWeights,
-    m: &B::Model,
-    prompts: &[Vec<u32>],
-    max_tokens: usize,
-    eos: &[u32],
-    proposer: &mut dyn Proposer<B>,
-    config: &EngineConfig,
-) -> Result<usize, String> {
+pub fn ngram_fidelity<B: ModelBackend>(b: &B, weights: &LlamaWeights, m: &B::Model, set: &GreedyPrompts, proposer: &mut dyn Proposer<B>, config: &EngineConfig) -> Result<usize, String> {
     let mut rec = Recording { inner: proposer, steps: Vec::new() };
-    let engine = Engine::new(b, m, &weights.config, config.clone()).map_err(|e| e.to_string())?;
-    let requests: Vec<Request> = prompts.iter().map(|p| Request { eos: eos.to_vec(), ..Request::greedy(p.clone(), max_tokens) }).collect();
-    engine.generate(&requests, &mut rec, None, &mut NoSink).map_err(|e| err_of(&e))?;
+    engine(b, weights, m, config)?.generate(&set.requests(), &mut rec, None, &mut NoSink).map_err(|e| err_of(&e))?;
     let cfg = NgramConfig { k: K, ..NgramConfig::default() };
     let mut drafted = 0;
     for (n, st) in rec.steps.iter().enumerate() {
@@ -180,23 +168,18 @@ fn draft_cache_matches<B: ModelBackend>(b: &B, d: &DraftModelProposer<B>, layers
 /// The draft-model statement for a draft proposer (the section's seeded
 /// draft, or a negative control's): greedy runs of the prompts, the draft's
 /// cache checked after every step.
-#[allow(clippy::too_many_arguments)]
 pub fn draft_cache_fidelity<B: ModelBackend>(
     b: &B,
     target: &LlamaWeights,
     m: &B::Model,
-    prompts: &[Vec<u32>],
-    max_tokens: usize,
-    eos: &[u32],
+    set: &GreedyPrompts,
     draft: &mut DraftModelProposer<B>,
     draft_layers: usize,
     config: &EngineConfig,
 ) -> Result<usize, String> {
     let tolerance = b.model_precision().logit_rel_tolerance;
     let mut checked = CheckedDraft { inner: draft, layers: draft_layers, tolerance, steps: 0, failure: None };
-    let engine = Engine::new(b, m, &target.config, config.clone()).map_err(|e| e.to_string())?;
-    let requests: Vec<Request> = prompts.iter().map(|p| Request { eos: eos.to_vec(), ..Request::greedy(p.clone(), max_tokens) }).collect();
-    let out = engine.generate(&requests, &mut checked, None, &mut NoSink);
+    let out = engine(b, target, m, config)?.generate(&set.requests(), &mut checked, None, &mut NoSink);
     // A stale cache may go on to break the run (it outgrows its capacity):
     // the first mismatch is the finding.
     if let Some(f) = checked.failure {
@@ -214,15 +197,13 @@ pub(super) fn check<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, plain: &P
     if proposer == "draft:seeded" {
         let draft = seeded_draft(&s.weights)?;
         let mut p = DraftModelProposer::new(b, proposer, &draft, s.weights.config.vocab_size).map_err(|e| e.to_string())?;
-        return draft_cache_fidelity(b, &s.weights, m, &plain.prompts, plain.max_tokens, &plain.eos, &mut p, draft.config.num_hidden_layers, config);
+        return draft_cache_fidelity(b, &s.weights, m, &plain.set, &mut p, draft.config.num_hidden_layers, config);
     }
     let mut p = build_proposer(b, proposer, &s.weights)?;
     if proposer == "ngram" {
-        return ngram_fidelity(b, &s.weights, m, &plain.prompts, plain.max_tokens, &plain.eos, p.as_mut(), config);
+        return ngram_fidelity(b, &s.weights, m, &plain.set, p.as_mut(), config);
     }
-    let engine = Engine::new(b, m, &s.weights.config, config.clone()).map_err(|e| e.to_string())?;
-    let requests: Vec<Request> = plain.prompts.iter().map(|p| Request { eos: plain.eos.clone(), ..Request::greedy(p.clone(), plain.max_tokens) }).collect();
-    let out = engine.generate(&requests, p.as_mut(), None, &mut NoSink).map_err(|e| err_of(&e))?;
+    let out = engine(b, &s.weights, m, config)?.generate(&plain.set.requests(), p.as_mut(), None, &mut NoSink).map_err(|e| err_of(&e))?;
     let eps = b.model_precision().window_margin_epsilon;
     let mut excused = 0;
     for (i, (o, run)) in out.outputs.iter().zip(&plain.runs).enumerate() {

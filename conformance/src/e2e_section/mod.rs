@@ -296,10 +296,23 @@ struct GreedyRun<B: ModelBackend> {
 }
 
 /// What a model's greedy checks decode: prompts, tokens per prompt, eos ids.
-struct GreedyPrompts {
-    prompts: Vec<Vec<u32>>,
-    max_tokens: usize,
-    eos: Vec<u32>,
+#[derive(Debug, Clone)]
+pub struct GreedyPrompts {
+    pub prompts: Vec<Vec<u32>>,
+    pub max_tokens: usize,
+    pub eos: Vec<u32>,
+}
+
+impl GreedyPrompts {
+    /// One greedy request per prompt.
+    pub fn requests(&self) -> Vec<Request> {
+        self.prompts.iter().map(|p| Request { eos: self.eos.clone(), ..Request::greedy(p.clone(), self.max_tokens) }).collect()
+    }
+}
+
+/// A fresh engine for `weights` with `config`.
+fn engine<'a, B: ModelBackend>(b: &'a B, weights: &LlamaWeights, m: &'a B::Model, config: &EngineConfig) -> Result<Engine<'a, B>, String> {
+    Engine::new(b, m, &weights.config, config.clone()).map_err(|e| e.to_string())
 }
 
 /// Greedy prompts: SmolLM2's shipped prompts, or seeded ids with repeats for the tiny model.
@@ -339,25 +352,20 @@ pub fn tiny_eos(w: &LlamaWeights, prompts: &[Vec<u32>]) -> Result<u32, String> {
 
 /// A model's greedy prompts and their plain greedy decoding on the backend.
 pub(crate) struct Plain {
-    prompts: Vec<Vec<u32>>,
-    max_tokens: usize,
-    eos: Vec<u32>,
+    set: GreedyPrompts,
     runs: Vec<model_section::GreedyRun>,
 }
 
 fn plain_run<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model) -> Result<Plain, String> {
-    let GreedyPrompts { prompts, max_tokens, eos } = greedy_prompts(s)?;
-    let runs = model_section::greedy(b, m, &prompts, max_tokens, &eos, s.weights.config.vocab_size)?;
-    Ok(Plain { prompts, max_tokens, eos, runs })
+    let set = greedy_prompts(s)?;
+    let runs = model_section::greedy(b, m, &set.prompts, set.max_tokens, &set.eos, s.weights.config.vocab_size)?;
+    Ok(Plain { set, runs })
 }
 
 fn greedy_run<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, plain: &Plain, proposer: &str, config: &EngineConfig) -> Result<GreedyRun<B>, String> {
-    let Plain { prompts, max_tokens, eos, runs: plain } = plain;
-    let max_tokens = *max_tokens;
+    let Plain { set, runs: plain } = plain;
     let mut p = build_proposer(b, proposer, &s.weights)?;
-    let engine = Engine::new(b, m, &s.weights.config, config.clone()).map_err(|e| e.to_string())?;
-    let reqs: Vec<Request> = prompts.iter().map(|p| Request { eos: eos.clone(), ..Request::greedy(p.clone(), max_tokens) }).collect();
-    let (out, cache) = engine.run(&reqs, p.as_mut(), None, &mut NoSink).map_err(|e| err_of(&e))?;
+    let (out, cache) = engine(b, &s.weights, m, config)?.run(&set.requests(), p.as_mut(), None, &mut NoSink).map_err(|e| err_of(&e))?;
     // DECODE-2 within the backend: its windows against its own decodes.
     let eps = b.model_precision().window_margin_epsilon;
     let mut excused = 0;
@@ -381,7 +389,7 @@ fn greedy_run<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, plain: &Plain, 
         Some(f) => Verdict::Fail(format!("{f} [{} proposed, {} accepted]", a.proposed, a.accepted)),
         None => to_verdict(Ok(excused)),
     };
-    Ok(GreedyRun { verdict, prompts: prompts.clone(), tokens: out.outputs.into_iter().map(|o| o.tokens).collect(), cache })
+    Ok(GreedyRun { verdict, prompts: set.prompts.clone(), tokens: out.outputs.into_iter().map(|o| o.tokens).collect(), cache })
 }
 
 fn err_of(e: &specdec_decoder::DecodeError) -> String {

@@ -15,9 +15,9 @@
 //! `Bb`, ...), so strings straddle tokens as real ones do.
 
 use specdec_backend::model::ModelBackend;
-use specdec_decoder::{Detokenize, Engine, EngineConfig, FinishReason, NoSink, Request};
+use specdec_decoder::{Detokenize, EngineConfig, FinishReason, NoSink, Request};
 
-use super::{Plain, build_proposer, err_of};
+use super::{Plain, build_proposer, engine, err_of};
 use crate::model_section::Subject;
 
 /// Cut positions `j` of the tiny model's outputs (generations of up to 22
@@ -61,12 +61,13 @@ pub(super) fn check<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, plain: &P
             None => tiny_text(ids),
         }
     };
-    let (cut_at, prompts): (&[usize], usize) = if s.loaded.is_some() { (&SMOLLM2_CUTS, SMOLLM2_PROMPTS) } else { (&TINY_CUTS, plain.prompts.len()) };
+    let (cut_at, prompts): (&[usize], usize) = if s.loaded.is_some() { (&SMOLLM2_CUTS, SMOLLM2_PROMPTS) } else { (&TINY_CUTS, plain.set.prompts.len()) };
+    let base = plain.set.requests();
     let mut requests = Vec::new();
     let mut expected = Vec::new();
     for (i, run) in plain.runs.iter().enumerate().take(prompts) {
         for (stop, keep) in cuts(&run.tokens, cut_at, &decode) {
-            requests.push(Request { eos: plain.eos.clone(), stop_strings: vec![stop.clone()], ..Request::greedy(plain.prompts[i].clone(), plain.max_tokens) });
+            requests.push(Request { stop_strings: vec![stop.clone()], ..base[i].clone() });
             expected.push((i, stop, keep));
         }
     }
@@ -74,15 +75,14 @@ pub(super) fn check<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, plain: &P
         return Err("no plain output is long enough to cut stop strings from".into());
     }
     let mut p = build_proposer(b, proposer, &s.weights)?;
-    let engine = Engine::new(b, m, &s.weights.config, config.clone()).map_err(|e| e.to_string())?;
-    let out = engine.run(&requests, p.as_mut(), Some(&decode as &dyn Detokenize), &mut NoSink).map_err(|e| err_of(&e))?.0;
+    let out = engine(b, &s.weights, m, config)?.run(&requests, p.as_mut(), Some(&decode as &dyn Detokenize), &mut NoSink).map_err(|e| err_of(&e))?.0;
     let eps = b.model_precision().window_margin_epsilon;
     let mut excused = 0;
     for (o, (i, stop, keep)) in out.outputs.iter().zip(&expected) {
         let plain_run = &plain.runs[*i];
         let want = &plain_run.tokens[..*keep];
         // Eos wins over a stop string completed by the same token.
-        let finish = if want.last().is_some_and(|t| plain.eos.contains(t)) { FinishReason::Eos } else { FinishReason::Stop };
+        let finish = if want.last().is_some_and(|t| plain.set.eos.contains(t)) { FinishReason::Eos } else { FinishReason::Stop };
         if o.tokens == want && o.finish == finish {
             continue;
         }
