@@ -11,11 +11,10 @@ use specdec_reference::dflash::{self, Schedule};
 use specdec_reference::ngram::{self, NgramConfig, NgramIndex};
 use specdec_reference::{Comparator, SpecError, kvcache, lossy, speculative_accept, theory};
 
-use crate::case::parse;
 use crate::check::{CheckResult, Kind, SuiteConfig, catch, settle};
 use crate::compare::{Verdict, judge_measured};
 use crate::execute::{Observed, OutValue};
-use crate::fixtures::HOST_FILES;
+use crate::fixtures::{HOST_FILES, parsed};
 use crate::format::{Case, CaseError};
 use crate::ops::HOST_OPS;
 use crate::section::Section;
@@ -227,9 +226,8 @@ impl HostSection {
     /// The shipped host cases (`fixtures/host/`), named `host/<file stem>/<case id>`.
     pub fn shipped() -> Self {
         let mut checks = Vec::new();
-        for (path, text) in HOST_FILES {
-            let stem = path.trim_end_matches(".json");
-            match parse(text, std::path::Path::new(path)) {
+        for (stem, loaded) in parsed(HOST_FILES) {
+            match loaded {
                 Err(e) => checks.push((format!("host/{stem}"), Err(e.to_string()))),
                 Ok(loaded) => {
                     checks.extend(loaded.errors.into_iter().map(|e| (format!("host/{stem}/{}", e.case.clone().unwrap_or_else(|| "file".into())), Err(e.to_string()))));

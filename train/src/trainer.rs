@@ -197,6 +197,30 @@ fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
     x * cos + rotated * sin
 }
 
+/// What training reads but never changes, on the training device: the
+/// target's embedding and head (no gradient flows into them; a tied head is
+/// the embedding itself, not a copy), the forward's geometry, and the
+/// per-position loss weights.
+struct Frozen {
+    embed: Tensor,
+    head: Tensor,
+    g: Geometry,
+    /// `[B - 1]`: position `i >= 1` weighs `exp(-(i - 1) / gamma)`.
+    weights: Tensor,
+}
+
+impl Frozen {
+    fn new(target: &LlamaWeights, block: usize, gamma: f64, device: Device) -> Self {
+        let tc = &target.config;
+        let embed = tensor(&target.embed).to_device(device);
+        let head = if std::ptr::eq(target.output_matrix(), &target.embed) { embed.shallow_clone() } else { tensor(target.output_matrix()).to_device(device) };
+        let g =
+            Geometry { heads: tc.num_attention_heads as i64, kv_heads: tc.num_key_value_heads as i64, head_dim: tc.head_dim() as i64, eps: tc.rms_norm_eps, theta: tc.rope_theta, block: block as i64 };
+        let weights: Vec<f32> = (1..block).map(|i| (-((i - 1) as f64) / gamma).exp() as f32).collect();
+        Frozen { embed, head, g, weights: Tensor::from_slice(&weights).to_device(device) }
+    }
+}
+
 /// A batch of anchored blocks over `S` sequences.
 struct Batch {
     /// `[S, L, K·hidden]`, zero-padded.
@@ -260,7 +284,8 @@ fn make_batch(seqs: &[&Seq], anchors: &[Vec<usize>], b: usize, mask_id: u32, dev
 }
 
 /// The drafter's forward: logits `[S·A·(B-1), V]` of block positions `1 .. B`.
-fn forward(p: &Params, embed: &Tensor, head: &Tensor, g: &Geometry, batch: &Batch) -> Tensor {
+fn forward(p: &Params, f: &Frozen, batch: &Batch) -> Tensor {
+    let (embed, head, g) = (&f.embed, &f.head, &f.g);
     let s = batch.block_tokens.size()[0];
     let ab = batch.block_tokens.size()[1];
     let l = batch.features.size()[1];
@@ -338,11 +363,7 @@ pub fn train(target: &LlamaWeights, data: &DraftData, heldout: Option<&DraftData
     if train_seqs.is_empty() {
         return Err(format!("no training sequence has a continuation of {} tokens", b - 1));
     }
-    // Frozen: no gradient flows into the target's embedding or head. A tied
-    // head is the embedding itself, not a copy.
-    let embed = tensor(&target.embed).to_device(device);
-    let head = if std::ptr::eq(target.output_matrix(), &target.embed) { embed.shallow_clone() } else { tensor(target.output_matrix()).to_device(device) };
-    let g = Geometry { heads: tc.num_attention_heads as i64, kv_heads: tc.num_key_value_heads as i64, head_dim: tc.head_dim() as i64, eps: tc.rms_norm_eps, theta: tc.rope_theta, block: b as i64 };
+    let frozen = Frozen::new(target, b, cfg.gamma, device);
 
     // Warm start: each draft layer from the target's last layers, the final
     // norm from the target's, hidden_norm from that layer's input norm (the
@@ -369,8 +390,6 @@ pub fn train(target: &LlamaWeights, data: &DraftData, heldout: Option<&DraftData
         norm: root.var_copy("norm", &tensor(&target.final_norm)),
     };
     let mut opt = nn::AdamW { wd: 0.0, ..nn::AdamW::default() }.build(&vs, cfg.lr).map_err(|e| e.to_string())?;
-    let weights: Vec<f32> = (1..b).map(|i| (-((i - 1) as f64) / cfg.gamma).exp() as f32).collect();
-    let weights = Tensor::from_slice(&weights).to_device(device);
 
     let mut log = TrainLog {
         config: cfg.clone(),
@@ -393,7 +412,7 @@ pub fn train(target: &LlamaWeights, data: &DraftData, heldout: Option<&DraftData
         let picked: Vec<&Seq> = (0..cfg.seqs_per_step).map(|_| &train_seqs[rng.random_range(0..train_seqs.len())]).collect();
         let anchors: Vec<Vec<usize>> = picked.iter().map(|s| (0..cfg.anchors_per_seq).map(|_| rng.random_range(s.anchors(b))).collect()).collect();
         let batch = make_batch(&picked, &anchors, b, cfg.mask_token_id, device);
-        let loss = weighted_loss(&forward(&params, &embed, &head, &g, &batch), &batch.labels, &weights);
+        let loss = weighted_loss(&forward(&params, &frozen, &batch), &batch.labels, &frozen.weights);
         opt.backward_step_clip_norm(&loss, 1.0);
         let value = loss.double_value(&[]);
         if !value.is_finite() {
@@ -402,7 +421,7 @@ pub fn train(target: &LlamaWeights, data: &DraftData, heldout: Option<&DraftData
         log.loss.push(value);
         progress.step(step, value);
         if !heldout_seqs.is_empty() && ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.steps) {
-            let e = evaluate(&params, &embed, &head, &g, &heldout_seqs, b, cfg.mask_token_id, &weights, step + 1);
+            let e = evaluate(&params, &frozen, &heldout_seqs, cfg.mask_token_id, step + 1);
             progress.eval(&e);
             log.evals.push(e);
         }
@@ -449,21 +468,17 @@ pub fn evaluate_draft(target: &LlamaWeights, draft: &DflashDraft, heldout: &Draf
     let device = parse_device(device)?;
     let b = c.block_size;
     let seqs = device_seqs(heldout, b, device);
-    let embed = tensor(&target.embed).to_device(device);
-    let head = if std::ptr::eq(target.output_matrix(), &target.embed) { embed.shallow_clone() } else { tensor(target.output_matrix()).to_device(device) };
-    let g = Geometry { heads: tc.num_attention_heads as i64, kv_heads: tc.num_key_value_heads as i64, head_dim: tc.head_dim() as i64, eps: tc.rms_norm_eps, theta: tc.rope_theta, block: b as i64 };
+    let frozen = Frozen::new(target, b, TrainConfig::default().gamma, device);
     let w = draft.weights();
     let on = |m: &Matrix| tensor(m).to_device(device);
     let params = Params { fc: on(&w.fc), hidden_norm: on(&w.hidden_norm), layers: w.layers.iter().map(|l| l.matrices().map(on)).collect(), norm: on(&w.norm) };
-    let weights: Vec<f32> = (1..b).map(|i| (-((i - 1) as f64) / TrainConfig::default().gamma).exp() as f32).collect();
-    let weights = Tensor::from_slice(&weights).to_device(device);
-    Ok(evaluate(&params, &embed, &head, &g, &seqs, b, c.mask_token_id, &weights, 0))
+    Ok(evaluate(&params, &frozen, &seqs, c.mask_token_id, 0))
 }
 
 /// Held-out loss and accepted length over every fourth anchor of every
 /// held-out sequence, one sequence at a time, without gradients.
-#[allow(clippy::too_many_arguments)]
-fn evaluate(p: &Params, embed: &Tensor, head: &Tensor, g: &Geometry, seqs: &[Seq], b: usize, mask_id: u32, weights: &Tensor, step: usize) -> Eval {
+fn evaluate(p: &Params, f: &Frozen, seqs: &[Seq], mask_id: u32, step: usize) -> Eval {
+    let b = f.g.block as usize;
     let _guard = tch::no_grad_guard();
     let (mut loss_sum, mut batches) = (0.0, 0usize);
     let mut matched_prefix = vec![0usize; b - 1];
@@ -473,9 +488,9 @@ fn evaluate(p: &Params, embed: &Tensor, head: &Tensor, g: &Geometry, seqs: &[Seq
         let anchors: Vec<usize> = s.anchors(b).step_by(4).collect();
         for chunk in anchors.chunks(64) {
             // One batch per chunk: a single sequence with these anchors.
-            let batch = make_batch(&[s], &[chunk.to_vec()], b, mask_id, weights.device());
-            let logits = forward(p, embed, head, g, &batch);
-            loss_sum += weighted_loss(&logits, &batch.labels, weights).double_value(&[]);
+            let batch = make_batch(&[s], &[chunk.to_vec()], b, mask_id, f.weights.device());
+            let logits = forward(p, f, &batch);
+            loss_sum += weighted_loss(&logits, &batch.labels, &f.weights).double_value(&[]);
             batches += 1;
             let hits = Vec::<i64>::try_from(logits.argmax(-1, false).eq_tensor(&batch.labels).to_kind(Kind::Int64).to_device(Device::Cpu)).unwrap_or_default();
             for block in hits.chunks(b - 1) {

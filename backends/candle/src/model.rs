@@ -335,6 +335,9 @@ impl CandleBackend {
         // repeat from layer to layer and step to step, so candle may keep them
         // on the device, keyed by value. Only the layers: no data is uploaded
         // there (the cache would keep data too, keyed by content, forever).
+        // candle never evicts it: it holds a few small buffers per distinct
+        // window shape a process sees (attention lengths up to the cache
+        // capacity), a bounded cost for a long-running server.
         #[cfg(feature = "cuda")]
         let layout_cache = match dev {
             Device::Cuda(d) => Some(d.enable_cuda_graph_htod_cache()),
