@@ -102,12 +102,10 @@ impl Job for Generate {
         let k = if self.proposer == ProposerChoice::None { 0 } else { self.k };
         let engine = Engine::new(b, &model, cfg, EngineConfig { k, ..EngineConfig::default() }).map_err(|e| e.to_string())?;
         let request = Request {
-            prompt: prompt_ids.clone(),
             sampling: SamplingParams { temperature: self.temperature, top_k: self.top_k, top_p: self.top_p },
             seed: self.seed,
-            max_tokens: self.max_tokens,
             eos: cfg.eos_ids(),
-            stop_strings: Vec::new(),
+            ..Request::greedy(prompt_ids.clone(), self.max_tokens)
         };
         let stdout = std::io::stdout();
         let (mut streamed, mut printed) = (Vec::<u32>::new(), String::new());

@@ -42,14 +42,23 @@ pub const BISECTION_ROUNDS: usize = 64;
 const BELOW_ONE: f64 = 1.0 - f64::EPSILON / 2.0;
 
 /// Noise for one probe row.
-struct Probe {
-    instance: usize,
-    u: Vec<f64>,
-    v: Vec<f64>,
+pub struct Probe {
+    pub instance: usize,
+    /// `k` accept uniforms (only the instance's first `len` are read).
+    pub u: Vec<f64>,
+    /// `k + 1` draw uniforms, one per row.
+    pub v: Vec<f64>,
+    /// The draw uniform of an engine that draws one per step (DECODE-3):
+    /// the value of the row being bisected (0.5 while accept boundaries are).
+    pub draw: f64,
 }
 
-/// One probe's result: its tokens and accepted count.
-type ProbeOut = (Vec<i64>, usize);
+/// One probe's result: its tokens (`k + 1`, PAD after) and accepted count.
+pub type ProbeOut = (Vec<i64>, usize);
+
+/// Runs probes as one batch and returns each row's result: what the exact
+/// law integrates (a backend's verify op, or a whole engine step).
+pub type ProbeRunner<'a, E> = dyn FnMut(&[Instance], &[Probe]) -> Result<Vec<ProbeOut>, E> + 'a;
 
 /// Runs the probes as one batch and returns each row's result.
 fn run<B: Backend>(backend: &B, inst: &[Instance], probes: &[Probe], cmp: Comparator) -> Result<Vec<ProbeOut>, BackendError> {
@@ -94,9 +103,9 @@ fn run<B: Backend>(backend: &B, inst: &[Instance], probes: &[Probe], cmp: Compar
 
 /// Bisects `sup { x in [0, 1) : pred(x) }` for many monotone predicates at
 /// once (true below the boundary). `start[i]` is `pred_i(0)`.
-fn bisect<B: Backend>(backend: &B, inst: &[Instance], cmp: Comparator, make: &dyn Fn(usize, f64) -> Probe, count: usize, pred: &dyn Fn(usize, &ProbeOut) -> bool) -> Result<Vec<f64>, BackendError> {
+fn bisect<E>(run: &mut ProbeRunner<'_, E>, inst: &[Instance], make: &dyn Fn(usize, f64) -> Probe, count: usize, pred: &dyn Fn(usize, &ProbeOut) -> bool) -> Result<Vec<f64>, E> {
     let zeros: Vec<Probe> = (0..count).map(|i| make(i, 0.0)).collect();
-    let at_zero = run(backend, inst, &zeros, cmp)?;
+    let at_zero = run(inst, &zeros)?;
     let mut lo = vec![0.0f64; count];
     let mut hi = vec![1.0f64; count];
     let active: Vec<usize> = (0..count).filter(|&i| pred(i, &at_zero[i])).collect();
@@ -110,7 +119,7 @@ fn bisect<B: Backend>(backend: &B, inst: &[Instance], cmp: Comparator, make: &dy
             break;
         }
         let probes: Vec<Probe> = active.iter().map(|&i| make(i, 0.5 * (lo[i] + hi[i]))).collect();
-        let out = run(backend, inst, &probes, cmp)?;
+        let out = run(inst, &probes)?;
         for (&i, o) in active.iter().zip(&out) {
             let mid = 0.5 * (lo[i] + hi[i]);
             if pred(i, o) { lo[i] = mid } else { hi[i] = mid }
@@ -121,6 +130,11 @@ fn bisect<B: Backend>(backend: &B, inst: &[Instance], cmp: Comparator, make: &dy
 
 /// The exact law of one verify step's emitted tokens, summed over `instances`.
 pub fn step_law<B: Backend>(backend: &B, instances: &[Instance], cmp: Comparator) -> Result<Law, BackendError> {
+    step_law_of(&mut |inst: &[Instance], probes: &[Probe]| run(backend, inst, probes, cmp), instances)
+}
+
+/// [`step_law`] of any verify: `run` gives each probe's result.
+pub fn step_law_of<E>(run: &mut ProbeRunner<'_, E>, instances: &[Instance]) -> Result<Law, E> {
     let k = instances[0].drafts.len();
     let v = instances[0].p[0].len();
     let n_inst = instances.len();
@@ -130,9 +144,9 @@ pub fn step_law<B: Backend>(backend: &B, instances: &[Instance], cmp: Comparator
         let (i, j) = (idx / k, idx % k);
         let mut u = vec![0.0; k];
         u[j] = x;
-        Probe { instance: i, u, v: vec![0.5; k + 1] }
+        Probe { instance: i, u, v: vec![0.5; k + 1], draw: 0.5 }
     };
-    let t = bisect(backend, instances, cmp, &accept_probe, n_inst * k, &|idx, o| o.1 > idx % k)?;
+    let t = bisect(run, instances, &accept_probe, n_inst * k, &|idx, o| o.1 > idx % k)?;
 
     // Phase 2: for each row j a draw can happen at, the cumulative law of the drawn id.
     // Row j < k draws after a rejection at j (u_j inside the reject interval); row k is the bonus.
@@ -149,9 +163,9 @@ pub fn step_law<B: Backend>(backend: &B, instances: &[Instance], cmp: Comparator
         let j = (idx % per_inst) / v;
         let mut vv = vec![0.5; k + 1];
         vv[j] = x;
-        Probe { instance: i, u: reject_u(i, j), v: vv }
+        Probe { instance: i, u: reject_u(i, j), v: vv, draw: x }
     };
-    let cdf = bisect(backend, instances, cmp, &draw_probe, n_inst * per_inst, &|idx, o| {
+    let cdf = bisect(run, instances, &draw_probe, n_inst * per_inst, &|idx, o| {
         let j = (idx % per_inst) / v;
         let c = (idx % v) as i64;
         o.1 == j && j <= k && o.0[j] <= c

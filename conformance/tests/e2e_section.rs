@@ -18,8 +18,13 @@ use specdec_stats::Decision;
 /// host drafter is slow, and no control here is about drafting); the
 /// section without a fault runs whole in the reference's conformance binary.
 fn tiny_section(engine: &EngineConfig) -> Vec<(String, Status)> {
+    tiny_checks(engine, &format!("e2e/{TINY}/"))
+}
+
+/// The tiny model's checks whose names match `filter`.
+fn tiny_checks(engine: &EngineConfig, filter: &str) -> Vec<(String, Status)> {
     let selection = Selection { exclude: vec!["e2e/*dflash*/sampled".into()], ..Selection::default() };
-    let cfg = SuiteConfig { filter: Some(format!("e2e/{TINY}/")), selection, ..SuiteConfig::default() };
+    let cfg = SuiteConfig { filter: Some(filter.into()), selection, ..SuiteConfig::default() };
     run_with(&ReferenceBackend, &cfg, &ModelFiles::default(), engine, &mut |_| {}).into_iter().filter(|r| r.status != Status::Skipped).map(|r| (r.name, r.status)).collect()
 }
 
@@ -92,6 +97,23 @@ fn stop_strings_checked_at_run_ends_only_are_rejected() {
     // Without the fault every stop check passes (the same run, no fault).
     let clean = tiny_section(&engine_config());
     assert!(failed(&clean, "/stop").is_empty() && failed(&clean, "/fidelity").is_empty(), "{clean:?}");
+}
+
+/// DECODE-3: one accept uniform tests every draft of a step, or a rejected
+/// row's correction is drawn with its accept uniform. The step-law checks
+/// fail both deterministically wherever a draft can be rejected (the target
+/// drafting for itself has every draft accepted: neither bug shows there).
+#[test]
+fn a_shared_or_misindexed_verify_uniform_is_rejected() {
+    let filter = format!("e2e/{TINY}/*/step-law");
+    for fault in [Fault::SharedAcceptUniform, Fault::DrawReadsAcceptRow] {
+        let r = tiny_checks(&with_fault(fault), &filter);
+        for p in ["ngram", "draft:seeded", "early-exit:1"] {
+            assert!(failed(&r, "/step-law").contains(&format!("e2e/{TINY}/{p}/step-law")), "{fault:?}, {p}: {r:?}");
+        }
+    }
+    let clean = tiny_checks(&engine_config(), &filter);
+    assert_eq!(clean.iter().filter(|(_, s)| *s == Status::Pass).count(), 4, "{clean:?}");
 }
 
 /// The tiny greedy setup reaches what the checks claim: an eos first seen

@@ -115,7 +115,7 @@ impl<'a, B: ModelBackend> Engine<'a, B> {
             // 2. The window forward, 3. its verify.
             let t = Instant::now();
             let win = window::forward(b, self.target, &mut cache, &seqs, &active, &proposal, proposer.hidden_layers(), self.config.faults())?;
-            let verdict = verify::verify(b, self.vocab, self.config.checked, &win, &mut seqs, &active, &proposal)?;
+            let verdict = verify::verify(b, self.vocab, &self.config, &win, &mut seqs, &active, &proposal)?;
             timings.verify_s += t.elapsed().as_secs_f64();
             batch_steps += 1;
 

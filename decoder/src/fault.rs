@@ -20,6 +20,12 @@ pub enum Fault {
     /// Looks for stop strings only at the last token of an emitted run, so a
     /// string completed inside the run cuts it at its end, not where it completes.
     StopAtRunEndOnly,
+    /// Draws one accept uniform per step and tests every draft with it
+    /// (the acceptances of a step become dependent).
+    SharedAcceptUniform,
+    /// Draws the correction at a rejected row with that row's accept uniform
+    /// (the noise rows misindexed: the draw then depends on the rejection).
+    DrawReadsAcceptRow,
 }
 
 /// The fault of a run, if any.
@@ -50,5 +56,16 @@ impl Faults {
     /// Whether stop strings are looked for only at a run's last token.
     pub(crate) fn stop_at_run_end_only(self) -> bool {
         self.0 == Some(Fault::StopAtRunEndOnly)
+    }
+
+    /// Whether one accept uniform serves every draft of a step.
+    pub(crate) fn shared_accept_uniform(self) -> bool {
+        self.0 == Some(Fault::SharedAcceptUniform)
+    }
+
+    /// The uniform of draw noise row `j` of a step whose accept uniforms are
+    /// `accept` and whose draw uniform is `draw`.
+    pub(crate) fn draw_noise(self, j: usize, accept: &[f64], draw: f64) -> f64 {
+        if self.0 == Some(Fault::DrawReadsAcceptRow) && j < accept.len() { accept[j] } else { draw }
     }
 }

@@ -25,12 +25,17 @@ pub struct Request {
     /// Strings that end the generation when the decoded output contains
     /// them, even split across tokens (DECODE-7). Needs a detokenizer.
     pub stop_strings: Vec<String>,
+    /// Verify uniforms given explicitly, read in DECODE-3's order (each
+    /// step's `len_b` accept uniforms, then its draw uniform) instead of the
+    /// seed's verify stream; a run that needs more is an error. With them a
+    /// step is a function of its noise, which an exact check integrates.
+    pub verify_uniforms: Option<Vec<f64>>,
 }
 
 impl Request {
     /// A greedy request with no stop condition but `max_tokens`.
     pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Self {
-        Request { prompt, sampling: SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0 }, seed: 0, max_tokens, eos: Vec::new(), stop_strings: Vec::new() }
+        Request { prompt, sampling: SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0 }, seed: 0, max_tokens, eos: Vec::new(), stop_strings: Vec::new(), verify_uniforms: None }
     }
 
     /// Checks the request against the model's vocabulary (ERR-1: typed, named, no clamping).
@@ -53,6 +58,9 @@ impl Request {
         }
         if let Err(e) = self.sampling.validate() {
             return bad(e.to_string());
+        }
+        if let Some((i, u)) = self.verify_uniforms.iter().flatten().enumerate().find(|(_, u)| !(0.0..1.0).contains(*u)) {
+            return bad(format!("explicit verify uniform {i} is {u}, outside [0, 1)"));
         }
         Ok(())
     }

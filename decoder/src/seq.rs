@@ -1,6 +1,7 @@
 //! One request's state during a run: its context, output, stop state,
 //! acceptance counts and its own two noise streams (DECODE-3).
 
+use rand::RngExt;
 use rand_pcg::Pcg64;
 
 use crate::request::{Acceptance, FinishReason, Request};
@@ -13,10 +14,32 @@ pub(crate) struct Seq<'r> {
     pub(crate) context: Vec<u32>,
     pub(crate) out: Vec<u32>,
     pub(crate) finish: Option<FinishReason>,
-    pub(crate) verify_rng: Pcg64,
+    pub(crate) verify_noise: VerifyNoise<'r>,
     pub(crate) draft_rng: Pcg64,
     pub(crate) acceptance: Acceptance,
     pub(crate) stop: StopState<'r>,
+}
+
+/// Where a request's verify uniforms come from (DECODE-3).
+pub(crate) enum VerifyNoise<'r> {
+    /// The seed's verify stream.
+    Stream(Pcg64),
+    /// Given by the request, read in order.
+    Given { given: &'r [f64], read: usize },
+}
+
+impl VerifyNoise<'_> {
+    /// The next verify uniform; `None` when given uniforms ran out.
+    pub(crate) fn next(&mut self) -> Option<f64> {
+        match self {
+            VerifyNoise::Stream(rng) => Some(rng.random::<f64>()),
+            VerifyNoise::Given { given, read } => {
+                let u = given.get(*read).copied();
+                *read += 1;
+                u
+            }
+        }
+    }
 }
 
 /// The noise streams of a request: verify and draft, independent (DECODE-3).
@@ -28,7 +51,11 @@ pub fn noise_streams(seed: u64) -> (Pcg64, Pcg64) {
 impl<'r> Seq<'r> {
     pub(crate) fn new(req: &'r Request) -> Self {
         let (verify_rng, draft_rng) = noise_streams(req.seed);
-        Seq { req, context: req.prompt.clone(), out: Vec::new(), finish: None, verify_rng, draft_rng, acceptance: Acceptance::default(), stop: StopState::new(req) }
+        let verify_noise = match &req.verify_uniforms {
+            Some(given) => VerifyNoise::Given { given, read: 0 },
+            None => VerifyNoise::Stream(verify_rng),
+        };
+        Seq { req, context: req.prompt.clone(), out: Vec::new(), finish: None, verify_noise, draft_rng, acceptance: Acceptance::default(), stop: StopState::new(req) }
     }
 
     /// The last token: the next input of the target.

@@ -3,14 +3,15 @@
 //! own uniforms (REJECT-1 .. REJECT-5, DECODE-3). Only the emitted tokens
 //! and the accepted counts come back to the host.
 
-use rand::RngExt;
 use specdec_backend::model::ModelBackend;
 use specdec_backend::{Comparator, DrawNoiseArg, PAD, RejectionArgs, RejectionNoise, Verified};
 
 use crate::DecodeError;
+use crate::config::EngineConfig;
 use crate::device;
+use crate::fault::Faults;
 use crate::proposer::{Proposal, VerifyRule};
-use crate::seq::Seq;
+use crate::seq::{Seq, VerifyNoise};
 use crate::window::Window;
 
 /// Each active sequence's emitted tokens (its accepted drafts and one more)
@@ -20,8 +21,18 @@ pub(crate) struct Verdict {
     pub(crate) num_accepted: Vec<usize>,
 }
 
-/// Verifies `w`; `checked` runs the ops with their validity read-back (GLUE-6).
-pub(crate) fn verify<B: ModelBackend>(b: &B, vocab: usize, checked: bool, w: &Window<B::Tensor>, seqs: &mut [Seq<'_>], active: &[usize], p: &Proposal<B::Tensor>) -> Result<Verdict, DecodeError> {
+/// Verifies `w`; `config.checked` runs the ops with their validity
+/// read-back (GLUE-6).
+pub(crate) fn verify<B: ModelBackend>(
+    b: &B,
+    vocab: usize,
+    config: &EngineConfig,
+    w: &Window<B::Tensor>,
+    seqs: &mut [Seq<'_>],
+    active: &[usize],
+    p: &Proposal<B::Tensor>,
+) -> Result<Verdict, DecodeError> {
+    let (checked, faults) = (config.checked, config.faults());
     let (a, width) = (active.len(), w.width);
     let greedy = active.iter().all(|&i| seqs[i].req.sampling.temperature == 0.0);
     if greedy && p.rule == VerifyRule::DflashBlock && p.drafts.iter().all(|d| d.len() == width) {
@@ -49,15 +60,15 @@ pub(crate) fn verify<B: ModelBackend>(b: &B, vocab: usize, checked: bool, w: &Wi
         }
         None => None,
     };
-    // Each request draws its own uniforms: one per draft, one for the drawn token.
+    // Each request draws its own uniforms (DECODE-3): one per draft, then
+    // one for the drawn token.
     let (mut u, mut v) = (Vec::with_capacity(a * width), Vec::with_capacity(a * (width + 1)));
     for (pos, &i) in active.iter().enumerate() {
-        let rng = &mut seqs[i].verify_rng;
         let len = p.drafts[pos].len();
-        u.extend((0..width).map(|j| if j < len { rng.random::<f64>() } else { 0.5 }));
+        let (accept, draw) = step_uniforms(&mut seqs[i].verify_noise, len, faults).ok_or_else(|| DecodeError::Request { index: i, reason: "its explicit verify uniforms ran out".into() })?;
         // Exactly one draw row is read (row n_b); one uniform serves it.
-        let draw = rng.random::<f64>();
-        v.extend(std::iter::repeat_n(draw, width + 1));
+        v.extend((0..=width).map(|j| faults.draw_noise(j, &accept, draw)));
+        u.extend(accept.iter().copied().chain(std::iter::repeat(0.5)).take(width));
     }
     let u = device::upload_f64(b, vec![a, width], u)?;
     let v = device::upload_f64(b, vec![a, width + 1], v)?;
@@ -65,6 +76,17 @@ pub(crate) fn verify<B: ModelBackend>(b: &B, vocab: usize, checked: bool, w: &Wi
     let noise = RejectionNoise { accept_uniforms: &u, draw: DrawNoiseArg::InverseCdf(&v) };
     let out = if checked { b.rejection_verify(args, noise, Comparator::Strict)? } else { b.rejection_verify_unchecked(args, noise, Comparator::Strict)? };
     download(b, &out, a, width)
+}
+
+/// One step's `len` accept uniforms and its draw uniform, in DECODE-3's
+/// order; `None` when given uniforms ran out.
+fn step_uniforms(noise: &mut VerifyNoise<'_>, len: usize, faults: Faults) -> Option<(Vec<f64>, f64)> {
+    if faults.shared_accept_uniform() && len > 0 {
+        let u = noise.next()?;
+        return Some((vec![u; len], noise.next()?));
+    }
+    let accept = (0..len).map(|_| noise.next()).collect::<Option<Vec<f64>>>()?;
+    Some((accept, noise.next()?))
 }
 
 /// DFLASH-1 .. DFLASH-3 on full blocks `[last, drafts..]` at temperature 0.

@@ -365,6 +365,35 @@ fn a_request_is_the_same_alone_and_in_a_batch() {
     }
 }
 
+/// DECODE-3: given verify uniforms are read in the stream's order, so the
+/// seed's own stream given explicitly reproduces the seeded run token for
+/// token; a run that needs more than it was given is a typed error.
+#[test]
+fn explicit_verify_uniforms_are_read_in_the_streams_order() {
+    use rand::RngExt;
+    let w = tiny("tiny-v12-l2");
+    let sampled = |seed| Request { sampling: SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0 }, seed, ..Request::greedy(vec![3, 1, 4, 1, 5, 3, 1, 4], 12) };
+    let mut changed = 0;
+    for name in ["none", "ngram", "draft", "self"] {
+        for seed in [1, 2, 3] {
+            let seeded = run(&w, k(3), &[sampled(seed)], proposer(name, &w).as_mut());
+            let mut stream = specdec_decoder::noise_streams(seed).0;
+            let given = Request { verify_uniforms: Some((0..64).map(|_| stream.random::<f64>()).collect()), ..sampled(seed) };
+            let explicit = run(&w, k(3), &[given], proposer(name, &w).as_mut());
+            assert_eq!(seeded.outputs[0].tokens, explicit.outputs[0].tokens, "{name}, seed {seed}");
+            // Another stream's uniforms change some run: the given ones are read.
+            let mut other = specdec_decoder::noise_streams(seed + 100).0;
+            let moved = Request { verify_uniforms: Some((0..64).map(|_| other.random::<f64>()).collect()), ..sampled(seed) };
+            changed += usize::from(run(&w, k(3), &[moved], proposer(name, &w).as_mut()).outputs[0].tokens != seeded.outputs[0].tokens);
+            let short = Request { verify_uniforms: Some(vec![0.25; 2]), ..sampled(seed) };
+            let model = B.load_model(&w).unwrap();
+            let err = Engine::new(&B, &model, &w.config, k(3)).unwrap().generate(&[Request::greedy(vec![1], 2), short], proposer(name, &w).as_mut(), None, &mut NoSink).unwrap_err();
+            assert!(matches!(&err, DecodeError::Request { index: 1, reason } if reason.contains("ran out")), "{name}: {err}");
+        }
+    }
+    assert!(changed >= 6, "only {changed} of 12 runs moved with other uniforms");
+}
+
 /// ERR-1: bad requests get typed errors naming the request.
 #[test]
 fn bad_requests_are_typed_errors() {
@@ -378,6 +407,9 @@ fn bad_requests_are_typed_errors() {
         Request { sampling: SamplingParams { temperature: f64::NAN, top_k: 0, top_p: 1.0 }, ..Request::greedy(vec![1], 3) },
         Request { eos: vec![99], ..Request::greedy(vec![1], 3) },
         Request { stop_strings: vec!["x".into()], ..Request::greedy(vec![1], 3) },
+        Request { verify_uniforms: Some(vec![0.5, 1.0]), ..Request::greedy(vec![1], 3) },
+        Request { verify_uniforms: Some(vec![f64::NAN]), ..Request::greedy(vec![1], 3) },
+        Request { verify_uniforms: Some(vec![0.1, -1e-300]), ..Request::greedy(vec![1], 3) },
     ];
     for (i, r) in bad.into_iter().enumerate() {
         let err = engine.generate(&[Request::greedy(vec![1], 2), r], &mut NoProposer, None, &mut NoSink).unwrap_err();

@@ -49,9 +49,20 @@ struct Step {
 }
 
 /// A proposer that records what the proposer it wraps drafted, from what.
-struct Recording<'p, B: ModelBackend> {
+pub(super) struct Recording<'p, B: ModelBackend> {
     inner: &'p mut dyn Proposer<B>,
     steps: Vec<Step>,
+}
+
+impl<'p, B: ModelBackend> Recording<'p, B> {
+    pub(super) fn new(inner: &'p mut dyn Proposer<B>) -> Self {
+        Recording { inner, steps: Vec::new() }
+    }
+
+    /// The drafts of the first proposal, if there was one.
+    pub(super) fn first_drafts(&self) -> Option<Vec<u32>> {
+        self.steps.first().map(|s| s.drafts.clone())
+    }
 }
 
 impl<B: ModelBackend> Proposer<B> for Recording<'_, B> {
@@ -84,7 +95,7 @@ impl<B: ModelBackend> Proposer<B> for Recording<'_, B> {
 /// own, or a negative control's): runs the plain prompts greedily and
 /// compares every step's drafts with the reference's.
 pub fn ngram_fidelity<B: ModelBackend>(b: &B, weights: &LlamaWeights, m: &B::Model, set: &GreedyPrompts, proposer: &mut dyn Proposer<B>, config: &EngineConfig) -> Result<usize, String> {
-    let mut rec = Recording { inner: proposer, steps: Vec::new() };
+    let mut rec = Recording::new(proposer);
     engine(b, weights, m, config)?.generate(&set.requests(), &mut rec, None, &mut NoSink).map_err(|e| err_of(&e))?;
     let cfg = NgramConfig { k: K, ..NgramConfig::default() };
     let mut drafted = 0;

@@ -35,6 +35,12 @@
 //!   detects a total variation of [`E2E_DELTA`] with miss probability
 //!   [`E2E_BETA`]; never retried.
 //!
+//! - `step-law` (tiny model; n-gram and the draft models): the exact law of
+//!   one sampled step given its drafts (k = 2 and 3), integrated over the
+//!   engine's explicit verify uniforms (DECODE-3), equals the law the rules
+//!   give on the reference forward's rows (`step_law.rs`): a shared or
+//!   misindexed uniform fails deterministically.
+//!
 //! The negative controls (conformance/tests/e2e_section.rs) run these same
 //! checks on decoders with one injected bug each and assert they fail.
 
@@ -57,6 +63,7 @@ use crate::stat;
 mod fidelity;
 pub use fidelity::{draft_cache_fidelity, ngram_fidelity};
 pub use stop::tiny_text;
+mod step_law;
 mod stop;
 
 /// The tiny model of the end-to-end section (vocabulary 12: its whole output law is enumerable).
@@ -108,6 +115,9 @@ pub fn e2e_items() -> Vec<E2eItem> {
             }
             if model == TINY {
                 checks.push(("sampled", &["DECODE-2", "DECODE-3", "REJECT-7", "STAT-3"]));
+                if step_law::applies(p) {
+                    checks.push(("step-law", step_law::rules(p)));
+                }
             }
             for (check, rules) in checks {
                 items.push(E2eItem { name: format!("e2e/{model}/{p}/{check}"), model: model.into(), proposer: p.into(), check, rules });
@@ -255,6 +265,7 @@ pub fn run_with<B: ModelBackend>(backend: &B, cfg: &SuiteConfig, files: &ModelFi
                 };
                 to_verdict(outcome)
             }
+            "step-law" => catch(|| step_law::check(backend, subject, model, &item.proposer, engine, cfg.seed)).unwrap_or_else(Verdict::Fail),
             "sampled" => {
                 // Judged with the family below (Holm, STAT-2).
                 let outcome = catch(|| sampled_counts(backend, subject, model, &item.proposer, engine, cfg.seed)).unwrap_or_else(|m| Err(Verdict::Fail(m)));
@@ -447,10 +458,22 @@ pub fn sampled_setup(w: &LlamaWeights) -> Result<(Vec<u32>, u32), String> {
 
 /// The processed law of the token after `context` by the reference forward.
 fn next_law(w: &LlamaWeights, context: &[u32]) -> Result<Vec<f64>, String> {
-    let model = RefModel::new(w.clone());
-    let mut cache = model.new_cache(1, context.len()).map_err(|e| e.to_string())?;
-    let out = model.forward(&mut cache, &ForwardRequest::last_logits(&[context.to_vec()])).map_err(|e| e.to_string())?;
-    process_logits(&out.logits, SAMPLED_PARAMS).map_err(|e| e.to_string())
+    let (mut rows, _) = processed_rows(&RefModel::new(w.clone()), &[context.to_vec()], SAMPLED_PARAMS)?;
+    Ok(rows.remove(0))
+}
+
+/// The processed law of the token after each context, by the reference
+/// forward, and the largest `|logit|` seen.
+fn processed_rows(model: &RefModel, contexts: &[Vec<u32>], params: SamplingParams) -> Result<(Vec<Vec<f64>>, f64), String> {
+    let mut rows = Vec::with_capacity(contexts.len());
+    let mut scale = 0.0f64;
+    for context in contexts {
+        let mut cache = model.new_cache(1, context.len()).map_err(|e| e.to_string())?;
+        let out = model.forward(&mut cache, &ForwardRequest::last_logits(std::slice::from_ref(context))).map_err(|e| e.to_string())?;
+        scale = out.logits.iter().fold(scale, |m, x| m.max(x.abs()));
+        rows.push(process_logits(&out.logits, params).map_err(|e| e.to_string())?);
+    }
+    Ok((rows, scale))
 }
 
 /// The exact law of a sampled generation: sequences that end at eos or at
