@@ -20,6 +20,7 @@ use specdec_conformance::suite::{self, Item, KernelSection, Selection, Status, S
 mod bless;
 mod campaign;
 mod draft_data;
+mod engine;
 mod generate;
 mod model;
 
@@ -154,6 +155,33 @@ enum Command {
         #[arg(long)]
         report: Vec<PathBuf>,
     },
+    /// The engine checks (spec section 21) on an engine: specdec's own
+    /// decoder (`decoder:BACKEND:PROPOSER`) or any engine speaking the exec
+    /// protocol's `generate` operation (`exec:COMMAND`, PROTO-9).
+    EngineCheck {
+        #[arg(long)]
+        engine: String,
+        #[arg(long)]
+        filter: Option<String>,
+        #[arg(long)]
+        seed: Option<u64>,
+        #[arg(long)]
+        report: Vec<PathBuf>,
+        /// Seconds an exec engine has for one batch of generations.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+    },
+    /// Serves specdec's own decoder on the engine checks' tiny model as an
+    /// exec engine (PROTO-9) on stdin/stdout.
+    EngineAdapter {
+        #[arg(long, default_value = "reference")]
+        backend: String,
+        /// A proposer of the end-to-end section (`ngram`, `draft:seeded`, `draft:self`, ...).
+        #[arg(long, default_value = "ngram")]
+        proposer: String,
+        #[arg(long, default_value_t = 3)]
+        k: usize,
+    },
     /// Recomputes `expected_by: reference` outputs and regenerates
     /// `fixtures/cases/blessed/`; `--check` fails on drift instead of writing.
     Bless {
@@ -210,6 +238,10 @@ fn main() -> ExitCode {
         }),
         Command::Check { cases, backend, filter, case_id, report } => check(&cases, &backend, filter, case_id.as_deref(), &report),
         Command::Bless { check, fixtures } => bless::run(&fixtures, check),
+        Command::EngineCheck { engine, filter, seed, report, timeout } => {
+            suite_config(filter, None, seed, specdec_conformance::diff::DEFAULT_CASES_PER_OP, true).and_then(|cfg| engine::check(&engine, &cfg, &report, std::time::Duration::from_secs(timeout)))
+        }
+        Command::EngineAdapter { backend, proposer, k } => engine::adapter(&backend, &proposer, k),
         Command::Stats { seed, out, sweep } => match seed.map_or_else(suite::seed_from_env, Ok) {
             Ok(seed) => match sweep {
                 Some(n) => campaign::sweep(n, &out),

@@ -37,6 +37,8 @@ pub enum Kind {
     EndToEnd,
     /// A worked example of a reference-only algorithm (CASE-7), judged on the reference.
     Host,
+    /// A whole engine through the generation-level contract (ENGINE-1 .. ENGINE-6).
+    Engine,
 }
 
 /// The status of one check (SUITE-2).

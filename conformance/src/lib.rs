@@ -18,6 +18,7 @@ pub mod check;
 pub mod compare;
 pub mod diff;
 pub mod e2e_section;
+pub mod engine_section;
 pub mod exact;
 pub mod execute;
 pub mod fixtures;

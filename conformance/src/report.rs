@@ -36,6 +36,17 @@ pub struct Summary {
 
 impl Report {
     pub fn new<B: Backend>(backend: &B, seed: u64, results: Vec<CheckResult>) -> Report {
+        Report::of(backend.name(), backend.device(), backend.precision(), seed, results)
+    }
+
+    /// The report of an engine under test (ENGINE-1): its name, and its
+    /// greedy epsilon as the margin epsilon.
+    pub fn for_engine(name: &str, greedy_epsilon: f64, seed: u64, results: Vec<CheckResult>) -> Report {
+        let precision = Precision { float_dtype: "engine", accumulate_dtype: "engine", margin_epsilon: greedy_epsilon, value_tolerance: 0.0 };
+        Report::of(name.to_string(), "engine".into(), precision, seed, results)
+    }
+
+    fn of(backend: String, device: String, precision: Precision, seed: u64, results: Vec<CheckResult>) -> Report {
         let mut summary = Summary::default();
         for r in &results {
             *summary.counts.entry(r.status).or_default() += 1;
@@ -43,7 +54,7 @@ impl Report {
             summary.max_abs_err = summary.max_abs_err.max(r.max_abs_err);
             summary.failed |= r.status.is_failure();
         }
-        Report { backend: backend.name(), device: backend.device(), precision: backend.precision(), seed, specdec_version: env!("CARGO_PKG_VERSION"), summary, results }
+        Report { backend, device, precision, seed, specdec_version: env!("CARGO_PKG_VERSION"), summary, results }
     }
 
     pub fn count(&self, status: Status) -> usize {

@@ -6,6 +6,7 @@ use specdec_backend::{Backend, ModelBackend};
 
 use crate::check::{CheckResult, SuiteConfig};
 use crate::e2e_section::EndToEndSection;
+use crate::engine_section::DecoderEngineSection;
 use crate::host::HostSection;
 use crate::model_section::{ModelFiles, ModelSection};
 use crate::report::Report;
@@ -44,10 +45,11 @@ impl<'a, B: Backend> Runner<'a, B> {
 impl<'a, B: ModelBackend> Runner<'a, B> {
     /// The whole suite of a backend: the kernel checks, the host cases (in
     /// the reference's run only: they check reference-only algorithms), the
-    /// model section and the end-to-end section.
+    /// model section, the end-to-end section and the engine section (the
+    /// decoder on the backend as an engine under test).
     pub fn standard(cfg: &SuiteConfig, files: ModelFiles, backend_name: &str) -> Self {
         let runner = Runner::default().with(KernelSection::new(cfg));
         let runner = if backend_name == specdec_backend::ReferenceBackend.name() { runner.with(HostSection::shipped()) } else { runner };
-        runner.with(ModelSection { files: files.clone() }).with(EndToEndSection::new(files))
+        runner.with(ModelSection { files: files.clone() }).with(EndToEndSection::new(files)).with(DecoderEngineSection)
     }
 }

@@ -62,11 +62,12 @@ pub(crate) fn commit<B: ModelBackend>(
 /// returns how many were emitted.
 fn emit(s: &mut Seq<'_>, slot: usize, tokens: &[u32], faults: Faults, detok: Option<&dyn Detokenize>, sink: &mut dyn Sink) -> usize {
     let start = s.out.len();
+    let reaches_cap = start + tokens.len() >= s.req.max_tokens;
     for (j, &t) in tokens.iter().enumerate() {
         s.out.push(t);
         s.context.push(t);
         let inside = j + 1 < tokens.len();
-        let detok = if inside && faults.stop_at_run_end_only() { None } else { detok };
+        let detok = if (inside && faults.stop_at_run_end_only()) || (reaches_cap && faults.length_before_stop()) { None } else { detok };
         match s.stop.check(&s.out, detok) {
             Appended::Finished(FinishReason::Eos) if inside && faults.emits_past_eos() => {}
             Appended::Finished(FinishReason::Length) if inside && faults.emits_past_length() => {}

@@ -78,7 +78,8 @@ impl<'a, B: ModelBackend> Engine<'a, B> {
         let mut cache = b.new_model_cache(self.target, requests.len(), capacity)?;
         let mut controller = self.config.controller.clone().map(DynamicController::new).transpose().map_err(|e| DecodeError::Config(e.to_string()))?;
         let mut timings = Timings::default();
-        let mut seqs: Vec<Seq<'_>> = requests.iter().map(Seq::new).collect();
+        let faults = self.config.faults();
+        let mut seqs: Vec<Seq<'_>> = requests.iter().enumerate().map(|(i, r)| Seq::new(r, faults.noise_seed(requests, i))).collect();
 
         let t = Instant::now();
         proposer.begin(b, requests.len(), capacity, max_k)?;

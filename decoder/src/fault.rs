@@ -26,6 +26,13 @@ pub enum Fault {
     /// Draws the correction at a rejected row with that row's accept uniform
     /// (the noise rows misindexed: the draw then depends on the rejection).
     DrawReadsAcceptRow,
+    /// Checks the length cap before the stop strings: a run that reaches
+    /// the cap is cut there without looking for stop strings in it, so the
+    /// tokens between a stop and the cap leak (SGLang #31599).
+    LengthBeforeStop,
+    /// Every request of a batch draws its noise from the first request's
+    /// seed (one noise stream shared across requests, TensorRT-LLM #19487).
+    SharedNoiseAcrossRequests,
 }
 
 /// The fault of a run, if any.
@@ -67,5 +74,15 @@ impl Faults {
     /// `accept` and whose draw uniform is `draw`.
     pub(crate) fn draw_noise(self, j: usize, accept: &[f64], draw: f64) -> f64 {
         if self.0 == Some(Fault::DrawReadsAcceptRow) && j < accept.len() { accept[j] } else { draw }
+    }
+
+    /// Whether a run that reaches the length cap skips the stop strings.
+    pub(crate) fn length_before_stop(self) -> bool {
+        self.0 == Some(Fault::LengthBeforeStop)
+    }
+
+    /// The seed request `i`'s noise is drawn from.
+    pub(crate) fn noise_seed(self, requests: &[crate::Request], i: usize) -> u64 {
+        if self.0 == Some(Fault::SharedNoiseAcrossRequests) { requests[0].seed } else { requests[i].seed }
     }
 }

@@ -49,8 +49,10 @@ pub fn noise_streams(seed: u64) -> (Pcg64, Pcg64) {
 }
 
 impl<'r> Seq<'r> {
-    pub(crate) fn new(req: &'r Request) -> Self {
-        let (verify_rng, draft_rng) = noise_streams(req.seed);
+    /// A request's state; its noise streams are `seed`'s (the request's own
+    /// seed but in a negative control).
+    pub(crate) fn new(req: &'r Request, seed: u64) -> Self {
+        let (verify_rng, draft_rng) = noise_streams(seed);
         let verify_noise = match &req.verify_uniforms {
             Some(given) => VerifyNoise::Given { given, read: 0 },
             None => VerifyNoise::Stream(verify_rng),

@@ -62,7 +62,7 @@ use crate::stat;
 
 mod fidelity;
 pub use fidelity::{draft_cache_fidelity, ngram_fidelity};
-pub use stop::tiny_text;
+pub use stop::{cuts, tiny_text};
 mod step_law;
 mod stop;
 
@@ -339,9 +339,14 @@ fn greedy_prompts(s: &Subject) -> Result<GreedyPrompts, String> {
             .collect::<Result<_, _>>()?;
         return Ok(GreedyPrompts { prompts, max_tokens: SMOLLM2_TOKENS, eos: s.weights.config.eos_ids() });
     }
-    let prompts = vec![vec![1, 2, 3, 1, 2, 3, 1], vec![5], vec![7, 7, 7, 7], vec![0, 4, 9, 2, 4, 9, 2, 4, 11, 10]];
+    let prompts = tiny_prompts();
     let eos = tiny_eos(&s.weights, &prompts)?;
     Ok(GreedyPrompts { prompts, max_tokens: TINY_TOKENS, eos: vec![eos] })
+}
+
+/// The tiny model's greedy prompts: seeded ids with repeats (n-gram drafts).
+pub fn tiny_prompts() -> Vec<Vec<u32>> {
+    vec![vec![1, 2, 3, 1, 2, 3, 1], vec![5], vec![7, 7, 7, 7], vec![0, 4, 9, 2, 4, 9, 2, 4, 11, 10]]
 }
 
 /// The tiny greedy check's eos: an id the plain greedy outputs (of the
@@ -450,15 +455,15 @@ fn check_rollback<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, run: &Greed
 /// and the eos the law reaches: the second most likely first token.
 pub fn sampled_setup(w: &LlamaWeights) -> Result<(Vec<u32>, u32), String> {
     let prompt = vec![3, 1, 4, 1, 5, 3, 1, 4];
-    let p = next_law(w, &prompt)?;
+    let p = next_law(w, &prompt, SAMPLED_PARAMS)?;
     let mut order: Vec<usize> = (0..p.len()).collect();
     order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
     Ok((prompt, order[1] as u32))
 }
 
 /// The processed law of the token after `context` by the reference forward.
-fn next_law(w: &LlamaWeights, context: &[u32]) -> Result<Vec<f64>, String> {
-    let (mut rows, _) = processed_rows(&RefModel::new(w.clone()), &[context.to_vec()], SAMPLED_PARAMS)?;
+fn next_law(w: &LlamaWeights, context: &[u32], params: SamplingParams) -> Result<Vec<f64>, String> {
+    let (mut rows, _) = processed_rows(&RefModel::new(w.clone()), &[context.to_vec()], params)?;
     Ok(rows.remove(0))
 }
 
@@ -479,17 +484,22 @@ fn processed_rows(model: &RefModel, contexts: &[Vec<u32>], params: SamplingParam
 /// The exact law of a sampled generation: sequences that end at eos or at
 /// [`SAMPLED_TOKENS`] tokens, by enumeration over the reference forward.
 pub fn exact_law(w: &LlamaWeights, prompt: &[u32], eos: u32) -> Result<BTreeMap<Vec<u32>, f64>, String> {
+    exact_law_with(w, prompt, eos, SAMPLED_PARAMS, SAMPLED_TOKENS)
+}
+
+/// [`exact_law`] with given parameters and at most `m` tokens.
+pub fn exact_law_with(w: &LlamaWeights, prompt: &[u32], eos: u32, params: SamplingParams, m: usize) -> Result<BTreeMap<Vec<u32>, f64>, String> {
     let mut law = BTreeMap::new();
     let mut open = vec![(Vec::new(), 1.0)];
     while let Some((seq, prob)) = open.pop() {
         let context: Vec<u32> = prompt.iter().chain(&seq).copied().collect();
-        for (x, &px) in next_law(w, &context)?.iter().enumerate() {
+        for (x, &px) in next_law(w, &context, params)?.iter().enumerate() {
             if px == 0.0 {
                 continue;
             }
             let mut next: Vec<u32> = seq.clone();
             next.push(x as u32);
-            if x as u32 == eos || next.len() == SAMPLED_TOKENS {
+            if x as u32 == eos || next.len() == m {
                 *law.entry(next).or_insert(0.0) += prob * px;
             } else {
                 open.push((next, prob * px));

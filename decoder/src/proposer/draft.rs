@@ -29,10 +29,20 @@ pub struct DraftModelProposer<B: ModelBackend> {
     cache: Option<B::ModelCache>,
     /// `fed[slot]`: the tokens in the draft cache of that sequence.
     fed: Vec<Vec<u32>>,
-    /// Injected defect for negative controls: `q` reported at another temperature.
-    q_temperature_scale: Option<f64>,
+    /// Injected defect for negative controls: `q` is not the law drafts are drawn from.
+    q_fault: Option<QFault>,
     /// Injected defect for negative controls: the cache is not trimmed after a step.
     keeps_rejected: bool,
+}
+
+/// A draft `q` that is not the law the drafts came from (negative controls).
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "negative-controls"), allow(dead_code))]
+enum QFault {
+    /// Drafts drawn at the request's temperature times this.
+    Temperature(f64),
+    /// `q` reported without top-k and top-p.
+    Unprocessed,
 }
 
 impl<B: ModelBackend> DraftModelProposer<B> {
@@ -43,16 +53,7 @@ impl<B: ModelBackend> DraftModelProposer<B> {
             return Err(DecodeError::Config(format!("draft `{name}` has a vocabulary of {}, the target {target_vocab}", weights.config.vocab_size)));
         }
         let model = backend.load_model(weights)?;
-        Ok(DraftModelProposer {
-            name,
-            model,
-            vocab: target_vocab,
-            max_positions: weights.config.max_position_embeddings,
-            cache: None,
-            fed: Vec::new(),
-            q_temperature_scale: None,
-            keeps_rejected: false,
-        })
+        Ok(DraftModelProposer { name, model, vocab: target_vocab, max_positions: weights.config.max_position_embeddings, cache: None, fed: Vec::new(), q_fault: None, keeps_rejected: false })
     }
 
     /// The early-exit self-draft: the target's first `layers` layers (MODEL-7).
@@ -69,7 +70,16 @@ impl<B: ModelBackend> DraftModelProposer<B> {
     /// `q` is not the law its drafts came from; LOGITS-6 violated).
     #[cfg(feature = "negative-controls")]
     pub fn with_wrong_q_temperature(mut self, scale: f64) -> Self {
-        self.q_temperature_scale = Some(scale);
+        self.q_fault = Some(QFault::Temperature(scale));
+        self
+    }
+
+    /// NEGATIVE CONTROL: draws drafts from the processed law (top-k, top-p)
+    /// but reports `q` from the logits at the temperature alone, unprocessed
+    /// (HF transformers #47932).
+    #[cfg(feature = "negative-controls")]
+    pub fn with_unprocessed_q(mut self) -> Self {
+        self.q_fault = Some(QFault::Unprocessed);
         self
     }
 
@@ -125,19 +135,22 @@ impl<B: ModelBackend> Proposer<B> for DraftModelProposer<B> {
             feed[s.slot] = s.context[fed.len()..].to_vec();
         }
         let sampled: Vec<SamplingParams> = seqs.iter().map(|s| s.sampling).collect();
-        let drawn_with: Vec<SamplingParams> = match self.q_temperature_scale {
-            Some(scale) => sampled.iter().map(|p| SamplingParams { temperature: p.temperature * scale, ..*p }).collect(),
-            None => sampled.clone(),
+        // What drafts are drawn with, and what `q` is reported with: the same
+        // but in a negative control.
+        let (drawn_with, reported_with): (Vec<SamplingParams>, Vec<SamplingParams>) = match self.q_fault {
+            Some(QFault::Temperature(scale)) => (sampled.iter().map(|p| SamplingParams { temperature: p.temperature * scale, ..*p }).collect(), sampled.clone()),
+            Some(QFault::Unprocessed) => (sampled.clone(), sampled.iter().map(|p| SamplingParams { top_k: 0, top_p: 1.0, ..*p }).collect()),
+            None => (sampled.clone(), sampled.clone()),
         };
         let mut q_rows = Vec::with_capacity(steps);
         for step in 0..steps {
             let out = backend.forward(&self.model, cache, &ForwardRequest { tokens: &feed, logits: LogitRows::Last, hidden_layers: &[] })?;
             let logits = out.logits.ok_or_else(|| DecodeError::Internal("a draft forward returned no logits".into()))?;
             // Rows come in batch order of the sequences fed: `seqs` order.
-            let q = device::process(backend, &logits, &sampled)?;
-            let ids = if self.q_temperature_scale.is_some() {
-                let wrong = device::process(backend, &logits, &drawn_with)?;
-                device::draw(backend, &wrong, rngs)?
+            let q = device::process(backend, &logits, &reported_with)?;
+            let ids = if self.q_fault.is_some() {
+                let drawn = device::process(backend, &logits, &drawn_with)?;
+                device::draw(backend, &drawn, rngs)?
             } else {
                 device::draw(backend, &q, rngs)?
             };

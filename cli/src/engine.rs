@@ -1,0 +1,128 @@
+//! `specdec engine-check` (the engine section on any engine) and
+//! `specdec engine-adapter` (specdec's own decoder as an exec engine,
+//! PROTO-9).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use specdec_backend::ModelBackend;
+use specdec_backend::model::LlamaWeights;
+use specdec_conformance::check::SuiteConfig;
+use specdec_conformance::e2e_section::{build_proposer, engine_config, tiny_text};
+use specdec_conformance::engine_section::{self, ENGINE_MODEL};
+use specdec_conformance::report::Report;
+use specdec_decoder::EngineConfig;
+use specdec_engines::{DecoderEngine, ExecEngine, GenerationEngine, serve_exec};
+use specdec_models::tiny::TinySpec;
+use specdec_registry::{Job, with_backend};
+
+/// An engine named on the command line: `decoder:BACKEND:PROPOSER` or `exec:COMMAND`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineSpec {
+    Decoder { backend: String, proposer: String },
+    Exec(String),
+}
+
+impl std::str::FromStr for EngineSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once(':') {
+            Some(("exec", command)) if !command.trim().is_empty() => Ok(EngineSpec::Exec(command.into())),
+            Some(("decoder", rest)) => match rest.split_once(':') {
+                Some((backend, proposer)) if !backend.is_empty() && !proposer.is_empty() => Ok(EngineSpec::Decoder { backend: backend.into(), proposer: proposer.into() }),
+                _ => Err(format!("`{s}`: expected decoder:BACKEND:PROPOSER (e.g. decoder:ndarray:ngram)")),
+            },
+            _ => Err(format!("unknown engine `{s}`: expected decoder:BACKEND:PROPOSER or exec:COMMAND")),
+        }
+    }
+}
+
+fn tiny() -> Result<Arc<LlamaWeights>, String> {
+    let spec = TinySpec::preset(ENGINE_MODEL).ok_or_else(|| format!("no tiny preset `{ENGINE_MODEL}`"))?;
+    spec.weights().map(Arc::new).map_err(|e| e.to_string())
+}
+
+/// Runs the engine section on `engine`; writes reports; `Ok(false)` when a check failed.
+pub fn check(engine: &str, cfg: &SuiteConfig, reports: &[PathBuf], timeout: Duration) -> Result<bool, String> {
+    let spec: EngineSpec = engine.parse()?;
+    let w = tiny()?;
+    let report = match &spec {
+        EngineSpec::Exec(command) => {
+            let mut e = ExecEngine::spawn(command, timeout).map_err(|e| e.to_string())?;
+            run(&mut e, "exec", &w, cfg)
+        }
+        EngineSpec::Decoder { backend, proposer } => with_backend(backend, &mut CheckDecoder { proposer, w: &w, cfg })??,
+    };
+    let mut report = report;
+    for r in &mut report.results {
+        r.repro = format!("specdec engine-check --engine '{engine}' --seed {} --filter '{}'", cfg.seed, r.name);
+    }
+    crate::print_report(&report);
+    crate::write_all(reports, std::slice::from_ref(&report))?;
+    let ok = !report.summary.failed;
+    println!("{}", if ok { "engine checks: PASS" } else { "engine checks: FAIL" });
+    Ok(ok)
+}
+
+fn run(engine: &mut dyn GenerationEngine, label: &str, w: &LlamaWeights, cfg: &SuiteConfig) -> Report {
+    let info = engine.info().clone();
+    let results = engine_section::run(engine, label, w, cfg, &mut |_| {});
+    Report::for_engine(&info.name, info.greedy_epsilon, cfg.seed, results)
+}
+
+struct CheckDecoder<'a> {
+    proposer: &'a str,
+    w: &'a Arc<LlamaWeights>,
+    cfg: &'a SuiteConfig,
+}
+
+impl Job for CheckDecoder<'_> {
+    type Out = Result<Report, String>;
+
+    fn run<B: ModelBackend>(&mut self, _: &str, backend: &B) -> Self::Out {
+        let mut engine = decoder_engine(backend, self.proposer, self.w, engine_config())?;
+        Ok(run(&mut engine, self.proposer, self.w, self.cfg))
+    }
+}
+
+fn decoder_engine<'a, B: ModelBackend>(backend: &'a B, proposer: &str, w: &Arc<LlamaWeights>, config: EngineConfig) -> Result<DecoderEngine<'a, B>, String> {
+    let p = build_proposer(backend, proposer, w)?;
+    DecoderEngine::new(backend, Arc::clone(w), p, config, Some(Box::new(tiny_text))).map_err(|e| e.to_string())
+}
+
+/// Serves specdec's decoder on `backend` with `proposer` and `k` over
+/// stdin/stdout until stdin closes.
+pub fn adapter(backend: &str, proposer: &str, k: usize) -> Result<bool, String> {
+    struct Serve<'a> {
+        proposer: &'a str,
+        k: usize,
+    }
+    impl Job for Serve<'_> {
+        type Out = Result<(), String>;
+
+        fn run<B: ModelBackend>(&mut self, _: &str, backend: &B) -> Self::Out {
+            let w = tiny()?;
+            let mut engine = decoder_engine(backend, self.proposer, &w, EngineConfig { k: self.k, ..engine_config() })?;
+            serve_exec(&mut engine, std::io::stdin().lock(), std::io::stdout().lock()).map_err(|e| e.to_string())
+        }
+    }
+    with_backend(backend, &mut Serve { proposer, k })??;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_names_parse_or_say_why() {
+        assert_eq!("decoder:ndarray:ngram".parse::<EngineSpec>().unwrap(), EngineSpec::Decoder { backend: "ndarray".into(), proposer: "ngram".into() });
+        assert_eq!("decoder:reference:draft:seeded".parse::<EngineSpec>().unwrap(), EngineSpec::Decoder { backend: "reference".into(), proposer: "draft:seeded".into() });
+        assert_eq!("exec:python3 e.py --x".parse::<EngineSpec>().unwrap(), EngineSpec::Exec("python3 e.py --x".into()));
+        for bad in ["", "decoder:", "decoder:ndarray", "exec:", "exec: ", "vllm:x"] {
+            assert!(bad.parse::<EngineSpec>().is_err(), "{bad}");
+        }
+    }
+}

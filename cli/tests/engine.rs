@@ -1,0 +1,62 @@
+//! `specdec engine-check` as a vendor runs it (ENGINE-2, PROTO-9): specdec's
+//! own decoder in process and as a child process speaking the exec
+//! protocol, through every engine check; a failing engine fails the exit
+//! status and each failure prints the command that reruns it.
+
+use std::process::{Command, Output};
+
+fn specdec(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_specdec")).args(args).output().expect("the specdec binary runs")
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+#[test]
+fn the_decoder_passes_in_process_and_over_the_exec_protocol() {
+    let adapter = format!("exec:{} engine-adapter --backend reference --proposer draft:self --k 3", env!("CARGO_BIN_EXE_specdec"));
+    let dir = std::env::temp_dir().join(format!("specdec-engine-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for engine in ["decoder:reference:ngram", adapter.as_str()] {
+        let report = dir.join("engine.json");
+        let out = specdec(&["engine-check", "--engine", engine, "--report", report.to_str().unwrap()]);
+        let t = text(&out);
+        assert!(out.status.success(), "ENGINE-2: {engine}: {t}");
+        assert!(t.contains("engine checks: PASS") && t.contains("10 pass, 0 fail"), "ENGINE-2: every check ran: {t}");
+        let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+        assert_eq!(json["device"], "engine");
+    }
+}
+
+/// An engine in another language that answers every request with id 0.
+const CONSTANT_ENGINE: &str = r#"import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    if r["op"] == "handshake":
+        info = {"name": "constant", "version": "0", "speculation": "none", "vocab": 12, "greedy_epsilon": 0.0, "batch_invariant": True, "stop_strings": False}
+        print(json.dumps({"id": 0, "protocol": "specdec-exec/1", "name": "constant", "device": "cpu", "ops": ["generate"], "engine": info}), flush=True)
+    else:
+        out = [{"tokens": [0], "finish": "length"} for _ in r["params"]["requests"]]
+        print(json.dumps({"id": r["id"], "outputs": {"generations": out}}), flush=True)
+"#;
+
+#[test]
+fn a_failing_or_missing_engine_fails_with_a_repro_line() {
+    let dir = std::env::temp_dir().join(format!("specdec-engine-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("constant.py");
+    std::fs::write(&script, CONSTANT_ENGINE).unwrap();
+    let engine = format!("exec:python3 {}", script.display());
+    let out = specdec(&["engine-check", "--engine", &engine, "--filter", "greedy-identity"]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "ENGINE-3: a wrong engine fails the run: {t}");
+    assert!(t.contains("engine/exec/greedy-identity") && t.contains(&format!("repro: specdec engine-check --engine '{engine}'")), "{t}");
+
+    let out = specdec(&["engine-check", "--engine", "decoder:reference:no-such-proposer"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let out = specdec(&["engine-check", "--engine", "exec:exit 3"]);
+    assert_eq!(out.status.code(), Some(2), "ENGINE-1: an engine that does not start is an error: {}", text(&out));
+    let out = specdec(&["engine-check", "--engine", "vllm:x"]);
+    assert!(text(&out).contains("expected decoder:BACKEND:PROPOSER or exec:COMMAND"), "{}", text(&out));
+}

@@ -1,0 +1,388 @@
+//! The engine section (spec section 21): black-box checks of a whole
+//! inference engine through the generation-level contract
+//! ([`specdec_engines::GenerationEngine`]), in process or in any language.
+//! The engine runs the tiny model `tiny-v12-l2` (vocabulary 12, so the law
+//! of whole generations is enumerable); the expectations come from the f64
+//! reference forward on the same weights, never from the engine.
+//!
+//! Checks, `engine/<check>`:
+//! - `greedy-identity` (ENGINE-3): speculation on and off each equal the
+//!   reference's greedy output (22 tokens, four prompts with repeats); a
+//!   divergence is excused only at a step whose reference top-2 margin is
+//!   below the engine's stated `greedy_epsilon`, counted and printed; where
+//!   the engine counts drafts, speculation must have drafted;
+//! - `eos`, `length`, `stop` (ENGINE-5): an eos the greedy outputs first
+//!   reach mid-output ends them exactly there; `max_new_tokens` of 5 to 9
+//!   (runs of k + 1 cross them) is honoured; stop strings (a token's text,
+//!   and the last character of one token with the first of the next) end the
+//!   output at the token completing them, also when the length cap falls
+//!   one token later (a cap checked before the stop leaks that token);
+//!   the finish reason right in each;
+//! - `batch` (ENGINE-6): a sampled request gives the same tokens alone, in a
+//!   batch of four and again with the same seed (where the engine states
+//!   batch invariance; otherwise only the same seed again);
+//! - `sampled/<setting>/<on|off>` (ENGINE-4, statistical): the law of the
+//!   first 3 generated tokens (an eos the law reaches) at temperature 1 with
+//!   top-k 4 and at 0.7 with top-p 0.9 equals the exact law enumerated on
+//!   the reference forward; chi-squared, Holm over the section's statistical
+//!   family at 1e-4, each sample size planned before sampling to detect a
+//!   total variation of 0.05 with miss probability 0.01, no retry;
+//! - `seed-pairs` (ENGINE-6, statistical): two requests of one batch with
+//!   different seeds have independent first tokens: the law of the pair is
+//!   the product of the exact first-token laws (an engine whose requests
+//!   share one noise stream fails).
+//!
+//! The negative controls (`tests/engine_section.rs`) run these checks on
+//! engines with one bug each (eos leak, a length cap checked before the
+//! stop strings, a draft `q` other than the law its drafts came from, noise
+//! shared across requests) and assert each is rejected.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use specdec_backend::model::{LlamaWeights, ModelBackend, RefModel};
+use specdec_backend::{ReferenceBackend, SamplingParams};
+use specdec_decoder::EngineConfig;
+use specdec_engines::{DecoderEngine, EngineError, Finish, Generation, GenerationEngine, GenerationRequest};
+use specdec_models::tiny::TinySpec;
+use specdec_stats::TestReport;
+
+use crate::check::{CheckResult, Kind, SuiteConfig, catch, settle};
+use crate::compare::Verdict;
+use crate::e2e_section::{E2E_BETA, E2E_DELTA, K, TINY_TOKENS, build_proposer, cuts, engine_config, exact_law_with, sampled_setup, tiny_eos, tiny_prompts, tiny_text};
+use crate::model_section::{self, GreedyRun};
+use crate::section::Section;
+use crate::stat;
+
+/// The model every engine of the section runs.
+pub const ENGINE_MODEL: &str = crate::e2e_section::TINY;
+/// Tokens of a sampled generation in the `sampled` checks.
+pub const SAMPLED_TOKENS: usize = 3;
+/// The settings of the `sampled` checks.
+pub const SETTINGS: [(&str, SamplingParams); 2] = [("t1-topk4", SamplingParams { temperature: 1.0, top_k: 4, top_p: 1.0 }), ("t07-topp09", SamplingParams { temperature: 0.7, top_k: 0, top_p: 0.9 })];
+/// Requests per `generate` call in the statistical checks (an engine's
+/// per-step cost is mostly fixed on the tiny model: large batches amortise it).
+const BATCH: usize = 1024;
+/// The proposers of the section in every backend's suite: drafts without
+/// `q` and a draft model with its own `q`. `cargo xtask engines` runs every
+/// proposer of the tiny model (`specdec engine-check --engine decoder:..`).
+pub const SUITE_PROPOSERS: [&str; 2] = ["ngram", "draft:seeded"];
+/// `max_new_tokens` of the `length` check: runs of k + 1 cross them.
+const LENGTHS: [usize; 4] = [5, 6, 7, 9];
+/// Tokens of the plain outputs the `stop` strings are cut from.
+const STOP_CUTS: [usize; 4] = [2, 5, 9, 14];
+
+/// One check of the section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineItem {
+    pub name: String,
+    pub check: &'static str,
+    pub rules: &'static [&'static str],
+    /// The `sampled` check's setting and speculation.
+    pub sampled: Option<(usize, bool)>,
+}
+
+/// Every check of the section for the engine called `label`, before selection.
+pub fn engine_items(label: &str) -> Vec<EngineItem> {
+    let item = |check: &'static str, rules: &'static [&'static str]| EngineItem { name: format!("engine/{label}/{check}"), check, rules, sampled: None };
+    let mut items = vec![
+        item("greedy-identity", &["ENGINE-3", "DECODE-2"]),
+        item("eos", &["ENGINE-5", "DECODE-6"]),
+        item("length", &["ENGINE-5", "DECODE-6"]),
+        item("stop", &["ENGINE-5", "DECODE-7"]),
+        item("batch", &["ENGINE-6", "DECODE-3"]),
+    ];
+    for (s, (setting, _)) in SETTINGS.iter().enumerate() {
+        for on in [true, false] {
+            let name = format!("engine/{label}/sampled/{setting}/{}", if on { "on" } else { "off" });
+            items.push(EngineItem { name, check: "sampled", rules: &["ENGINE-4", "REJECT-7", "STAT-3"], sampled: Some((s, on)) });
+        }
+    }
+    items.push(item("seed-pairs", &["ENGINE-6", "DECODE-3", "STAT-3"]));
+    items
+}
+
+/// The statistical checks of one engine: the family Holm judges.
+fn family_size() -> usize {
+    engine_items("-").iter().filter(|i| i.check == "sampled" || i.check == "seed-pairs").count()
+}
+
+/// Runs the selected checks on `engine` (named `label` in the check names),
+/// whose model is `weights`.
+pub fn run(engine: &mut dyn GenerationEngine, label: &str, weights: &LlamaWeights, cfg: &SuiteConfig, progress: &mut dyn FnMut(&CheckResult)) -> Vec<CheckResult> {
+    let name = engine.info().name.clone();
+    let mut results = Vec::new();
+    let mut statistical = Vec::new();
+    let mut plain: Option<Result<Vec<GreedyRun>, String>> = None;
+    for item in engine_items(label) {
+        let mut result = CheckResult::unselected(&item.name, Kind::Engine, format!("engine/{}", item.check), item.rules, &name, cfg.seed);
+        if !cfg.wants(&item.name) {
+            progress(&result);
+            results.push(result);
+            continue;
+        }
+        let start = Instant::now();
+        if item.check == "sampled" || item.check == "seed-pairs" {
+            let outcome = catch(|| statistical_check(engine, weights, &item, cfg.seed)).unwrap_or_else(|m| Err(Verdict::Fail(m)));
+            result.millis = start.elapsed().as_secs_f64() * 1e3;
+            statistical.push((results.len(), outcome));
+            results.push(result);
+            continue;
+        }
+        let plain = plain.get_or_insert_with(|| reference_greedy(weights, &tiny_prompts(), &[]));
+        let verdict = match plain {
+            Ok(plain) => catch(|| exact_check(engine, weights, plain, item.check)).unwrap_or_else(|m| Err(Verdict::Fail(m))).unwrap_or_else(|v| v),
+            Err(e) => Verdict::Fail(e.clone()),
+        };
+        result.millis = start.elapsed().as_secs_f64() * 1e3;
+        settle(&mut result, verdict, &cfg.selection);
+        progress(&result);
+        results.push(result);
+    }
+    for (slot, verdict, report) in stat::judge_family(statistical) {
+        let r = &mut results[slot];
+        r.statistics = report;
+        settle(r, verdict, &cfg.selection);
+        progress(r);
+    }
+    results
+}
+
+/// The reference forward's greedy outputs (with their top-2 margins).
+fn reference_greedy(w: &LlamaWeights, prompts: &[Vec<u32>], eos: &[u32]) -> Result<Vec<GreedyRun>, String> {
+    model_section::greedy(&ReferenceBackend, &RefModel::new(w.clone()), prompts, TINY_TOKENS, eos, w.config.vocab_size)
+}
+
+fn generate(engine: &mut dyn GenerationEngine, requests: &[GenerationRequest]) -> Result<Vec<Generation>, Verdict> {
+    engine.generate(requests).map_err(|e| match e {
+        EngineError::Request { index, reason } => Verdict::NotSupported(format!("the engine refused request {index}: {reason}")),
+        other => Verdict::Fail(other.to_string()),
+    })
+}
+
+/// Compares one output with what the reference expects: `want` tokens and
+/// finish; a divergence at a step whose reference margin (`margins`, per
+/// reference token) is below the engine's epsilon excuses the rest of the
+/// output (returns `Ok(true)`).
+fn compare(label: &str, got: &Generation, want: &[u32], finish: Finish, margins: &[f64], eps: f64) -> Result<bool, String> {
+    if let Some(step) = got.tokens.iter().zip(want).position(|(a, b)| a != b) {
+        if margins[step] < eps {
+            return Ok(true);
+        }
+        return Err(format!(
+            "{label}: token {step} is {}, the reference gives {} (reference top-2 margin {:.3e} >= the engine's epsilon {eps:e}); generated {:?}",
+            got.tokens[step], want[step], margins[step], got.tokens
+        ));
+    }
+    if got.tokens.len() != want.len() {
+        return Err(format!("{label}: {} tokens {:?}, the reference ends after {} with {finish:?}", got.tokens.len(), got.tokens, want.len()));
+    }
+    if got.finish != finish {
+        return Err(format!("{label}: finish {:?}, expected {finish:?} (tokens {:?})", got.finish, got.tokens));
+    }
+    Ok(false)
+}
+
+/// The exact checks: greedy identity, eos, length, stop and batch.
+fn exact_check(engine: &mut dyn GenerationEngine, w: &LlamaWeights, plain: &[GreedyRun], check: &str) -> Result<Verdict, Verdict> {
+    let fail = Verdict::Fail;
+    let info = engine.info().clone();
+    let eps = info.greedy_epsilon;
+    let prompts = tiny_prompts();
+    // (request, expected tokens, finish, margins): speculation on, then off.
+    let mut cases: Vec<(GenerationRequest, Vec<u32>, Finish, Vec<f64>)> = Vec::new();
+    match check {
+        "greedy-identity" => {
+            for (p, run) in prompts.iter().zip(plain) {
+                cases.push((GenerationRequest::greedy(p.clone(), TINY_TOKENS, true), run.tokens.clone(), Finish::Length, run.margins.clone()));
+            }
+        }
+        "eos" => {
+            let eos = tiny_eos(w, &prompts).map_err(fail)?;
+            for (p, run) in prompts.iter().zip(plain) {
+                let (want, finish) = match run.tokens.iter().position(|&t| t == eos) {
+                    Some(i) => (run.tokens[..=i].to_vec(), Finish::Eos),
+                    None => (run.tokens.clone(), Finish::Length),
+                };
+                cases.push((GenerationRequest { eos: vec![eos], ..GenerationRequest::greedy(p.clone(), TINY_TOKENS, true) }, want, finish, run.margins.clone()));
+            }
+        }
+        "length" => {
+            for (p, run) in prompts.iter().zip(plain) {
+                for n in LENGTHS {
+                    cases.push((GenerationRequest::greedy(p.clone(), n, true), run.tokens[..n].to_vec(), Finish::Length, run.margins.clone()));
+                }
+            }
+        }
+        "stop" => {
+            if !info.stop_strings {
+                return Ok(Verdict::NotSupported("the engine does not take stop strings".into()));
+            }
+            for (p, run) in prompts.iter().zip(plain) {
+                for (s, keep) in cuts(&run.tokens, &STOP_CUTS, &tiny_text) {
+                    let want = run.tokens[..keep].to_vec();
+                    let base = GenerationRequest { stop: vec![s], ..GenerationRequest::greedy(p.clone(), TINY_TOKENS, true) };
+                    // The length cap one token after the stop: the stop still ends it.
+                    let capped = GenerationRequest { max_new_tokens: keep + 1, ..base.clone() };
+                    cases.push((base, want.clone(), Finish::Stop, run.margins.clone()));
+                    cases.push((capped, want, Finish::Stop, run.margins.clone()));
+                }
+            }
+        }
+        "batch" => return batch_check(engine),
+        other => return Err(fail(format!("unknown check `{other}`"))),
+    }
+    let off: Vec<_> = cases.iter().map(|(r, t, f, m)| (GenerationRequest { speculation: false, ..r.clone() }, t.clone(), *f, m.clone())).collect();
+    cases.extend(off);
+    let requests: Vec<GenerationRequest> = cases.iter().map(|c| c.0.clone()).collect();
+    let outputs = generate(engine, &requests)?;
+    let mut excused = 0;
+    for (i, ((req, want, finish, margins), got)) in cases.iter().zip(&outputs).enumerate() {
+        let label = format!("request {i} (prompt {:?}, speculation {}, max {}, eos {:?}, stop {:?})", req.prompt, if req.speculation { "on" } else { "off" }, req.max_new_tokens, req.eos, req.stop);
+        excused += usize::from(compare(&label, got, want, *finish, margins, eps).map_err(fail)?);
+    }
+    // On and off agree where neither was excused (both equal the reference).
+    if check == "greedy-identity" {
+        let n = cases.len() / 2;
+        let drafted: Option<u64> = outputs[..n].iter().map(|g| g.drafts.map(|d| d.proposed)).sum();
+        if drafted == Some(0) {
+            return Err(fail("speculation on drafted nothing: the check would not exercise the engine's verify".into()));
+        }
+        if excused == 0
+            && let Some(i) = (0..n).find(|&i| outputs[i].tokens != outputs[n + i].tokens)
+        {
+            return Err(fail(format!("prompt {i}: speculation on gives {:?}, off {:?}", outputs[i].tokens, outputs[n + i].tokens)));
+        }
+    }
+    Ok(Verdict::Pass { excused, max_abs_err: 0.0 })
+}
+
+/// ENGINE-6, exact: the same sampled request alone, in a batch, and again.
+fn batch_check(engine: &mut dyn GenerationEngine) -> Result<Verdict, Verdict> {
+    let invariant = engine.info().batch_invariant;
+    let sampled = |prompt: Vec<u32>, seed: u64, on: bool| GenerationRequest { temperature: 0.9, top_p: 0.95, seed, ..GenerationRequest::greedy(prompt, 12, on) };
+    for on in [true, false] {
+        let me = sampled(vec![1, 2, 3, 1, 2, 3], 42, on);
+        let alone = generate(engine, std::slice::from_ref(&me))?;
+        let again = generate(engine, std::slice::from_ref(&me))?;
+        if alone[0].tokens != again[0].tokens {
+            return Err(Verdict::Fail(format!("speculation {on}: the same request and seed gave {:?}, then {:?}", alone[0].tokens, again[0].tokens)));
+        }
+        if invariant {
+            let batch = [sampled(vec![4], 1, on), me.clone(), sampled(vec![5, 5, 5, 5, 5], 2, on), sampled(vec![7, 8], 6, on)];
+            let together = generate(engine, &batch)?;
+            if together[1].tokens != alone[0].tokens {
+                return Err(Verdict::Fail(format!("speculation {on}: alone {:?}, in a batch of four {:?} (the engine states batch invariance)", alone[0].tokens, together[1].tokens)));
+            }
+        }
+    }
+    Ok(Verdict::Pass { excused: 0, max_abs_err: 0.0 })
+}
+
+/// A statistical check's counts, judged by the caller with the family.
+fn statistical_check(engine: &mut dyn GenerationEngine, w: &LlamaWeights, item: &EngineItem, seed: u64) -> Result<TestReport, Verdict> {
+    let fail = Verdict::Fail;
+    let (prompt, eos) = sampled_setup(w).map_err(fail)?;
+    let base = stat::stream_seed(seed, &item.name);
+    let family = family_size();
+    if let Some((setting, on)) = item.sampled {
+        let (label, params) = SETTINGS[setting];
+        let law = exact_law_with(w, &prompt, eos, params, SAMPLED_TOKENS).map_err(fail)?;
+        let cells: BTreeMap<&Vec<u32>, usize> = law.keys().enumerate().map(|(i, k)| (k, i)).collect();
+        let mut expected: Vec<f64> = law.values().copied().collect();
+        expected.push(0.0); // any sequence outside the law's support
+        let n = stat::planned_n_for(&expected, family, E2E_DELTA, E2E_BETA).map_err(fail)? as usize;
+        let mut counts = vec![0u64; expected.len()];
+        let request = |i: usize| GenerationRequest {
+            temperature: params.temperature,
+            top_k: params.top_k,
+            top_p: params.top_p,
+            seed: base.wrapping_add(i as u64),
+            eos: vec![eos],
+            ..GenerationRequest::greedy(prompt.clone(), SAMPLED_TOKENS, on)
+        };
+        for chunk in (0..n).collect::<Vec<_>>().chunks(BATCH) {
+            let requests: Vec<GenerationRequest> = chunk.iter().map(|&i| request(i)).collect();
+            for g in generate(engine, &requests)? {
+                counts[cells.get(&g.tokens).copied().unwrap_or(expected.len() - 1)] += 1;
+            }
+        }
+        return stat::test_counts(&format!("{} ({label}, n = {n})", item.name), &counts, &expected, family).map_err(fail);
+    }
+    // seed-pairs: first tokens of two requests of one batch, seeds apart.
+    let (params, first) = (SETTINGS[0].1, exact_law_with(w, &prompt, eos, SETTINGS[0].1, 1).map_err(fail)?);
+    let vocab = w.config.vocab_size;
+    let mut marginal = vec![0.0; vocab];
+    for (seq, p) in &first {
+        marginal[seq[0] as usize] += p;
+    }
+    let expected: Vec<f64> = (0..vocab * vocab).map(|c| marginal[c / vocab] * marginal[c % vocab]).collect();
+    let n = stat::planned_n_for(&expected, family, E2E_DELTA, E2E_BETA).map_err(fail)? as usize;
+    let mut counts = vec![0u64; vocab * vocab];
+    let request = |i: usize| GenerationRequest {
+        temperature: params.temperature,
+        top_k: params.top_k,
+        top_p: params.top_p,
+        seed: base.wrapping_add(i as u64),
+        ..GenerationRequest::greedy(prompt.clone(), 1, true)
+    };
+    for chunk in (0..2 * n).collect::<Vec<_>>().chunks(BATCH) {
+        let requests: Vec<GenerationRequest> = chunk.iter().map(|&i| request(i)).collect();
+        let out = generate(engine, &requests)?;
+        for pair in out.chunks(2) {
+            if let [a, b] = pair {
+                counts[a.tokens[0] as usize * vocab + b.tokens[0] as usize] += 1;
+            }
+        }
+    }
+    stat::test_counts(&format!("{} (n = {n} pairs)", item.name), &counts, &expected, family).map_err(fail)
+}
+
+/// The section in the suite of every backend: specdec's own decoder on the
+/// backend with [`SUITE_PROPOSERS`] (k = 3), as an engine under test,
+/// `engine/<proposer>/<check>`.
+pub struct DecoderEngineSection;
+
+impl<B: ModelBackend> Section<B> for DecoderEngineSection {
+    fn names(&self) -> Vec<String> {
+        SUITE_PROPOSERS.into_iter().flat_map(engine_items).map(|i| i.name).collect()
+    }
+
+    fn run(&self, backend: &B, cfg: &SuiteConfig, progress: &mut dyn FnMut(&CheckResult)) -> Vec<CheckResult> {
+        let mut results = Vec::new();
+        let weights = TinySpec::preset(ENGINE_MODEL).ok_or_else(|| format!("no tiny preset `{ENGINE_MODEL}`")).and_then(|s| s.weights().map(Arc::new).map_err(|e| e.to_string()));
+        for proposer in SUITE_PROPOSERS {
+            let items = engine_items(proposer);
+            let engine = weights.clone().and_then(|w| {
+                if !items.iter().any(|i| cfg.wants(&i.name)) {
+                    return Ok(None);
+                }
+                let p = build_proposer(backend, proposer, &w)?;
+                let config = EngineConfig { k: K, ..engine_config() };
+                DecoderEngine::new(backend, Arc::clone(&w), p, config, Some(Box::new(tiny_text))).map(|e| Some((e, w))).map_err(|e| e.to_string())
+            });
+            match engine {
+                Ok(Some((mut engine, w))) => results.extend(run(&mut engine, proposer, &w, cfg, progress)),
+                Ok(None) => results.extend(run_none(&items, &backend.name(), cfg, progress, None)),
+                Err(e) => results.extend(run_none(&items, &backend.name(), cfg, progress, Some(e))),
+            }
+        }
+        results
+    }
+}
+
+/// Results for `items` when no engine runs: unselected, or failed with `why`.
+fn run_none(items: &[EngineItem], backend: &str, cfg: &SuiteConfig, progress: &mut dyn FnMut(&CheckResult), why: Option<String>) -> Vec<CheckResult> {
+    items
+        .iter()
+        .map(|item| {
+            let mut result = CheckResult::unselected(&item.name, Kind::Engine, format!("engine/{}", item.check), item.rules, backend, cfg.seed);
+            if let (Some(why), true) = (&why, cfg.wants(&item.name)) {
+                settle(&mut result, Verdict::Fail(why.clone()), &cfg.selection);
+            }
+            progress(&result);
+            result
+        })
+        .collect()
+}

@@ -1,0 +1,94 @@
+//! The engine section (spec section 21) on specdec's own decoder, and its
+//! negative controls: engines with one bug each, which its checks must fail.
+
+use std::sync::Arc;
+
+use specdec_backend::ReferenceBackend;
+use specdec_conformance::e2e_section::{self, TINY, tiny_text};
+use specdec_conformance::engine_section;
+use specdec_conformance::suite::{Status, SuiteConfig};
+use specdec_decoder::{DraftModelProposer, EngineConfig, Fault, Proposer};
+use specdec_engines::DecoderEngine;
+use specdec_models::tiny::TinySpec;
+
+fn weights() -> Arc<specdec_backend::model::LlamaWeights> {
+    Arc::new(TinySpec::preset(TINY).unwrap().weights().unwrap())
+}
+
+/// Runs the section on the decoder with `proposer` and `config`; returns (name, status, message).
+fn section(proposer: &str, config: EngineConfig, filter: Option<&str>) -> Vec<(String, Status, String)> {
+    let w = weights();
+    let p = e2e_section::build_proposer(&ReferenceBackend, proposer, &w).unwrap();
+    section_with(proposer, p, config, filter)
+}
+
+fn section_with(label: &str, p: Box<dyn Proposer<ReferenceBackend>>, config: EngineConfig, filter: Option<&str>) -> Vec<(String, Status, String)> {
+    let w = weights();
+    let mut engine = DecoderEngine::new(&ReferenceBackend, Arc::clone(&w), p, config, Some(Box::new(tiny_text))).unwrap();
+    let cfg = SuiteConfig { filter: filter.map(str::to_string), ..SuiteConfig::default() };
+    engine_section::run(&mut engine, label, &w, &cfg, &mut |_| {}).into_iter().filter(|r| r.status != Status::Skipped).map(|r| (r.name, r.status, r.message)).collect()
+}
+
+fn k3() -> EngineConfig {
+    EngineConfig { k: 3, checked: true, ..EngineConfig::default() }
+}
+
+#[test]
+fn the_decoder_passes_every_engine_check() {
+    for proposer in ["ngram", "draft:self"] {
+        let r = section(proposer, k3(), None);
+        assert_eq!(r.len(), engine_section::engine_items(proposer).len(), "{r:?}");
+        assert!(r.iter().all(|(_, s, _)| *s == Status::Pass), "{proposer}: {r:#?}");
+    }
+}
+
+fn failed(r: &[(String, Status, String)]) -> Vec<&str> {
+    r.iter().filter(|(_, s, _)| *s == Status::Fail).map(|(n, _, _)| n.as_str()).collect()
+}
+
+fn with_fault(f: Fault) -> EngineConfig {
+    EngineConfig { fault: Some(f), ..k3() }
+}
+
+/// HF transformers #47912: tokens emitted past an eos accepted mid-run.
+#[test]
+fn an_engine_that_emits_past_an_eos_fails_the_eos_check() {
+    let r = section("draft:self", with_fault(Fault::AcceptPastEos), None);
+    let failed = failed(&r);
+    assert!(failed.contains(&"engine/draft:self/eos"), "{r:#?}");
+    // The sampled law (whose eos the law reaches) sees it too, with speculation on only.
+    assert!(failed.iter().all(|n| n.ends_with("/eos") || n.ends_with("/on")), "{r:#?}");
+}
+
+/// SGLang #31599: the length cap checked before the stop strings, so the
+/// token between a stop and the cap leaks.
+#[test]
+fn an_engine_that_checks_the_length_before_the_stop_fails_the_stop_check() {
+    let r = section("draft:self", with_fault(Fault::LengthBeforeStop), Some("/stop"));
+    assert_eq!(failed(&r), ["engine/draft:self/stop"], "{r:#?}");
+}
+
+/// HF transformers #47932: the draft's `q` taken before top-k while its
+/// tokens were drawn after; and `q` at another temperature. The sampled
+/// checks with speculation on fail; off, the engine is plain and passes.
+#[test]
+fn an_engine_whose_draft_q_is_not_its_draft_law_fails_the_sampled_checks() {
+    let w = weights();
+    let draft = e2e_section::seeded_draft(&w).unwrap();
+    let unprocessed = DraftModelProposer::new(&ReferenceBackend, "draft:seeded", &draft, w.config.vocab_size).unwrap().with_unprocessed_q();
+    let r = section_with("unprocessed-q", Box::new(unprocessed), k3(), Some("/sampled/"));
+    // Top-k 4 truncates the draft's law; top-p 0.9 at T = 0.7 barely does.
+    assert!(failed(&r).contains(&"engine/unprocessed-q/sampled/t1-topk4/on"), "{r:#?}");
+    assert!(failed(&r).iter().all(|n| n.ends_with("/on")), "{r:#?}");
+    let hot = DraftModelProposer::new(&ReferenceBackend, "draft:seeded", &draft, w.config.vocab_size).unwrap().with_wrong_q_temperature(0.5);
+    let r = section_with("q-temperature", Box::new(hot), k3(), Some("/sampled/"));
+    assert!(failed(&r).contains(&"engine/q-temperature/sampled/t1-topk4/on"), "{r:#?}");
+}
+
+/// TensorRT-LLM #19487: every request of a batch drawing from one noise
+/// stream. Pairs of requests with different seeds come out equal.
+#[test]
+fn an_engine_whose_requests_share_one_noise_stream_fails_the_seed_pairs_check() {
+    let r = section("ngram", with_fault(Fault::SharedNoiseAcrossRequests), Some("/seed-pairs"));
+    assert_eq!(failed(&r), ["engine/ngram/seed-pairs"], "{r:#?}");
+}

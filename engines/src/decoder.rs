@@ -1,0 +1,97 @@
+//! specdec's own decoder as an engine under test (dogfood: the checks that
+//! judge other engines judge it the same way).
+
+use std::sync::Arc;
+
+use specdec_backend::SamplingParams;
+use specdec_backend::model::{LlamaWeights, ModelBackend};
+use specdec_decoder::{Detokenize, Engine, EngineConfig, FinishReason, NoProposer, NoSink, Proposer, Request};
+
+use crate::{DraftCounts, EngineError, EngineInfo, Finish, Generation, GenerationEngine, GenerationRequest};
+
+/// The speculative decoder on one backend with one proposer.
+pub struct DecoderEngine<'a, B: ModelBackend> {
+    backend: &'a B,
+    weights: Arc<LlamaWeights>,
+    model: B::Model,
+    proposer: Box<dyn Proposer<B> + 'a>,
+    config: EngineConfig,
+    detok: Option<Box<dyn Detokenize + 'a>>,
+    info: EngineInfo,
+}
+
+impl<'a, B: ModelBackend> DecoderEngine<'a, B> {
+    /// The decoder for `weights` on `backend`, speculating with `proposer`
+    /// and `config` (its `k`); `detok` turns ids into text for stop strings.
+    pub fn new(backend: &'a B, weights: Arc<LlamaWeights>, proposer: Box<dyn Proposer<B> + 'a>, config: EngineConfig, detok: Option<Box<dyn Detokenize + 'a>>) -> Result<Self, EngineError> {
+        let model = backend.load_model(&weights).map_err(|e| EngineError::Failed(e.to_string()))?;
+        let info = EngineInfo {
+            name: format!("specdec/{}/{}", backend.name(), proposer.name()),
+            version: env!("CARGO_PKG_VERSION").into(),
+            speculation: format!("{} k={}", proposer.name(), config.k),
+            vocab: weights.config.vocab_size,
+            greedy_epsilon: backend.model_precision().argmax_margin_epsilon,
+            batch_invariant: true,
+            stop_strings: detok.is_some(),
+        };
+        Ok(DecoderEngine { backend, weights, model, proposer, config, detok, info })
+    }
+
+    /// Runs `requests` (all with the same speculation setting) as one batch.
+    fn run(&mut self, requests: &[(usize, &GenerationRequest)], speculate: bool) -> Result<Vec<Generation>, EngineError> {
+        let reqs: Vec<Request> = requests.iter().map(|(_, r)| to_request(r)).collect();
+        let config = if speculate { self.config.clone() } else { EngineConfig { k: 0, controller: None, ..self.config.clone() } };
+        let engine = Engine::new(self.backend, &self.model, &self.weights.config, config).map_err(|e| EngineError::Failed(e.to_string()))?;
+        let proposer: &mut dyn Proposer<B> = if speculate { self.proposer.as_mut() } else { &mut NoProposer };
+        let out = engine.generate(&reqs, proposer, self.detok.as_deref(), &mut NoSink).map_err(|e| match e {
+            specdec_decoder::DecodeError::Request { index, reason } => EngineError::Request { index: requests[index].0, reason },
+            other => EngineError::Failed(other.to_string()),
+        })?;
+        Ok(out
+            .outputs
+            .into_iter()
+            .map(|o| Generation {
+                tokens: o.tokens,
+                finish: match o.finish {
+                    FinishReason::Eos => Finish::Eos,
+                    FinishReason::Stop => Finish::Stop,
+                    FinishReason::Length => Finish::Length,
+                    FinishReason::Capacity => Finish::Capacity,
+                },
+                drafts: speculate.then_some(DraftCounts { proposed: o.acceptance.proposed, accepted: o.acceptance.accepted }),
+            })
+            .collect())
+    }
+}
+
+fn to_request(r: &GenerationRequest) -> Request {
+    Request {
+        sampling: SamplingParams { temperature: r.temperature, top_k: r.top_k, top_p: r.top_p },
+        seed: r.seed,
+        eos: r.eos.clone(),
+        stop_strings: r.stop.clone(),
+        ..Request::greedy(r.prompt.clone(), r.max_new_tokens)
+    }
+}
+
+impl<B: ModelBackend> GenerationEngine for DecoderEngine<'_, B> {
+    fn info(&self) -> &EngineInfo {
+        &self.info
+    }
+
+    /// The speculating requests run as one batch and the plain ones as
+    /// another (a request's output does not depend on its batch, DECODE-3).
+    fn generate(&mut self, requests: &[GenerationRequest]) -> Result<Vec<Generation>, EngineError> {
+        let mut out: Vec<Option<Generation>> = vec![None; requests.len()];
+        for speculate in [true, false] {
+            let group: Vec<(usize, &GenerationRequest)> = requests.iter().enumerate().filter(|(_, r)| r.speculation == speculate).collect();
+            if group.is_empty() {
+                continue;
+            }
+            for ((i, _), g) in group.iter().zip(self.run(&group, speculate)?) {
+                out[*i] = Some(g);
+            }
+        }
+        out.into_iter().map(|g| g.ok_or_else(|| EngineError::Failed("a request got no output".into()))).collect()
+    }
+}

@@ -1,0 +1,66 @@
+//! Engines under test (spec section 21): the generation-level contract a
+//! whole inference engine is checked through, and the ways to reach one.
+//!
+//! Role: the engine checks (`specdec-conformance`'s engine section) see an
+//! engine only through [`GenerationEngine`]: token-id prompts, sampling
+//! parameters, a seed, limits, eos ids, stop strings and speculation on or
+//! off in; generated ids, the finish reason and (where the engine counts
+//! them) draft counts out (ENGINE-1). Reached (ENGINE-2) in process ([`DecoderEngine`]: specdec's
+//! own decoder on any backend with any proposer) or as a child process in
+//! any language over the exec protocol's `generate` operation
+//! ([`ExecEngine`], PROTO-9; [`serve_exec`] is the adapter side, which
+//! `specdec engine-adapter` runs for specdec's own decoder).
+//!
+//! Invariants: every reply is validated before a check reads it (one output
+//! per request, ids inside the vocabulary the engine states); a malformed,
+//! short or hostile reply is a typed [`EngineError`] naming the request and
+//! the field, never a panic. What an engine generates past its limits is
+//! not corrected here: that is for the checks to see.
+
+mod contract;
+mod decoder;
+mod exec;
+
+pub use contract::{DraftCounts, EngineInfo, Finish, Generation, GenerationRequest};
+pub use decoder::DecoderEngine;
+pub use exec::{ExecEngine, serve_exec};
+
+/// Why an engine could not answer.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EngineError {
+    /// A request is invalid for this engine (the engine said why).
+    #[error("request {index}: {reason}")]
+    Request { index: usize, reason: String },
+    /// The engine broke the contract (a missing output, an id outside its
+    /// vocabulary, a malformed reply).
+    #[error("the engine broke the contract: {0}")]
+    Contract(String),
+    /// The engine failed or its transport did (a crash, a timeout).
+    #[error("the engine failed: {0}")]
+    Failed(String),
+}
+
+/// An engine under test (ENGINE-1).
+pub trait GenerationEngine {
+    fn info(&self) -> &EngineInfo;
+
+    /// Generates every request, possibly as one batch; outputs in request order.
+    fn generate(&mut self, requests: &[GenerationRequest]) -> Result<Vec<Generation>, EngineError>;
+}
+
+/// Checks an engine's outputs against the contract: one per request, every
+/// id inside the vocabulary.
+pub fn validate_outputs(info: &EngineInfo, requests: &[GenerationRequest], outputs: &[Generation]) -> Result<(), EngineError> {
+    if outputs.len() != requests.len() {
+        return Err(EngineError::Contract(format!("{} outputs for {} requests", outputs.len(), requests.len())));
+    }
+    for (i, o) in outputs.iter().enumerate() {
+        if let Some(t) = o.tokens.iter().find(|&&t| t as usize >= info.vocab) {
+            return Err(EngineError::Contract(format!("request {i}: generated id {t}, outside the vocabulary of {}", info.vocab)));
+        }
+        if o.tokens.is_empty() && o.finish != Finish::Capacity {
+            return Err(EngineError::Contract(format!("request {i}: no token generated, finish {:?}", o.finish)));
+        }
+    }
+    Ok(())
+}
