@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 
 use xtask::coverage;
 mod cuda;
+mod engines;
 mod fuzz;
 mod libtorch;
 mod numpy_venv;
@@ -66,6 +67,11 @@ enum Task {
     /// Opt-in, not in CI: the suite on real peers (HF transformers, a torch port of vLLM's
     /// rejection sampler) from pinned PyPI packages; writes `reports/peers/PEERS.md`.
     Peers,
+    /// Opt-in, not in CI: the engine checks on real engines: specdec's decoder on every CPU
+    /// backend and proposer, and HF transformers' `generate` (prompt lookup, the model as
+    /// its own assistant, early exit) from the peers' pinned PyPI packages; writes
+    /// `reports/engines/ENGINES.md`.
+    Engines,
     /// Opt-in, not in CI: the speedup report (criterion underneath): kernels and SmolLM2
     /// forwards against the machine's measured bandwidth, speculative against plain decoding
     /// per backend and proposer; writes `reports/bench/BENCH.md`, `bench.json` and SVG plots.
@@ -162,6 +168,14 @@ fn run(task: Task) -> Result<(), String> {
             let mut args = vec!["conform".to_string(), "--backend".into(), "all".into(), "--report".into(), "reports/conformance".into()];
             args.extend(rest);
             cargo_with(&root, &["run", "--release", "--quiet", "-p", "specdec-cli", "--features", "tch", "--"], &args, Some(&lt), &models)
+        }
+        Task::Engines => {
+            let lt = libtorch::ensure_libtorch(&root)?;
+            let python = peers::ensure_peers_venv(&root)?;
+            cargo_with(&root, &["build", "--release", "--quiet", "-p", "specdec-cli", "--features", "tch"], &[], Some(&lt), &[])?;
+            let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+            print!("{}", engines::run(&root, &target.join("release/specdec"), &python)?);
+            Ok(())
         }
         Task::Peers => {
             // libtorch first: its step caches the torch wheel the peers' environment reuses.

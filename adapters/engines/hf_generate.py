@@ -1,0 +1,107 @@
+"""HF transformers' `generate` as an engine under test (spec section 21, PROTO-9).
+
+    hf_generate.py MODEL_DIR --speculation none|prompt-lookup:K|assistant:self|early-exit:L
+
+MODEL_DIR is an HF-layout Llama (`specdec model tiny --preset tiny-v12-l2 DIR` writes the
+engine checks' model). Each request runs alone (batch size 1, as HF's assisted generation
+requires), seeded with `torch.manual_seed(seed)`, through `model.generate` unchanged:
+greedy or multinomial sampling with HF's own temperature, top-k and top-p warpers, the
+request's eos ids, and with speculation on the candidate generator the flag names
+(`prompt_lookup_num_tokens`, `assistant_model`, `assistant_early_exit`). Only the calling
+convention is translated here; every decision the checks judge is HF's.
+
+Stop strings need HF's tokenizer-based criteria, which a tiny model without a tokenizer does
+not have: the engine says it does not take them, and the stop check reports that.
+"""
+
+import argparse
+import json
+import sys
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, GenerationConfig
+
+PROTOCOL = "specdec-exec/1"
+
+
+def load(path):
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model.eval()
+    # No defaults of the model's own generation config (eos, top-k 50) leak into a request.
+    model.generation_config = GenerationConfig()
+    return model
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--speculation", default="none")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    model = load(args.model)
+    kind, _, arg = args.speculation.partition(":")
+    assistant = load(args.model) if args.speculation == "assistant:self" else None
+    if kind not in ("none", "prompt-lookup", "assistant", "early-exit") or (kind == "assistant" and arg != "self"):
+        sys.exit(f"unknown --speculation {args.speculation}")
+    info = {
+        "name": f"hf-transformers/{args.speculation}",
+        "version": transformers.__version__,
+        "speculation": args.speculation,
+        "vocab": model.config.vocab_size,
+        # float32 logits: a greedy token may differ from the f64 reference's only near a tie.
+        "greedy_epsilon": 1e-4,
+        "batch_invariant": True,
+        "stop_strings": False,
+    }
+
+    def generate(r):
+        if r.get("stop"):
+            raise ValueError("stop strings are not supported")
+        sample = r["temperature"] > 0
+        config = GenerationConfig(
+            max_new_tokens=r["max_new_tokens"],
+            do_sample=sample,
+            temperature=r["temperature"] if sample else 1.0,
+            top_k=r["top_k"] if sample else None,
+            top_p=r["top_p"] if sample else None,
+            eos_token_id=r["eos"] or None,
+            pad_token_id=0,
+        )
+        extra = {}
+        if r["speculation"] and kind == "prompt-lookup":
+            config.prompt_lookup_num_tokens = int(arg)
+        elif r["speculation"] and kind == "assistant":
+            extra["assistant_model"] = assistant
+        elif r["speculation"] and kind == "early-exit":
+            config.assistant_early_exit = int(arg)
+        torch.manual_seed(r["seed"])
+        prompt = torch.tensor([r["prompt"]], dtype=torch.long)
+        with torch.no_grad():
+            out = model.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config, **extra)
+        tokens = out[0, prompt.shape[1]:].tolist()
+        if tokens and tokens[-1] in r["eos"]:
+            finish = "eos"
+        elif len(tokens) >= r["max_new_tokens"]:
+            finish = "length"
+        else:
+            finish = "capacity"
+        return {"tokens": tokens, "finish": finish}
+
+    for line in sys.stdin:
+        req = json.loads(line)
+        rid = req.get("id")
+        try:
+            if req["op"] == "handshake":
+                reply = {"id": rid, "protocol": PROTOCOL, "name": info["name"], "device": "cpu", "ops": ["generate"], "engine": info}
+            elif req["op"] == "generate":
+                reply = {"id": rid, "outputs": {"generations": [generate(r) for r in req["params"]["requests"]]}}
+            else:
+                reply = {"id": rid, "error": {"kind": "NotSupported", "arg": req["op"], "message": "only generate"}}
+        except Exception as e:  # the engine's own failure, reported, never a crash
+            reply = {"id": rid, "error": {"kind": "Device", "arg": "generate", "message": f"{type(e).__name__}: {e}"}}
+        print(json.dumps(reply), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+//! `cargo xtask engines`: the engine checks (spec section 21) on real engines (opt-in,
+//! not in CI).
+//!
+//! Runs `specdec engine-check` on specdec's own decoder for every CPU backend and every
+//! proposer of the tiny model, and on HF transformers' `generate` (the pinned release the
+//! peers use, from PyPI into `.cache/venv-peers`) with each of its speculation paths the
+//! tiny model can take: prompt lookup, the model as its own assistant, early exit. Each
+//! run writes `reports/engines/<engine>.{json,md}`; the table (engine, version, check,
+//! status, rules, evidence, repro) goes to `reports/engines/ENGINES.md` and to stdout. A
+//! failing engine is a result of this command, not an error: the table shows it.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+/// The tiny model's proposers, as the end-to-end section names them.
+const PROPOSERS: [&str; 6] = ["ngram", "draft:seeded", "draft:self", "early-exit:1", "dflash:seeded", "dflash-iter:seeded"];
+/// Backends of the CPU build.
+const BACKENDS: [&str; 4] = ["reference", "ndarray", "candle-cpu", "tch-cpu"];
+/// HF transformers' speculation paths on the tiny model.
+const HF_PATHS: [&str; 3] = ["prompt-lookup:3", "assistant:self", "early-exit:1"];
+/// The seed of the table's runs.
+pub const ENGINES_SEED: &str = "20261125";
+
+/// Runs every engine and returns the table.
+pub fn run(root: &Path, specdec: &Path, python: &Path) -> Result<String, String> {
+    let out = root.join("reports/engines");
+    std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    let model = root.join(".cache/models/tiny-v12-l2-hf");
+    let status = Command::new(specdec).args(["model", "tiny", "--preset", "tiny-v12-l2"]).arg(&model).status().map_err(|e| e.to_string())?;
+    if !status.success() {
+        return Err(format!("specdec model tiny failed: {status}"));
+    }
+    let mut engines: Vec<(String, String)> = Vec::new();
+    for b in BACKENDS {
+        for p in PROPOSERS {
+            engines.push((format!("specdec-{b}-{}", p.replace(':', "-")), format!("decoder:{b}:{p}")));
+        }
+    }
+    let script = root.join("adapters/engines/hf_generate.py");
+    for path in HF_PATHS {
+        let engine = format!("exec:{} {} {} --speculation {path}", python.display(), script.display(), model.display());
+        engines.push((format!("hf-transformers-{}", path.replace(':', "-")), engine));
+    }
+    let mut reports = Vec::new();
+    for (slug, engine) in &engines {
+        let json = out.join(format!("{slug}.json"));
+        let start = std::time::Instant::now();
+        let status = Command::new(specdec)
+            .args(["engine-check", "--seed", ENGINES_SEED, "--engine", engine, "--report"])
+            .arg(&json)
+            .arg("--report")
+            .arg(out.join(format!("{slug}.md")))
+            .status()
+            .map_err(|e| format!("cannot run {}: {e}", specdec.display()))?;
+        eprintln!("xtask: engine {slug}: {status} in {:.0} s", start.elapsed().as_secs_f64());
+        if !json.exists() {
+            return Err(format!("engine {slug} wrote no report ({status})"));
+        }
+        reports.push((slug.clone(), engine.clone(), json, start.elapsed().as_secs_f64()));
+    }
+    let text = table(&reports)?;
+    let path = out.join("ENGINES.md");
+    std::fs::write(&path, &text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(text)
+}
+
+/// One line per engine (its checks passed or not, and time), then every check that did
+/// not pass with its rules, evidence and repro command.
+fn table(reports: &[(String, String, std::path::PathBuf, f64)]) -> Result<String, String> {
+    let mut summary = String::from("| engine | version | pass | fail | not supported | seconds |\n|---|---|---|---|---|---|\n");
+    let mut failures = String::from("| engine | check | status | rules | evidence | repro |\n|---|---|---|---|---|---|\n");
+    for (slug, _, json, seconds) in reports {
+        let text = std::fs::read_to_string(json).map_err(|e| format!("cannot read {}: {e}", json.display()))?;
+        let report: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", json.display()))?;
+        let results = report["results"].as_array().ok_or_else(|| format!("{}: no results", json.display()))?;
+        let count = |s: &str| results.iter().filter(|r| r["status"] == s).count();
+        let version = report["backend"].as_str().unwrap_or(slug);
+        summary.push_str(&format!("| {slug} | {version} | {} | {} | {} | {seconds:.0} |\n", count("Pass"), count("Fail"), count("NotSupported")));
+        for r in results.iter().filter(|r| r["status"] != "Pass" && r["status"] != "Skipped") {
+            let rules = r["rules"].as_array().map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(", ")).unwrap_or_default();
+            let evidence = r["message"].as_str().unwrap_or("").replace('|', "\\|");
+            let evidence: String = evidence.chars().take(300).collect();
+            failures.push_str(&format!(
+                "| {slug} | `{}` | {} | {rules} | {evidence} | `{}` |\n",
+                r["name"].as_str().unwrap_or("?"),
+                r["status"].as_str().unwrap_or("?"),
+                r["repro"].as_str().unwrap_or("")
+            ));
+        }
+    }
+    Ok(format!("# Engines under test\n\nSeed {ENGINES_SEED}; `cargo xtask engines`.\n\n{summary}\nEvery check that did not pass:\n\n{failures}"))
+}
