@@ -26,7 +26,10 @@ PROTOCOL = "specdec-exec/1"
 
 
 def load(path):
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    except TypeError:  # releases before `dtype` was the argument's name
+        model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
     model.eval()
     # No defaults of the model's own generation config (eos, top-k 50) leak into a request.
     model.generation_config = GenerationConfig()

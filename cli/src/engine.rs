@@ -69,7 +69,7 @@ pub fn check(engine: &str, cfg: &SuiteConfig, reports: &[PathBuf], timeout: Dura
 fn run(engine: &mut dyn GenerationEngine, label: &str, w: &LlamaWeights, cfg: &SuiteConfig) -> Report {
     let info = engine.info().clone();
     let results = engine_section::run(engine, label, w, cfg, &mut |_| {});
-    Report::for_engine(&info.name, info.greedy_epsilon, cfg.seed, results)
+    Report::for_engine(&info.name, &info.version, info.greedy_epsilon, cfg.seed, results)
 }
 
 struct CheckDecoder<'a> {

@@ -207,6 +207,21 @@ fn exact_check(engine: &mut dyn GenerationEngine, w: &LlamaWeights, plain: &[Gre
                 };
                 cases.push((GenerationRequest { eos: vec![eos], ..GenerationRequest::greedy(p.clone(), TINY_TOKENS, true) }, want, finish, run.margins.clone()));
             }
+            // A copying drafter (n-gram, prompt lookup) drafts only ids its context
+            // holds: prompts that hold a copy of their own continuation make it
+            // draft an eos inside a run, with the tokens after it.
+            let mut copied = 0;
+            for (p, run) in prompts.iter().zip(plain) {
+                let copy: Vec<u32> = p.iter().chain(&run.tokens[..COPIED]).chain(p).copied().collect();
+                let g = reference_greedy(w, std::slice::from_ref(&copy), &[]).map_err(fail)?.remove(0);
+                if let Some((e, j)) = copied_eos(&copy, &g.tokens) {
+                    cases.push((GenerationRequest { eos: vec![e], ..GenerationRequest::greedy(copy, TINY_TOKENS, true) }, g.tokens[..=j].to_vec(), Finish::Eos, g.margins.clone()));
+                    copied += 1;
+                }
+            }
+            if copied == 0 {
+                return Err(fail("no copy prompt has an eos a copying drafter would draft mid-run: the check would not reach that path".into()));
+            }
         }
         "length" => {
             for (p, run) in prompts.iter().zip(plain) {
@@ -256,6 +271,23 @@ fn exact_check(engine: &mut dyn GenerationEngine, w: &LlamaWeights, plain: &[Gre
         }
     }
     Ok(Verdict::Pass { excused, max_abs_err: 0.0 })
+}
+
+/// Plain-output tokens copied into a copy prompt (`prompt ++ output[..COPIED] ++ prompt`,
+/// which with 22 generated tokens fits the tiny model's 64 positions).
+const COPIED: usize = 12;
+
+/// In the greedy output `out` after `context`, the first token `e` at some `j >= 2` that
+/// `out` has not held before and that follows the same two tokens earlier in the
+/// context (so a drafter copying the continuation of the last bigram drafts it
+/// there): `(e, j)`.
+fn copied_eos(context: &[u32], out: &[u32]) -> Option<(u32, usize)> {
+    (2..out.len().saturating_sub(1)).find_map(|j| {
+        let (a, b, e) = (out[j - 2], out[j - 1], out[j]);
+        let seen: Vec<u32> = context.iter().chain(&out[..j - 1]).copied().collect();
+        let copied = seen.windows(3).any(|t| t == [a, b, e]);
+        (!out[..j].contains(&e) && copied).then_some((e, j))
+    })
 }
 
 /// ENGINE-6, exact: the same sampled request alone, in a batch, and again.

@@ -19,6 +19,9 @@ pub struct Report {
     pub precision: Precision,
     pub seed: u64,
     pub specdec_version: &'static str,
+    /// The version an engine under test states (ENGINE-1); none for a backend.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine_version: Option<String>,
     pub summary: Summary,
     pub results: Vec<CheckResult>,
 }
@@ -39,11 +42,11 @@ impl Report {
         Report::of(backend.name(), backend.device(), backend.precision(), seed, results)
     }
 
-    /// The report of an engine under test (ENGINE-1): its name, and its
-    /// greedy epsilon as the margin epsilon.
-    pub fn for_engine(name: &str, greedy_epsilon: f64, seed: u64, results: Vec<CheckResult>) -> Report {
+    /// The report of an engine under test (ENGINE-1): its name and
+    /// version, and its greedy epsilon as the margin epsilon.
+    pub fn for_engine(name: &str, version: &str, greedy_epsilon: f64, seed: u64, results: Vec<CheckResult>) -> Report {
         let precision = Precision { float_dtype: "engine", accumulate_dtype: "engine", margin_epsilon: greedy_epsilon, value_tolerance: 0.0 };
-        Report::of(name.to_string(), "engine".into(), precision, seed, results)
+        Report { engine_version: Some(version.to_string()), ..Report::of(name.to_string(), "engine".into(), precision, seed, results) }
     }
 
     fn of(backend: String, device: String, precision: Precision, seed: u64, results: Vec<CheckResult>) -> Report {
@@ -54,7 +57,7 @@ impl Report {
             summary.max_abs_err = summary.max_abs_err.max(r.max_abs_err);
             summary.failed |= r.status.is_failure();
         }
-        Report { backend, device, precision, seed, specdec_version: env!("CARGO_PKG_VERSION"), summary, results }
+        Report { backend, device, precision, seed, specdec_version: env!("CARGO_PKG_VERSION"), engine_version: None, summary, results }
     }
 
     pub fn count(&self, status: Status) -> usize {

@@ -50,9 +50,12 @@ fn with_fault(f: Fault) -> EngineConfig {
     EngineConfig { fault: Some(f), ..k3() }
 }
 
-/// HF transformers #47912: tokens emitted past an eos accepted mid-run.
+/// HF transformers #47912 (and #31301 before it, for prompt lookup): tokens
+/// emitted past an eos accepted mid-run, by a model drafter and by a copying one.
 #[test]
 fn an_engine_that_emits_past_an_eos_fails_the_eos_check() {
+    let r = section("ngram", with_fault(Fault::AcceptPastEos), Some("/eos"));
+    assert_eq!(failed(&r), ["engine/ngram/eos"], "{r:#?}");
     let r = section("draft:self", with_fault(Fault::AcceptPastEos), None);
     let failed = failed(&r);
     assert!(failed.contains(&"engine/draft:self/eos"), "{r:#?}");

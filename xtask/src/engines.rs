@@ -4,12 +4,17 @@
 //! Runs `specdec engine-check` on specdec's own decoder for every CPU backend and every
 //! proposer of the tiny model, and on HF transformers' `generate` (the pinned release the
 //! peers use, from PyPI into `.cache/venv-peers`) with each of its speculation paths the
-//! tiny model can take: prompt lookup, the model as its own assistant, early exit. Each
+//! tiny model can take: prompt lookup, the model as its own assistant, early exit. And two
+//! historical releases around a published losslessness bug: transformers 4.43.4, whose
+//! prompt lookup emits the tokens after an eos it drafted and the target accepted
+//! mid-run (fixed by huggingface/transformers#31301), which the `eos` check must fail,
+//! and 4.44.2, the first release with the fix, which must pass (installed with
+//! `pip --target` beside the peers' torch, their pinned dependencies with them). Each
 //! run writes `reports/engines/<engine>.{json,md}`; the table (engine, version, check,
 //! status, rules, evidence, repro) goes to `reports/engines/ENGINES.md` and to stdout. A
 //! failing engine is a result of this command, not an error: the table shows it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
@@ -20,6 +25,10 @@ const PROPOSERS: [&str; 6] = ["ngram", "draft:seeded", "draft:self", "early-exit
 const BACKENDS: [&str; 4] = ["reference", "ndarray", "candle-cpu", "tch-cpu"];
 /// HF transformers' speculation paths on the tiny model.
 const HF_PATHS: [&str; 3] = ["prompt-lookup:3", "assistant:self", "early-exit:1"];
+/// Historical transformers releases: (version, what the engine checks must say of it).
+const HF_HISTORICAL: [(&str, &str); 2] = [("4.43.4", "fails `eos` (prompt lookup past an accepted eos)"), ("4.44.2", "passes (the fix of #31301)")];
+/// Their dependencies that the peers' environment holds at releases they cannot import.
+const HF_HISTORICAL_DEPS: [&str; 7] = ["tokenizers==0.19.1", "huggingface_hub==0.24.6", "requests==2.34.2", "urllib3==2.8.0", "idna==3.20", "certifi==2026.10.19.post1", "charset-normalizer==3.5.3"];
 /// The seed of the table's runs.
 pub const ENGINES_SEED: &str = "20261125";
 
@@ -42,6 +51,11 @@ pub fn run(root: &Path, specdec: &Path, python: &Path) -> Result<String, String>
     for path in HF_PATHS {
         let engine = format!("exec:{} {} {} --speculation {path}", python.display(), script.display(), model.display());
         engines.push((format!("hf-transformers-{}", path.replace(':', "-")), engine));
+    }
+    for (version, _) in HF_HISTORICAL {
+        let dir = historical(root, python, version)?;
+        let engine = format!("exec:PYTHONPATH={} {} {} {} --speculation prompt-lookup:3", dir.display(), python.display(), script.display(), model.display());
+        engines.push((format!("hf-transformers-{version}-prompt-lookup-3"), engine));
     }
     let mut reports = Vec::new();
     for (slug, engine) in &engines {
@@ -66,6 +80,29 @@ pub fn run(root: &Path, specdec: &Path, python: &Path) -> Result<String, String>
     Ok(text)
 }
 
+/// A historical transformers release in `.cache/engines-hist/transformers-VERSION`
+/// (installed once, stamped with its pins), imported before the peers' own.
+fn historical(root: &Path, python: &Path, version: &str) -> Result<PathBuf, String> {
+    let dir = root.join(format!(".cache/engines-hist/transformers-{version}"));
+    let stamp = dir.join(".specdec-pins");
+    let pins = format!("transformers=={version} {}", HF_HISTORICAL_DEPS.join(" "));
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == pins) {
+        return Ok(dir);
+    }
+    let status = Command::new(python)
+        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-cache-dir", "--no-deps", "--upgrade", "--target"])
+        .arg(&dir)
+        .arg(format!("transformers=={version}"))
+        .args(HF_HISTORICAL_DEPS)
+        .status()
+        .map_err(|e| format!("cannot run pip: {e}"))?;
+    if !status.success() {
+        return Err(format!("pip could not install transformers {version}: {status}"));
+    }
+    std::fs::write(&stamp, &pins).map_err(|e| format!("cannot write {}: {e}", stamp.display()))?;
+    Ok(dir)
+}
+
 /// One line per engine (its checks passed or not, and time), then every check that did
 /// not pass with its rules, evidence and repro command.
 fn table(reports: &[(String, String, std::path::PathBuf, f64)]) -> Result<String, String> {
@@ -76,7 +113,7 @@ fn table(reports: &[(String, String, std::path::PathBuf, f64)]) -> Result<String
         let report: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", json.display()))?;
         let results = report["results"].as_array().ok_or_else(|| format!("{}: no results", json.display()))?;
         let count = |s: &str| results.iter().filter(|r| r["status"] == s).count();
-        let version = report["backend"].as_str().unwrap_or(slug);
+        let version = format!("{} {}", report["backend"].as_str().unwrap_or(slug), report["engine_version"].as_str().unwrap_or("?"));
         summary.push_str(&format!("| {slug} | {version} | {} | {} | {} | {seconds:.0} |\n", count("Pass"), count("Fail"), count("NotSupported")));
         for r in results.iter().filter(|r| r["status"] != "Pass" && r["status"] != "Skipped") {
             let rules = r["rules"].as_array().map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(", ")).unwrap_or_default();
@@ -90,5 +127,6 @@ fn table(reports: &[(String, String, std::path::PathBuf, f64)]) -> Result<String
             ));
         }
     }
-    Ok(format!("# Engines under test\n\nSeed {ENGINES_SEED}; `cargo xtask engines`.\n\n{summary}\nEvery check that did not pass:\n\n{failures}"))
+    let expected: String = HF_HISTORICAL.iter().map(|(v, what)| format!("- transformers {v} with prompt lookup {what}.\n")).collect();
+    Ok(format!("# Engines under test\n\nSeed {ENGINES_SEED}; `cargo xtask engines`. Expected of the historical releases:\n\n{expected}\n{summary}\nEvery check that did not pass:\n\n{failures}"))
 }
