@@ -11,7 +11,8 @@ request's eos ids, and with speculation on the candidate generator the flag name
 convention is translated here; every decision the checks judge is HF's.
 
 Stop strings need HF's tokenizer-based criteria, which a tiny model without a tokenizer does
-not have: the engine says it does not take them, and the stop check reports that.
+not have: the engine says it does not take them and refuses a request with one, and the
+stop check reports that as not supported.
 """
 
 import argparse
@@ -23,6 +24,8 @@ import transformers
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 PROTOCOL = "specdec-exec/1"
+# A request's fields (PROTO-9); any other is an error.
+FIELDS = {"prompt", "temperature", "top_k", "top_p", "seed", "max_new_tokens", "eos", "stop", "speculation"}
 
 
 def load(path):
@@ -59,8 +62,9 @@ def main():
     }
 
     def generate(r):
-        if r.get("stop"):
-            raise ValueError("stop strings are not supported")
+        unknown = set(r) - FIELDS
+        if unknown:
+            raise ValueError(f"unknown request fields {sorted(unknown)}")
         sample = r["temperature"] > 0
         config = GenerationConfig(
             max_new_tokens=r["max_new_tokens"],
@@ -92,16 +96,23 @@ def main():
         return {"tokens": tokens, "finish": finish}
 
     for line in sys.stdin:
-        req = json.loads(line)
-        rid = req.get("id")
+        rid = None
         try:
+            req = json.loads(line)
+            rid = req.get("id")
             if req["op"] == "handshake":
                 reply = {"id": rid, "protocol": PROTOCOL, "name": info["name"], "device": "cpu", "ops": ["generate"], "engine": info}
             elif req["op"] == "generate":
-                reply = {"id": rid, "outputs": {"generations": [generate(r) for r in req["params"]["requests"]]}}
+                requests = req["params"]["requests"]
+                stops = [i for i, r in enumerate(requests) if r.get("stop")]
+                if stops:
+                    # A refusal names the request (PROTO-9): the check reports it as not supported.
+                    reply = {"id": rid, "error": {"kind": "NotSupported", "arg": "requests", "index": [stops[0]], "message": "stop strings need a tokenizer"}}
+                else:
+                    reply = {"id": rid, "outputs": {"generations": [generate(r) for r in requests]}}
             else:
                 reply = {"id": rid, "error": {"kind": "NotSupported", "arg": req["op"], "message": "only generate"}}
-        except Exception as e:  # the engine's own failure, reported, never a crash
+        except Exception as e:  # a malformed request or the engine's own failure: reported, never a crash
             reply = {"id": rid, "error": {"kind": "Device", "arg": "generate", "message": f"{type(e).__name__}: {e}"}}
         print(json.dumps(reply), flush=True)
 

@@ -5,12 +5,15 @@
 //! of whole generations is enumerable); the expectations come from the f64
 //! reference forward on the same weights, never from the engine.
 //!
-//! Checks, `engine/<check>`:
+//! Checks, `engine/<label>/<check>` (`<label>`: the proposer, or `exec`):
 //! - `greedy-identity` (ENGINE-3): speculation on and off each equal the
 //!   reference's greedy output (22 tokens, four prompts with repeats); a
 //!   divergence is excused only at a step whose reference top-2 margin is
-//!   below the engine's stated `greedy_epsilon`, counted and printed; where
-//!   the engine counts drafts, speculation must have drafted;
+//!   below the engine's stated `greedy_epsilon` (at most
+//!   [`MAX_GREEDY_EPSILON`]), counted; where the engine counts drafts,
+//!   speculation must have drafted. Every output of every exact check also
+//!   keeps the finish contract whatever its tokens (nothing after an eos,
+//!   at most `max_new_tokens`, a finish its tokens bear out);
 //! - `eos`, `length`, `stop` (ENGINE-5): an eos the greedy outputs first
 //!   reach mid-output ends them exactly there; `max_new_tokens` of 5 to 9
 //!   (runs of k + 1 cross them) is honoured; stop strings (a token's text,
@@ -44,14 +47,14 @@ use std::time::Instant;
 use specdec_backend::model::{LlamaWeights, ModelBackend, RefModel};
 use specdec_backend::{ReferenceBackend, SamplingParams};
 use specdec_decoder::EngineConfig;
-use specdec_engines::{DecoderEngine, EngineError, Finish, Generation, GenerationEngine, GenerationRequest};
+use specdec_engines::{DecoderEngine, EngineError, EngineInfo, Finish, Generation, GenerationEngine, GenerationRequest, validate_outputs};
 use specdec_models::tiny::TinySpec;
 use specdec_stats::TestReport;
 
 use crate::check::{CheckResult, Kind, SuiteConfig, catch, settle};
 use crate::compare::Verdict;
 use crate::e2e_section::{E2E_BETA, E2E_DELTA, K, TINY_TOKENS, build_proposer, cuts, engine_config, exact_law_with, sampled_setup, tiny_eos, tiny_prompts, tiny_text};
-use crate::model_section::{self, GreedyRun};
+use crate::model_section::{self, Divergence, GreedyRun};
 use crate::section::Section;
 use crate::stat;
 
@@ -112,6 +115,7 @@ fn family_size() -> usize {
 /// whose model is `weights`.
 pub fn run(engine: &mut dyn GenerationEngine, label: &str, weights: &LlamaWeights, cfg: &SuiteConfig, progress: &mut dyn FnMut(&CheckResult)) -> Vec<CheckResult> {
     let name = engine.info().name.clone();
+    let refused = refuse_statement(engine.info(), weights);
     let mut results = Vec::new();
     let mut statistical = Vec::new();
     let mut plain: Option<Result<Vec<GreedyRun>, String>> = None;
@@ -123,6 +127,12 @@ pub fn run(engine: &mut dyn GenerationEngine, label: &str, weights: &LlamaWeight
             continue;
         }
         let start = Instant::now();
+        if let Some(why) = &refused {
+            settle(&mut result, Verdict::Fail(why.clone()), &cfg.selection);
+            progress(&result);
+            results.push(result);
+            continue;
+        }
         if item.check == "sampled" || item.check == "seed-pairs" {
             let outcome = catch(|| statistical_check(engine, weights, &item, cfg.seed)).unwrap_or_else(|m| Err(Verdict::Fail(m)));
             result.millis = start.elapsed().as_secs_f64() * 1e3;
@@ -154,34 +164,98 @@ fn reference_greedy(w: &LlamaWeights, prompts: &[Vec<u32>], eos: &[u32]) -> Resu
     model_section::greedy(&ReferenceBackend, &RefModel::new(w.clone()), prompts, TINY_TOKENS, eos, w.config.vocab_size)
 }
 
-fn generate(engine: &mut dyn GenerationEngine, requests: &[GenerationRequest]) -> Result<Vec<Generation>, Verdict> {
-    engine.generate(requests).map_err(|e| match e {
-        EngineError::Request { index, reason } => Verdict::NotSupported(format!("the engine refused request {index}: {reason}")),
-        other => Verdict::Fail(other.to_string()),
-    })
+/// The largest `greedy_epsilon` an engine may state: a margin above it is no
+/// rounding difference, and excusing it would excuse a wrong engine.
+pub const MAX_GREEDY_EPSILON: f64 = 1e-2;
+
+/// Why what an engine states of itself rules the section out (ENGINE-1): another
+/// vocabulary than the model's, or an epsilon that would excuse anything.
+fn refuse_statement(info: &EngineInfo, w: &LlamaWeights) -> Option<String> {
+    if info.vocab != w.config.vocab_size {
+        return Some(format!("the engine states a vocabulary of {}, the section's model {ENGINE_MODEL} has {}", info.vocab, w.config.vocab_size));
+    }
+    if !(0.0..=MAX_GREEDY_EPSILON).contains(&info.greedy_epsilon) {
+        return Some(format!("the engine states a greedy epsilon of {:e}, outside [0, {MAX_GREEDY_EPSILON:e}]", info.greedy_epsilon));
+    }
+    None
 }
 
-/// Compares one output with what the reference expects: `want` tokens and
-/// finish; a divergence at a step whose reference margin (`margins`, per
-/// reference token) is below the engine's epsilon excuses the rest of the
-/// output (returns `Ok(true)`).
-fn compare(label: &str, got: &Generation, want: &[u32], finish: Finish, margins: &[f64], eps: f64) -> Result<bool, String> {
-    if let Some(step) = got.tokens.iter().zip(want).position(|(a, b)| a != b) {
-        if margins[step] < eps {
-            return Ok(true);
+/// The engine's outputs for `requests`, validated (ENGINE-1) before any check reads
+/// them; a refused request makes the check not supported.
+fn generate(engine: &mut dyn GenerationEngine, requests: &[GenerationRequest]) -> Result<Vec<Generation>, Verdict> {
+    let outputs = engine.generate(requests).map_err(|e| match e {
+        EngineError::Request { index, reason } => Verdict::NotSupported(format!("the engine refused request {index}: {reason}")),
+        other => Verdict::Fail(other.to_string()),
+    })?;
+    validate_outputs(engine.info(), requests, &outputs).map_err(|e| Verdict::Fail(e.to_string()))?;
+    Ok(outputs)
+}
+
+/// [`generate`] for `n` requests made by `request(i)`, in batches of [`BATCH`].
+fn generate_n(engine: &mut dyn GenerationEngine, n: usize, request: &dyn Fn(usize) -> GenerationRequest) -> Result<Vec<Generation>, Verdict> {
+    let mut out = Vec::with_capacity(n);
+    for start in (0..n).step_by(BATCH) {
+        let requests: Vec<GenerationRequest> = (start..n.min(start + BATCH)).map(request).collect();
+        out.extend(generate(engine, &requests)?);
+    }
+    Ok(out)
+}
+
+/// What any output must be, whatever its tokens (ENGINE-5): within
+/// `max_new_tokens`, an eos only as the last token and then with finish `eos`,
+/// and a finish that its length and last token bear out.
+fn finish_contract(req: &GenerationRequest, got: &Generation) -> Result<(), String> {
+    let n = got.tokens.len();
+    if n > req.max_new_tokens {
+        return Err(format!("{n} tokens, more than max_new_tokens {}", req.max_new_tokens));
+    }
+    if let Some(i) = got.tokens.iter().position(|t| req.eos.contains(t)) {
+        if i + 1 < n {
+            return Err(format!("eos {} at token {i}, then {} more", got.tokens[i], n - i - 1));
         }
-        return Err(format!(
-            "{label}: token {step} is {}, the reference gives {} (reference top-2 margin {:.3e} >= the engine's epsilon {eps:e}); generated {:?}",
-            got.tokens[step], want[step], margins[step], got.tokens
-        ));
+        if got.finish != Finish::Eos {
+            return Err(format!("ends with eos {} but finishes {:?}", got.tokens[i], got.finish));
+        }
     }
-    if got.tokens.len() != want.len() {
-        return Err(format!("{label}: {} tokens {:?}, the reference ends after {} with {finish:?}", got.tokens.len(), got.tokens, want.len()));
+    match got.finish {
+        Finish::Eos if !got.tokens.last().is_some_and(|t| req.eos.contains(t)) => Err("finishes eos without an eos token last".into()),
+        Finish::Length if n != req.max_new_tokens => Err(format!("finishes length after {n} of {} tokens", req.max_new_tokens)),
+        Finish::Stop if req.stop.is_empty() => Err("finishes stop without a stop string".into()),
+        _ => Ok(()),
     }
-    if got.finish != finish {
-        return Err(format!("{label}: finish {:?}, expected {finish:?} (tokens {:?})", got.finish, got.tokens));
+}
+
+/// One request of an exact check and what the reference expects of it: the
+/// first `keep` tokens of `run`, then `finish`.
+struct Expect {
+    req: GenerationRequest,
+    run: GreedyRun,
+    keep: usize,
+    finish: Finish,
+}
+
+impl Expect {
+    fn new(req: GenerationRequest, run: &GreedyRun, keep: usize, finish: Finish) -> Self {
+        Expect { req, run: run.clone(), keep, finish }
     }
-    Ok(false)
+
+    /// Judges `got`: `Ok(true)` when it leaves the reference at a step the
+    /// engine's epsilon excuses (its finish contract still holds).
+    fn judge(&self, label: &str, got: &Generation, eps: f64) -> Result<bool, String> {
+        finish_contract(&self.req, got).map_err(|e| format!("{label}: {e} (tokens {:?})", got.tokens))?;
+        let want = &self.run.tokens[..self.keep];
+        match self.run.divergence(&got.tokens[..got.tokens.len().min(self.keep)], eps) {
+            Divergence::Excused(_) => Ok(true),
+            Divergence::Unexcused(step) => Err(format!(
+                "{label}: token {step} is {}, the reference gives {} (reference top-2 margin {:.3e} >= the engine's epsilon {eps:e}); generated {:?}",
+                got.tokens[step], want[step], self.run.margins[step], got.tokens
+            )),
+            Divergence::None if got.tokens.len() != self.keep || got.finish != self.finish => {
+                Err(format!("{label}: {} tokens {:?} finishing {:?}, the reference ends after {} with {:?}", got.tokens.len(), got.tokens, got.finish, self.keep, self.finish))
+            }
+            Divergence::None => Ok(false),
+        }
+    }
 }
 
 /// The exact checks: greedy identity, eos, length, stop and batch.
@@ -190,22 +264,22 @@ fn exact_check(engine: &mut dyn GenerationEngine, w: &LlamaWeights, plain: &[Gre
     let info = engine.info().clone();
     let eps = info.greedy_epsilon;
     let prompts = tiny_prompts();
-    // (request, expected tokens, finish, margins): speculation on, then off.
-    let mut cases: Vec<(GenerationRequest, Vec<u32>, Finish, Vec<f64>)> = Vec::new();
+    // Speculation on, then the same requests off.
+    let mut cases: Vec<Expect> = Vec::new();
     match check {
         "greedy-identity" => {
             for (p, run) in prompts.iter().zip(plain) {
-                cases.push((GenerationRequest::greedy(p.clone(), TINY_TOKENS, true), run.tokens.clone(), Finish::Length, run.margins.clone()));
+                cases.push(Expect::new(GenerationRequest::greedy(p.clone(), TINY_TOKENS, true), run, TINY_TOKENS, Finish::Length));
             }
         }
         "eos" => {
             let eos = tiny_eos(w, &prompts).map_err(fail)?;
             for (p, run) in prompts.iter().zip(plain) {
-                let (want, finish) = match run.tokens.iter().position(|&t| t == eos) {
-                    Some(i) => (run.tokens[..=i].to_vec(), Finish::Eos),
-                    None => (run.tokens.clone(), Finish::Length),
+                let (keep, finish) = match run.tokens.iter().position(|&t| t == eos) {
+                    Some(i) => (i + 1, Finish::Eos),
+                    None => (TINY_TOKENS, Finish::Length),
                 };
-                cases.push((GenerationRequest { eos: vec![eos], ..GenerationRequest::greedy(p.clone(), TINY_TOKENS, true) }, want, finish, run.margins.clone()));
+                cases.push(Expect::new(GenerationRequest { eos: vec![eos], ..GenerationRequest::greedy(p.clone(), TINY_TOKENS, true) }, run, keep, finish));
             }
             // A copying drafter (n-gram, prompt lookup) drafts only ids its context
             // holds: prompts that hold a copy of their own continuation make it
@@ -215,7 +289,7 @@ fn exact_check(engine: &mut dyn GenerationEngine, w: &LlamaWeights, plain: &[Gre
                 let copy: Vec<u32> = p.iter().chain(&run.tokens[..COPIED]).chain(p).copied().collect();
                 let g = reference_greedy(w, std::slice::from_ref(&copy), &[]).map_err(fail)?.remove(0);
                 if let Some((e, j)) = copied_eos(&copy, &g.tokens) {
-                    cases.push((GenerationRequest { eos: vec![e], ..GenerationRequest::greedy(copy, TINY_TOKENS, true) }, g.tokens[..=j].to_vec(), Finish::Eos, g.margins.clone()));
+                    cases.push(Expect::new(GenerationRequest { eos: vec![e], ..GenerationRequest::greedy(copy, TINY_TOKENS, true) }, &g, j + 1, Finish::Eos));
                     copied += 1;
                 }
             }
@@ -226,7 +300,7 @@ fn exact_check(engine: &mut dyn GenerationEngine, w: &LlamaWeights, plain: &[Gre
         "length" => {
             for (p, run) in prompts.iter().zip(plain) {
                 for n in LENGTHS {
-                    cases.push((GenerationRequest::greedy(p.clone(), n, true), run.tokens[..n].to_vec(), Finish::Length, run.margins.clone()));
+                    cases.push(Expect::new(GenerationRequest::greedy(p.clone(), n, true), run, n, Finish::Length));
                 }
             }
         }
@@ -236,39 +310,31 @@ fn exact_check(engine: &mut dyn GenerationEngine, w: &LlamaWeights, plain: &[Gre
             }
             for (p, run) in prompts.iter().zip(plain) {
                 for (s, keep) in cuts(&run.tokens, &STOP_CUTS, &tiny_text) {
-                    let want = run.tokens[..keep].to_vec();
                     let base = GenerationRequest { stop: vec![s], ..GenerationRequest::greedy(p.clone(), TINY_TOKENS, true) };
                     // The length cap one token after the stop: the stop still ends it.
                     let capped = GenerationRequest { max_new_tokens: keep + 1, ..base.clone() };
-                    cases.push((base, want.clone(), Finish::Stop, run.margins.clone()));
-                    cases.push((capped, want, Finish::Stop, run.margins.clone()));
+                    cases.push(Expect::new(base, run, keep, Finish::Stop));
+                    cases.push(Expect::new(capped, run, keep, Finish::Stop));
                 }
             }
         }
         "batch" => return batch_check(engine),
         other => return Err(fail(format!("unknown check `{other}`"))),
     }
-    let off: Vec<_> = cases.iter().map(|(r, t, f, m)| (GenerationRequest { speculation: false, ..r.clone() }, t.clone(), *f, m.clone())).collect();
+    let off: Vec<Expect> = cases.iter().map(|c| Expect { req: GenerationRequest { speculation: false, ..c.req.clone() }, run: c.run.clone(), keep: c.keep, finish: c.finish }).collect();
     cases.extend(off);
-    let requests: Vec<GenerationRequest> = cases.iter().map(|c| c.0.clone()).collect();
+    let requests: Vec<GenerationRequest> = cases.iter().map(|c| c.req.clone()).collect();
     let outputs = generate(engine, &requests)?;
     let mut excused = 0;
-    for (i, ((req, want, finish, margins), got)) in cases.iter().zip(&outputs).enumerate() {
-        let label = format!("request {i} (prompt {:?}, speculation {}, max {}, eos {:?}, stop {:?})", req.prompt, if req.speculation { "on" } else { "off" }, req.max_new_tokens, req.eos, req.stop);
-        excused += usize::from(compare(&label, got, want, *finish, margins, eps).map_err(fail)?);
+    for (i, (case, got)) in cases.iter().zip(&outputs).enumerate() {
+        let r = &case.req;
+        let label = format!("request {i} (prompt {:?}, speculation {}, max {}, eos {:?}, stop {:?})", r.prompt, if r.speculation { "on" } else { "off" }, r.max_new_tokens, r.eos, r.stop);
+        excused += usize::from(case.judge(&label, got, eps).map_err(fail)?);
     }
-    // On and off agree where neither was excused (both equal the reference).
-    if check == "greedy-identity" {
-        let n = cases.len() / 2;
-        let drafted: Option<u64> = outputs[..n].iter().map(|g| g.drafts.map(|d| d.proposed)).sum();
-        if drafted == Some(0) {
-            return Err(fail("speculation on drafted nothing: the check would not exercise the engine's verify".into()));
-        }
-        if excused == 0
-            && let Some(i) = (0..n).find(|&i| outputs[i].tokens != outputs[n + i].tokens)
-        {
-            return Err(fail(format!("prompt {i}: speculation on gives {:?}, off {:?}", outputs[i].tokens, outputs[n + i].tokens)));
-        }
+    // Speculation must have run: an engine that counts drafts drafted something.
+    let on = &outputs[..cases.len() / 2];
+    if check == "greedy-identity" && on.iter().map(|g| g.drafts.map(|d| d.proposed)).sum::<Option<u64>>() == Some(0) {
+        return Err(fail("speculation on drafted nothing: the check would not exercise the engine's verify".into()));
     }
     Ok(Verdict::Pass { excused, max_abs_err: 0.0 })
 }
@@ -293,7 +359,8 @@ fn copied_eos(context: &[u32], out: &[u32]) -> Option<(u32, usize)> {
 /// ENGINE-6, exact: the same sampled request alone, in a batch, and again.
 fn batch_check(engine: &mut dyn GenerationEngine) -> Result<Verdict, Verdict> {
     let invariant = engine.info().batch_invariant;
-    let sampled = |prompt: Vec<u32>, seed: u64, on: bool| GenerationRequest { temperature: 0.9, top_p: 0.95, seed, ..GenerationRequest::greedy(prompt, 12, on) };
+    let params = SamplingParams { temperature: 0.9, top_k: 0, top_p: 0.95 };
+    let sampled = |prompt: Vec<u32>, seed: u64, on: bool| GenerationRequest::sampled(prompt, params, seed, 12, on);
     for on in [true, false] {
         let me = sampled(vec![1, 2, 3, 1, 2, 3], 42, on);
         let alone = generate(engine, std::slice::from_ref(&me))?;
@@ -326,19 +393,9 @@ fn statistical_check(engine: &mut dyn GenerationEngine, w: &LlamaWeights, item: 
         expected.push(0.0); // any sequence outside the law's support
         let n = stat::planned_n_for(&expected, family, E2E_DELTA, E2E_BETA).map_err(fail)? as usize;
         let mut counts = vec![0u64; expected.len()];
-        let request = |i: usize| GenerationRequest {
-            temperature: params.temperature,
-            top_k: params.top_k,
-            top_p: params.top_p,
-            seed: base.wrapping_add(i as u64),
-            eos: vec![eos],
-            ..GenerationRequest::greedy(prompt.clone(), SAMPLED_TOKENS, on)
-        };
-        for chunk in (0..n).collect::<Vec<_>>().chunks(BATCH) {
-            let requests: Vec<GenerationRequest> = chunk.iter().map(|&i| request(i)).collect();
-            for g in generate(engine, &requests)? {
-                counts[cells.get(&g.tokens).copied().unwrap_or(expected.len() - 1)] += 1;
-            }
+        let request = |i: usize| GenerationRequest { eos: vec![eos], ..GenerationRequest::sampled(prompt.clone(), params, base.wrapping_add(i as u64), SAMPLED_TOKENS, on) };
+        for g in generate_n(engine, n, &request)? {
+            counts[cells.get(&g.tokens).copied().unwrap_or(expected.len() - 1)] += 1;
         }
         return stat::test_counts(&format!("{} ({label}, n = {n})", item.name), &counts, &expected, family).map_err(fail);
     }
@@ -352,20 +409,13 @@ fn statistical_check(engine: &mut dyn GenerationEngine, w: &LlamaWeights, item: 
     let expected: Vec<f64> = (0..vocab * vocab).map(|c| marginal[c / vocab] * marginal[c % vocab]).collect();
     let n = stat::planned_n_for(&expected, family, E2E_DELTA, E2E_BETA).map_err(fail)? as usize;
     let mut counts = vec![0u64; vocab * vocab];
-    let request = |i: usize| GenerationRequest {
-        temperature: params.temperature,
-        top_k: params.top_k,
-        top_p: params.top_p,
-        seed: base.wrapping_add(i as u64),
-        ..GenerationRequest::greedy(prompt.clone(), 1, true)
-    };
-    for chunk in (0..2 * n).collect::<Vec<_>>().chunks(BATCH) {
-        let requests: Vec<GenerationRequest> = chunk.iter().map(|&i| request(i)).collect();
-        let out = generate(engine, &requests)?;
-        for pair in out.chunks(2) {
-            if let [a, b] = pair {
-                counts[a.tokens[0] as usize * vocab + b.tokens[0] as usize] += 1;
-            }
+    // Pairs never straddle two calls: BATCH is even.
+    let request = |i: usize| GenerationRequest::sampled(prompt.clone(), params, base.wrapping_add(i as u64), 1, true);
+    for pair in generate_n(engine, 2 * n, &request)?.chunks(2) {
+        match (pair[0].tokens.first(), pair[1].tokens.first()) {
+            // Validated: every id is below the stated vocabulary, which is the model's.
+            (Some(&a), Some(&b)) => counts[a as usize * vocab + b as usize] += 1,
+            _ => return Err(fail(format!("a one-token request generated nothing ({:?}, {:?})", pair[0].finish, pair[1].finish))),
         }
     }
     stat::test_counts(&format!("{} (n = {n} pairs)", item.name), &counts, &expected, family).map_err(fail)

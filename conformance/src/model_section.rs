@@ -462,6 +462,28 @@ pub struct GreedyRun {
     pub margins: Vec<f64>,
 }
 
+/// Where an output leaves a greedy run's tokens (DECODE-2, ENGINE-3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Divergence {
+    /// No token differs where both have one (the lengths may differ).
+    None,
+    /// The first differing token, at a step whose top-2 margin is below the epsilon.
+    Excused(usize),
+    /// The first differing token, at a step whose margin does not excuse it.
+    Unexcused(usize),
+}
+
+impl GreedyRun {
+    /// Where `got` first leaves this run's tokens, judged with `eps`.
+    pub fn divergence(&self, got: &[u32], eps: f64) -> Divergence {
+        match got.iter().zip(&self.tokens).position(|(a, b)| a != b) {
+            Some(step) if self.margins[step] < eps => Divergence::Excused(step),
+            Some(step) => Divergence::Unexcused(step),
+            None => Divergence::None,
+        }
+    }
+}
+
 /// Plain greedy decoding of a batch (ties to the lowest id), stopping a
 /// sequence at `eos` or after `max_tokens`: the batch is ragged after the
 /// first stop, which exercises per-sequence cache state.

@@ -8,7 +8,7 @@ use specdec_conformance::e2e_section::{self, TINY, tiny_text};
 use specdec_conformance::engine_section;
 use specdec_conformance::suite::{Status, SuiteConfig};
 use specdec_decoder::{DraftModelProposer, EngineConfig, Fault, Proposer};
-use specdec_engines::DecoderEngine;
+use specdec_engines::{DecoderEngine, EngineError, EngineInfo, Finish, Generation, GenerationEngine, GenerationRequest};
 use specdec_models::tiny::TinySpec;
 
 fn weights() -> Arc<specdec_backend::model::LlamaWeights> {
@@ -94,4 +94,40 @@ fn an_engine_whose_draft_q_is_not_its_draft_law_fails_the_sampled_checks() {
 fn an_engine_whose_requests_share_one_noise_stream_fails_the_seed_pairs_check() {
     let r = section("ngram", with_fault(Fault::SharedNoiseAcrossRequests), Some("/seed-pairs"));
     assert_eq!(failed(&r), ["engine/ngram/seed-pairs"], "{r:#?}");
+}
+
+/// An engine that answers every request with `max_new_tokens` copies of id 0.
+struct Constant(EngineInfo);
+
+impl GenerationEngine for Constant {
+    fn info(&self) -> &EngineInfo {
+        &self.0
+    }
+
+    fn generate(&mut self, requests: &[GenerationRequest]) -> Result<Vec<Generation>, EngineError> {
+        Ok(requests.iter().map(|r| Generation { tokens: vec![0; r.max_new_tokens], finish: Finish::Length, drafts: None }).collect())
+    }
+}
+
+fn constant(vocab: usize, greedy_epsilon: f64) -> Constant {
+    Constant(EngineInfo { name: "constant".into(), version: "0".into(), speculation: "none".into(), vocab, greedy_epsilon, batch_invariant: true, stop_strings: false })
+}
+
+/// ENGINE-1: an engine cannot excuse itself. A greedy epsilon above the cap,
+/// or a vocabulary other than the model's, fails every check; with an honest
+/// statement a wrong engine fails the checks on their merits.
+#[test]
+fn an_engine_that_states_too_much_fails_every_check() {
+    let w = weights();
+    let cfg = SuiteConfig::default();
+    for (engine, want) in [(constant(12, 1e9), "greedy epsilon"), (constant(13, 0.0), "vocabulary of 13")] {
+        let mut engine = engine;
+        let r = engine_section::run(&mut engine, "constant", &w, &cfg, &mut |_| {});
+        assert!(r.iter().all(|c| c.status == Status::Fail && c.message.contains(want)), "ENGINE-1: {r:#?}");
+    }
+    let r = engine_section::run(&mut constant(12, 1e-6), "constant", &w, &cfg, &mut |_| {});
+    let failed: Vec<&str> = r.iter().filter(|c| c.status == Status::Fail).map(|c| c.name.as_str()).collect();
+    for check in ["greedy-identity", "eos", "length"] {
+        assert!(failed.contains(&format!("engine/constant/{check}").as_str()), "ENGINE-3: {failed:?}");
+    }
 }

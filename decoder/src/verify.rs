@@ -81,11 +81,13 @@ pub(crate) fn verify<B: ModelBackend>(
 /// One step's `len` accept uniforms and its draw uniform, in DECODE-3's
 /// order; `None` when given uniforms ran out.
 fn step_uniforms(noise: &mut VerifyNoise<'_>, len: usize, faults: Faults) -> Option<(Vec<f64>, f64)> {
-    if faults.shared_accept_uniform() && len > 0 {
-        let u = noise.next()?;
-        return Some((vec![u; len], noise.next()?));
+    let mut accept = (0..len).map(|_| noise.next()).collect::<Option<Vec<f64>>>()?;
+    if faults.shared_accept_uniform()
+        && let Some(&first) = accept.first()
+    {
+        // The same count read, the first serving every draft: only the sharing differs.
+        accept.fill(first);
     }
-    let accept = (0..len).map(|_| noise.next()).collect::<Option<Vec<f64>>>()?;
     Some((accept, noise.next()?))
 }
 

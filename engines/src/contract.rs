@@ -4,6 +4,7 @@
 //! field of the protocol.
 
 use serde::{Deserialize, Serialize};
+use specdec_backend::SamplingParams;
 
 /// One generation request: token-id prompt, sampling, seed, limits, stops,
 /// and whether the engine speculates (with its own proposer configuration).
@@ -36,6 +37,11 @@ impl GenerationRequest {
     /// A greedy request with no stop condition but `max_new_tokens`.
     pub fn greedy(prompt: Vec<u32>, max_new_tokens: usize, speculation: bool) -> Self {
         GenerationRequest { prompt, temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, max_new_tokens, eos: Vec::new(), stop: Vec::new(), speculation }
+    }
+
+    /// A sampled request with `params` and `seed`, and no stop condition but `max_new_tokens`.
+    pub fn sampled(prompt: Vec<u32>, params: SamplingParams, seed: u64, max_new_tokens: usize, speculation: bool) -> Self {
+        GenerationRequest { temperature: params.temperature, top_k: params.top_k, top_p: params.top_p, seed, ..GenerationRequest::greedy(prompt, max_new_tokens, speculation) }
     }
 }
 

@@ -73,6 +73,9 @@ impl GenerationEngine for ExecEngine {
         self.next_id += 1;
         let line = json!({"id": id, "op": GENERATE, "inputs": {}, "params": {"requests": requests}}).to_string();
         let reply = self.process.exchange(GENERATE, &line, self.timeout).map_err(|e| EngineError::Failed(e.to_string()))?;
+        if let Some(refusal) = refusal(&reply) {
+            return Err(refusal);
+        }
         let outputs = match parse_reply(GENERATE, id, &reply).map_err(|e| EngineError::Contract(e.to_string()))? {
             Ok(outputs) => outputs,
             Err(specdec_exec::protocol::ReplyError::Device(message)) => return Err(EngineError::Failed(message)),
@@ -83,6 +86,19 @@ impl GenerationEngine for ExecEngine {
         validate_outputs(&self.info, requests, &generations)?;
         Ok(generations)
     }
+}
+
+/// A refused request (PROTO-9): an error of kind `NotSupported` whose
+/// `index` names the request the engine cannot run as asked.
+fn refusal(reply: &str) -> Option<EngineError> {
+    let v: Value = serde_json::from_str(reply.trim_end()).ok()?;
+    let error = v.get("error")?;
+    if error.get("kind")?.as_str()? != "NotSupported" {
+        return None;
+    }
+    let index = error.get("index")?.as_array()?.first()?.as_u64()?;
+    let reason = error.get("message").and_then(Value::as_str).unwrap_or("refused").to_string();
+    Some(EngineError::Request { index: usize::try_from(index).ok()?, reason })
 }
 
 /// The adapter side: answers the handshake and `generate` requests read
@@ -120,6 +136,7 @@ fn answer(engine: &mut dyn GenerationEngine, line: &str) -> Value {
             };
             match engine.generate(&requests) {
                 Ok(generations) => json!({"id": id, "outputs": {"generations": generations}}),
+                Err(EngineError::Request { index, reason }) => json!({"id": id, "error": {"kind": "NotSupported", "arg": "requests", "index": [index], "message": reason}}),
                 Err(e) => error_reply(id, &e.to_string()),
             }
         }
@@ -128,8 +145,8 @@ fn answer(engine: &mut dyn GenerationEngine, line: &str) -> Value {
     }
 }
 
-/// An engine's failure or a refused request: a `Device` error whose message
-/// names the request (PROTO-6 has no spec kind for a whole generation).
+/// An engine's failure or a malformed request: a `Device` error (PROTO-6 has
+/// no spec kind for a whole generation).
 fn error_reply(id: Value, message: &str) -> Value {
     json!({"id": id, "error": {"kind": "Device", "arg": GENERATE, "message": message}})
 }

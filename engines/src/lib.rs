@@ -11,10 +11,11 @@
 //! ([`ExecEngine`], PROTO-9; [`serve_exec`] is the adapter side, which
 //! `specdec engine-adapter` runs for specdec's own decoder).
 //!
-//! Invariants: every reply is validated before a check reads it (one output
-//! per request, ids inside the vocabulary the engine states); a malformed,
-//! short or hostile reply is a typed [`EngineError`] naming the request and
-//! the field, never a panic. What an engine generates past its limits is
+//! Invariants: every reply is validated ([`validate_outputs`]: one output
+//! per request, ids inside the vocabulary the engine states, no more drafts
+//! accepted than proposed) by the exec transport and by the engine section
+//! before a check reads it; a malformed, short or hostile reply is a typed
+//! [`EngineError`] naming the request and the field, never a panic. What an engine generates past its limits is
 //! not corrected here: that is for the checks to see.
 
 mod contract;
@@ -52,9 +53,15 @@ pub trait GenerationEngine {
 /// id inside the vocabulary.
 pub fn validate_outputs(info: &EngineInfo, requests: &[GenerationRequest], outputs: &[Generation]) -> Result<(), EngineError> {
     if outputs.len() != requests.len() {
-        return Err(EngineError::Contract(format!("{} outputs for {} requests", outputs.len(), requests.len())));
+        let first = outputs.len().min(requests.len());
+        return Err(EngineError::Contract(format!("{} outputs for {} requests (request {first} has no output, or output {first} no request)", outputs.len(), requests.len())));
     }
     for (i, o) in outputs.iter().enumerate() {
+        if let Some(d) = o.drafts
+            && d.accepted > d.proposed
+        {
+            return Err(EngineError::Contract(format!("request {i}: {} drafts accepted of {} proposed", d.accepted, d.proposed)));
+        }
         if let Some(t) = o.tokens.iter().find(|&&t| t as usize >= info.vocab) {
             return Err(EngineError::Contract(format!("request {i}: generated id {t}, outside the vocabulary of {}", info.vocab)));
         }

@@ -40,12 +40,20 @@ fn hostile_replies_are_typed_errors() {
         (r#"{"id":1,"error":{"kind":"Device","arg":"generate","message":"request 0: out of memory"}}"#, "out of memory"),
         ("not json", "not JSON"),
         (r#"{"id":1,"outputs":{"generations":[{"tokens":[],"finish":"eos"}]}}"#, "no token generated"),
+        (r#"{"id":1,"outputs":{"generations":[{"tokens":[1],"finish":"eos","drafts":{"proposed":1,"accepted":2}}]}}"#, "2 drafts accepted of 1 proposed"),
     ];
     for (reply, want) in cases {
         let mut e = scripted(HELLO, reply).unwrap();
         let err = e.generate(&one()).unwrap_err();
         assert!(err.to_string().contains(want), "PROTO-9, ENGINE-1: {reply}: {err}");
     }
+}
+
+/// PROTO-9: a refusal names the request, and is not a failure of the engine.
+#[test]
+fn a_refused_request_is_named() {
+    let mut e = scripted(HELLO, r#"{"id":1,"error":{"kind":"NotSupported","arg":"requests","index":[0],"message":"stop strings"}}"#).unwrap();
+    assert_eq!(e.generate(&one()).unwrap_err(), EngineError::Request { index: 0, reason: "stop strings".into() }, "PROTO-9");
 }
 
 #[test]

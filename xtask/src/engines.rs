@@ -77,7 +77,28 @@ pub fn run(root: &Path, specdec: &Path, python: &Path) -> Result<String, String>
     let text = table(&reports)?;
     let path = out.join("ENGINES.md");
     std::fs::write(&path, &text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    expectations(&reports)?;
     Ok(text)
+}
+
+/// What the run must show, checked after the table is written: specdec's decoder passes
+/// every check it runs, transformers 4.43.4 fails `eos` and 4.44.2 does not.
+fn expectations(reports: &[(String, String, PathBuf, f64)]) -> Result<(), String> {
+    let mut wrong = Vec::new();
+    for (slug, _, json, _) in reports {
+        let text = std::fs::read_to_string(json).map_err(|e| format!("cannot read {}: {e}", json.display()))?;
+        let report: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", json.display()))?;
+        let failed: Vec<&str> = report["results"].as_array().into_iter().flatten().filter(|r| r["status"] == "Fail").filter_map(|r| r["name"].as_str()).collect();
+        let eos_failed = failed.iter().any(|n| n.ends_with("/eos"));
+        if slug.starts_with("specdec-") && !failed.is_empty() {
+            wrong.push(format!("{slug}: specdec's decoder failed {failed:?}"));
+        } else if slug.starts_with("hf-transformers-4.43.4") && !eos_failed {
+            wrong.push(format!("{slug}: the release with the prompt-lookup eos leak passed `eos`"));
+        } else if slug.starts_with("hf-transformers-4.44.2") && eos_failed {
+            wrong.push(format!("{slug}: the release with the fix failed `eos`"));
+        }
+    }
+    if wrong.is_empty() { Ok(()) } else { Err(format!("the table is in reports/engines/ENGINES.md, but:\n{}", wrong.join("\n"))) }
 }
 
 /// A historical transformers release in `.cache/engines-hist/transformers-VERSION`

@@ -387,13 +387,16 @@ fn greedy_run<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, plain: &Plain, 
     let mut excused = 0;
     let mut failure = None;
     for (i, (o, e)) in out.outputs.iter().zip(plain.iter()).enumerate() {
-        if let Some(step) = o.tokens.iter().zip(&e.tokens).position(|(a, b)| a != b) {
-            if e.margins[step] < eps {
+        match e.divergence(&o.tokens, eps) {
+            model_section::Divergence::Excused(_) => {
                 excused += 1;
                 continue;
             }
-            failure = Some(format!("prompt {i}: token {step} is {}, plain greedy gives {} (plain top-2 margin {:.3e} >= epsilon {eps:e})", o.tokens[step], e.tokens[step], e.margins[step]));
-            break;
+            model_section::Divergence::Unexcused(step) => {
+                failure = Some(format!("prompt {i}: token {step} is {}, plain greedy gives {} (plain top-2 margin {:.3e} >= epsilon {eps:e})", o.tokens[step], e.tokens[step], e.margins[step]));
+                break;
+            }
+            model_section::Divergence::None => {}
         }
         if o.tokens.len() != e.tokens.len() {
             failure = Some(format!("prompt {i}: {} tokens, plain greedy generated {}", o.tokens.len(), e.tokens.len()));

@@ -4,10 +4,14 @@
 //! another position's uniform, fails deterministically rather than by the
 //! power of a statistical test.
 //!
-//! For each setting (k = 2 at temperature 1 with top-k 4; k = 3 at
-//! temperature 0.7 with top-p 0.9) one request on the sampled check's
-//! repetitive prompt is drafted for once, seeded, and its first step's
-//! drafts `d` recorded. The engine's law of that step's emitted tokens given
+//! For each setting (k = 2 at temperature 1; k = 3 at temperature 0.8 with
+//! top-k 6) one request is drafted for once, seeded, and its first step's
+//! drafts `d` recorded: on the first of the section's prompts (the sampled
+//! check's, then the greedy ones) and 32 seeds whose step reaches two drafts
+//! with an acceptance probability strictly between 0 and 1 (a shared accept
+//! uniform leaves the law unchanged where fewer can go either way; the
+//! target drafting for itself never rejects, and its check covers the
+//! draws). The engine's law of that step's emitted tokens given
 //! `d` is then integrated over its verify uniforms by bisecting each
 //! boundary ([`crate::exact::step_law_of`]): every probe is a real engine
 //! step, a fresh request of the same seed (so the same drafts) with its
@@ -31,14 +35,14 @@ use specdec_backend::{PAD, SamplingParams};
 use specdec_decoder::{EngineConfig, Request};
 
 use super::fidelity::Recording;
-use super::{build_proposer, engine, err_of, processed_rows, sampled_setup, seeded_draft};
+use super::{build_proposer, engine, err_of, processed_rows, sampled_setup, seeded_draft, tiny_prompts};
 use crate::compare::Verdict;
 use crate::exact::{Instance, Law, Probe, ProbeOut, max_abs_diff, step_law_of};
 use crate::model_section::Subject;
 use crate::stat;
 
 /// The settings of the check: drafts per step and sampling parameters.
-pub(super) const SETTINGS: [(usize, SamplingParams); 2] = [(2, SamplingParams { temperature: 1.0, top_k: 4, top_p: 1.0 }), (3, SamplingParams { temperature: 0.7, top_k: 0, top_p: 0.9 })];
+pub(super) const SETTINGS: [(usize, SamplingParams); 2] = [(2, SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0 }), (3, SamplingParams { temperature: 0.8, top_k: 6, top_p: 1.0 })];
 
 /// Whether the check runs for a proposer of the tiny model.
 pub(super) fn applies(proposer: &str) -> bool {
@@ -86,22 +90,38 @@ pub(super) fn check<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, proposer:
 #[allow(clippy::too_many_arguments)]
 fn check_setting<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, proposer: &str, config: &EngineConfig, seed: u64, k: usize, params: SamplingParams) -> Result<f64, Verdict> {
     let fail = |msg: String| Verdict::Fail(format!("k = {k}, {params:?}: {msg}"));
-    let (prompt, _) = sampled_setup(&s.weights).map_err(fail)?;
+    let (sampled_prompt, _) = sampled_setup(&s.weights).map_err(fail)?;
+    let prompts: Vec<Vec<u32>> = std::iter::once(sampled_prompt).chain(tiny_prompts()).collect();
     let config = EngineConfig { k, ..config.clone() };
     let eng = engine(b, &s.weights, m, &config).map_err(fail)?;
     let mut p = build_proposer(b, proposer, &s.weights).map_err(fail)?;
-    let request = Request { sampling: params, seed, ..Request::greedy(prompt.clone(), k + 1) };
-
-    // The first step's drafts, from the request's own draft stream.
-    let mut rec = Recording::new(p.as_mut());
-    eng.generate(std::slice::from_ref(&request), &mut rec, None, &mut specdec_decoder::NoSink).map_err(|e| fail(err_of(&e)))?;
-    let drafts = rec.first_drafts().ok_or_else(|| fail("the proposer was never asked to draft".into()))?;
-    if drafts.len() < 2 {
-        return Err(fail(format!("the proposer drafted {drafts:?} on the prompt: the check needs at least two drafts")));
+    // The first step's drafts, from the request's own draft stream: the first
+    // of SEED_TRIES seeds whose step reaches two drafts that can go either
+    // way (a shared accept uniform changes the law only then). The target drafting
+    // for itself has every draft accepted: its first seed serves.
+    let always_accepted = matches!(reference_q(proposer), Some(QSource::Target));
+    let mut found = None;
+    for (prompt, t) in prompts.iter().flat_map(|p| (0..SEED_TRIES).map(move |t| (p, t))) {
+        let request = Request { sampling: params, seed: seed.wrapping_add(t), ..Request::greedy(prompt.clone(), k + 1) };
+        let mut rec = Recording::new(p.as_mut());
+        eng.generate(std::slice::from_ref(&request), &mut rec, None, &mut specdec_decoder::NoSink).map_err(|e| fail(err_of(&e)))?;
+        let drafts = rec.first_drafts().ok_or_else(|| fail("the proposer was never asked to draft".into()))?;
+        if drafts.len() < 2 {
+            continue;
+        }
+        let expected = expected_law(&s.weights, proposer, prompt, &drafts, params).map_err(fail)?;
+        // Drafts the step can reach (those before the first that is always
+        // rejected) and that can go either way.
+        let open = expected.accept.iter().take_while(|&&a| a > 0.0).filter(|&&a| a < 1.0).count();
+        if always_accepted || open >= 2 {
+            found = Some((request, drafts, expected));
+            break;
+        }
     }
+    let Some((request, drafts, Expected { law: want, p: rows, scale, .. })) = found else {
+        return Err(fail(format!("no prompt and seed (of {} x {SEED_TRIES}) reaches two drafts that can go either way: a shared accept uniform would go unseen", prompts.len())));
+    };
     let len = drafts.len();
-
-    let (want, rows, scale) = expected_law(&s.weights, proposer, &prompt, &drafts, params).map_err(fail)?;
     let mut padded: Vec<i64> = drafts.iter().map(|&t| i64::from(t)).collect();
     padded.resize(k, PAD);
     let instance = Instance { p: rows, q: None, drafts: padded, len, weight: 1.0 };
@@ -129,7 +149,7 @@ fn check_setting<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, proposer: &s
             .enumerate()
             .map(|(i, step)| {
                 let step = step.ok_or_else(|| format!("probe {i}: the engine emitted nothing"))?;
-                let n = step.len() - 1;
+                let n = step.len().checked_sub(1).ok_or_else(|| format!("probe {i}: the first step emitted no token"))?;
                 if n > len || step[..n] != drafts[..n] {
                     return Err(format!("probe {i}: the first step emitted {step:?}, which does not start with the accepted drafts of {drafts:?}"));
                 }
@@ -154,10 +174,24 @@ fn check_setting<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, proposer: &s
     Ok(err)
 }
 
+/// Seeds tried for a step with two drafts that can be rejected.
+const SEED_TRIES: u64 = 32;
+
+/// What the rules say of one step given its drafts.
+struct Expected {
+    /// The law of the step's emitted tokens.
+    law: Law,
+    /// The target's processed rows.
+    p: Vec<Vec<f64>>,
+    /// Each draft's acceptance probability.
+    accept: Vec<f64>,
+    /// The largest `|logit|` among the rows (the scale of a backend's logit tolerance).
+    scale: f64,
+}
+
 /// The law of one step's emitted tokens given `drafts`, from the rules on
-/// the reference forward's rows; also the target's `p` rows and the largest
-/// `|logit|` among the rows (the scale of a backend's logit tolerance).
-fn expected_law(w: &Arc<LlamaWeights>, proposer: &str, prompt: &[u32], drafts: &[u32], params: SamplingParams) -> Result<(Law, Vec<Vec<f64>>, f64), String> {
+/// the reference forward's rows.
+fn expected_law(w: &Arc<LlamaWeights>, proposer: &str, prompt: &[u32], drafts: &[u32], params: SamplingParams) -> Result<Expected, String> {
     let len = drafts.len();
     let contexts: Vec<Vec<u32>> = (0..=len).map(|j| prompt.iter().chain(&drafts[..j]).copied().collect()).collect();
     let target = RefModel::new((**w).clone());
@@ -179,6 +213,7 @@ fn expected_law(w: &Arc<LlamaWeights>, proposer: &str, prompt: &[u32], drafts: &
 
     let mut law = Law::new();
     let mut reach = 1.0;
+    let mut accepts = Vec::with_capacity(len);
     for (j, &d) in drafts.iter().enumerate() {
         let (accept, residual) = match &q {
             Some(q) => {
@@ -198,9 +233,10 @@ fn expected_law(w: &Arc<LlamaWeights>, proposer: &str, prompt: &[u32], drafts: &
         let residual = if total > 0.0 { residual.iter().map(|x| x / total).collect() } else { p[j].clone() };
         add_draws(&mut law, &drafts[..j], &residual, reach * (1.0 - accept));
         reach *= accept;
+        accepts.push(accept);
     }
     add_draws(&mut law, drafts, &p[len], reach);
-    Ok((law, p, scale))
+    Ok(Expected { law, p, accept: accepts, scale })
 }
 
 /// Adds `mass` times the law `row` of the token drawn after `accepted`.
