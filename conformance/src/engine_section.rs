@@ -150,12 +150,7 @@ pub fn run(engine: &mut dyn GenerationEngine, label: &str, weights: &LlamaWeight
         progress(&result);
         results.push(result);
     }
-    for (slot, verdict, report) in stat::judge_family(statistical) {
-        let r = &mut results[slot];
-        r.statistics = report;
-        settle(r, verdict, &cfg.selection);
-        progress(r);
-    }
+    stat::settle_family(&mut results, statistical, &cfg.selection, progress);
     results
 }
 

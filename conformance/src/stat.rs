@@ -12,6 +12,7 @@ use rand_pcg::Pcg64;
 use specdec_backend::{Backend, BackendError, Comparator, DrawMethod, HostTensor, PAD, RejectionArgs};
 use specdec_stats::{Alternative, Decision, PowerClaim, TestReport, binomial_test, chi_squared_gof, judge_holm, min_samples, plan_gof};
 
+use crate::check::{CheckResult, Selection, settle};
 use crate::compare::Verdict;
 
 /// Draws an id from a (valid, generated) row with the reference's inverse
@@ -380,6 +381,17 @@ fn sample<B: Backend>(backend: &B, s: &Scenario, spec: &StatSpec, n: usize, seed
         counts[cell] += 1;
     }
     Ok(counts)
+}
+
+/// Judges a statistical family ([`judge_family`]) and settles each member's
+/// result in `results` (its slot), reporting each to `progress`.
+pub fn settle_family(results: &mut [CheckResult], outcomes: Vec<(usize, Outcome)>, selection: &Selection, progress: &mut dyn FnMut(&CheckResult)) {
+    for (slot, verdict, report) in judge_family(outcomes) {
+        let r = &mut results[slot];
+        r.statistics = report;
+        settle(r, verdict, selection);
+        progress(r);
+    }
 }
 
 /// Judges all sampled checks of a run together with Holm at [`FAMILY_ALPHA`]

@@ -182,12 +182,7 @@ pub fn run<B: Backend>(backend: &B, items: &[Item], cfg: &SuiteConfig, progress:
         progress(&result);
         results.push(result);
     }
-    for (slot, verdict, report) in stat::judge_family(stats) {
-        let result = &mut results[slot];
-        result.statistics = report;
-        settle(result, verdict, &cfg.selection);
-        progress(result);
-    }
+    stat::settle_family(&mut results, stats, &cfg.selection, progress);
     results
 }
 

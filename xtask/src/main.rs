@@ -170,22 +170,13 @@ fn run(task: Task) -> Result<(), String> {
             cargo_with(&root, &["run", "--release", "--quiet", "-p", "specdec-cli", "--features", "tch", "--"], &args, Some(&lt), &models)
         }
         Task::Engines => {
-            let lt = libtorch::ensure_libtorch(&root)?;
-            let python = peers::ensure_peers_venv(&root)?;
-            cargo_with(&root, &["build", "--release", "--quiet", "-p", "specdec-cli", "--features", "tch"], &[], Some(&lt), &[])?;
-            let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
-            print!("{}", engines::run(&root, &target.join("release/specdec"), &python)?);
+            let (specdec, python) = peers_and_release_binary(&root)?;
+            print!("{}", engines::run(&root, &specdec, &python)?);
             Ok(())
         }
         Task::Peers => {
-            // libtorch first: its step caches the torch wheel the peers' environment reuses.
-            let lt = libtorch::ensure_libtorch(&root)?;
-            let python = peers::ensure_peers_venv(&root)?;
-            // The same features as `conform`, so the two commands share one release binary;
-            // the peers need no model, so none is fetched.
-            cargo_with(&root, &["build", "--release", "--quiet", "-p", "specdec-cli", "--features", "tch"], &[], Some(&lt), &[])?;
-            let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
-            print!("{}", peers::run_peers(&root, &target.join("release/specdec"), &python)?);
+            let (specdec, python) = peers_and_release_binary(&root)?;
+            print!("{}", peers::run_peers(&root, &specdec, &python)?);
             Ok(())
         }
         Task::Bench { rest } => {
@@ -259,4 +250,17 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The peers' Python (torch and transformers, pinned) and the release `specdec` the peer
+/// and engine runs call.
+fn peers_and_release_binary(root: &Path) -> Result<(PathBuf, PathBuf), String> {
+    // libtorch first: its step caches the torch wheel the peers' environment reuses.
+    let lt = libtorch::ensure_libtorch(root)?;
+    let python = peers::ensure_peers_venv(root)?;
+    // The same features as `conform`, so the commands share one release binary; the
+    // peers and engines need no SmolLM2, so none is fetched.
+    cargo_with(root, &["build", "--release", "--quiet", "-p", "specdec-cli", "--features", "tch"], &[], Some(&lt), &[])?;
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    Ok((target.join("release/specdec"), python))
 }

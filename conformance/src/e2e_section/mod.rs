@@ -281,12 +281,7 @@ pub fn run_with<B: ModelBackend>(backend: &B, cfg: &SuiteConfig, files: &ModelFi
         progress(&result);
         results.push(result);
     }
-    for (slot, verdict, report) in stat::judge_family(sampled) {
-        let r = &mut results[slot];
-        r.statistics = report;
-        settle(r, verdict, &cfg.selection);
-        progress(r);
-    }
+    stat::settle_family(&mut results, sampled, &cfg.selection, progress);
     results
 }
 
