@@ -8,7 +8,7 @@
 //! historical releases around a published losslessness bug: transformers 4.43.4, whose
 //! prompt lookup emits the tokens after an eos it drafted and the target accepted
 //! mid-run (fixed by huggingface/transformers#31301), which the `eos` check must fail,
-//! and 4.44.2, the first release with the fix, which must pass (installed with
+//! and 4.44.2, the first release with the fix, which must pass it (installed with
 //! `pip --target` beside the peers' torch, their pinned dependencies with them). Each
 //! run writes `reports/engines/<engine>.{json,md}`; the table (engine, version, check,
 //! status, rules, evidence, repro) goes to `reports/engines/ENGINES.md` and to stdout. A
@@ -26,7 +26,8 @@ const BACKENDS: [&str; 4] = ["reference", "ndarray", "candle-cpu", "tch-cpu"];
 /// HF transformers' speculation paths on the tiny model.
 const HF_PATHS: [&str; 3] = ["prompt-lookup:3", "assistant:self", "early-exit:1"];
 /// Historical transformers releases: (version, what the engine checks must say of it).
-const HF_HISTORICAL: [(&str, &str); 2] = [("4.43.4", "fails `eos` (prompt lookup past an accepted eos)"), ("4.44.2", "passes (the fix of #31301)")];
+const HF_HISTORICAL: [(&str, &str); 2] =
+    [("4.43.4", "fails `eos` (tokens past an eos prompt lookup drafted and the target accepted)"), ("4.44.2", "passes `eos` (the first release with the fix of #31301)")];
 /// Their dependencies that the peers' environment holds at releases they cannot import.
 const HF_HISTORICAL_DEPS: [&str; 7] = ["tokenizers==0.19.1", "huggingface_hub==0.24.6", "requests==2.34.2", "urllib3==2.8.0", "idna==3.20", "certifi==2026.10.19.post1", "charset-normalizer==3.5.3"];
 /// The seed of the table's runs.
@@ -47,21 +48,23 @@ pub fn run(root: &Path, specdec: &Path, python: &Path) -> Result<String, String>
             engines.push((format!("specdec-{b}-{}", p.replace(':', "-")), format!("decoder:{b}:{p}")));
         }
     }
-    let script = root.join("adapters/engines/hf_generate.py");
+    // Engines run from the repository root, so their commands (and the table's repro
+    // lines) name repository paths.
+    let rel = |p: &Path| p.strip_prefix(root).unwrap_or(p).display().to_string();
+    let hf = format!("{} adapters/engines/hf_generate.py {}", rel(python), rel(&model));
     for path in HF_PATHS {
-        let engine = format!("exec:{} {} {} --speculation {path}", python.display(), script.display(), model.display());
-        engines.push((format!("hf-transformers-{}", path.replace(':', "-")), engine));
+        engines.push((format!("hf-transformers-{}", path.replace(':', "-")), format!("exec:{hf} --speculation {path}")));
     }
     for (version, _) in HF_HISTORICAL {
         let dir = historical(root, python, version)?;
-        let engine = format!("exec:PYTHONPATH={} {} {} {} --speculation prompt-lookup:3", dir.display(), python.display(), script.display(), model.display());
-        engines.push((format!("hf-transformers-{version}-prompt-lookup-3"), engine));
+        engines.push((format!("hf-transformers-{version}-prompt-lookup-3"), format!("exec:PYTHONPATH={} {hf} --speculation prompt-lookup:3", rel(&dir))));
     }
     let mut reports = Vec::new();
     for (slug, engine) in &engines {
         let json = out.join(format!("{slug}.json"));
         let start = std::time::Instant::now();
         let status = Command::new(specdec)
+            .current_dir(root)
             .args(["engine-check", "--seed", ENGINES_SEED, "--engine", engine, "--report"])
             .arg(&json)
             .arg("--report")
