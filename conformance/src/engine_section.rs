@@ -180,6 +180,7 @@ fn refuse_statement(info: &EngineInfo, w: &LlamaWeights) -> Option<String> {
 fn generate(engine: &mut dyn GenerationEngine, requests: &[GenerationRequest]) -> Result<Vec<Generation>, Verdict> {
     let outputs = engine.generate(requests).map_err(|e| match e {
         EngineError::Request { index, reason } => Verdict::NotSupported(format!("the engine refused request {index}: {reason}")),
+        EngineError::NotSupported(why) => Verdict::NotSupported(why),
         other => Verdict::Fail(other.to_string()),
     })?;
     validate_outputs(engine.info(), requests, &outputs).map_err(|e| Verdict::Fail(e.to_string()))?;
@@ -431,32 +432,40 @@ impl<B: ModelBackend> Section<B> for DecoderEngineSection {
         let weights = TinySpec::preset(ENGINE_MODEL).ok_or_else(|| format!("no tiny preset `{ENGINE_MODEL}`")).and_then(|s| s.weights().map(Arc::new).map_err(|e| e.to_string()));
         for proposer in SUITE_PROPOSERS {
             let items = engine_items(proposer);
-            let engine = weights.clone().and_then(|w| {
+            let engine = weights.clone().map_err(Verdict::Fail).and_then(|w| {
                 if !items.iter().any(|i| cfg.wants(&i.name)) {
                     return Ok(None);
                 }
-                let p = build_proposer(backend, proposer, &w)?;
+                // A backend without models (an exec adapter of kernels) is not supported
+                // here, as in the model and end-to-end sections; asked before a draft
+                // model is loaded on it.
+                backend.load_model(&w).map_err(|e| model_section::backend_verdict(&e))?;
+                let p = build_proposer(backend, proposer, &w).map_err(Verdict::Fail)?;
                 let config = EngineConfig { k: K, ..engine_config() };
-                DecoderEngine::new(backend, Arc::clone(&w), p, config, Some(Box::new(tiny_text))).map(|e| Some((e, w))).map_err(|e| e.to_string())
+                DecoderEngine::new(backend, Arc::clone(&w), p, config, Some(Box::new(tiny_text))).map(|e| Some((e, w))).map_err(|e| match e {
+                    EngineError::NotSupported(why) => Verdict::NotSupported(why),
+                    other => Verdict::Fail(other.to_string()),
+                })
             });
             match engine {
                 Ok(Some((mut engine, w))) => results.extend(run(&mut engine, proposer, &w, cfg, progress)),
                 Ok(None) => results.extend(run_none(&items, &backend.name(), cfg, progress, None)),
-                Err(e) => results.extend(run_none(&items, &backend.name(), cfg, progress, Some(e))),
+                Err(v) => results.extend(run_none(&items, &backend.name(), cfg, progress, Some(v))),
             }
         }
         results
     }
 }
 
-/// Results for `items` when no engine runs: unselected, or failed with `why`.
-fn run_none(items: &[EngineItem], backend: &str, cfg: &SuiteConfig, progress: &mut dyn FnMut(&CheckResult), why: Option<String>) -> Vec<CheckResult> {
+/// Results for `items` when no engine runs: unselected, or settled with `why`
+/// (not supported, or failed).
+fn run_none(items: &[EngineItem], backend: &str, cfg: &SuiteConfig, progress: &mut dyn FnMut(&CheckResult), why: Option<Verdict>) -> Vec<CheckResult> {
     items
         .iter()
         .map(|item| {
             let mut result = CheckResult::unselected(&item.name, Kind::Engine, format!("engine/{}", item.check), item.rules, backend, cfg.seed);
             if let (Some(why), true) = (&why, cfg.wants(&item.name)) {
-                settle(&mut result, Verdict::Fail(why.clone()), &cfg.selection);
+                settle(&mut result, why.clone(), &cfg.selection);
             }
             progress(&result);
             result

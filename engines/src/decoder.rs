@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use specdec_backend::SamplingParams;
 use specdec_backend::model::{LlamaWeights, ModelBackend};
+use specdec_backend::{BackendError, SamplingParams};
 use specdec_decoder::{Detokenize, Engine, EngineConfig, FinishReason, NoProposer, NoSink, Proposer, Request};
 
 use crate::{DraftCounts, EngineError, EngineInfo, Finish, Generation, GenerationEngine, GenerationRequest};
@@ -24,7 +24,7 @@ impl<'a, B: ModelBackend> DecoderEngine<'a, B> {
     /// The decoder for `weights` on `backend`, speculating with `proposer`
     /// and `config` (its `k`); `detok` turns ids into text for stop strings.
     pub fn new(backend: &'a B, weights: Arc<LlamaWeights>, proposer: Box<dyn Proposer<B> + 'a>, config: EngineConfig, detok: Option<Box<dyn Detokenize + 'a>>) -> Result<Self, EngineError> {
-        let model = backend.load_model(&weights).map_err(|e| EngineError::Failed(e.to_string()))?;
+        let model = backend.load_model(&weights).map_err(backend_error)?;
         let info = EngineInfo {
             name: format!("specdec/{}/{}", backend.name(), proposer.name()),
             version: env!("CARGO_PKG_VERSION").into(),
@@ -45,6 +45,7 @@ impl<'a, B: ModelBackend> DecoderEngine<'a, B> {
         let proposer: &mut dyn Proposer<B> = if speculate { self.proposer.as_mut() } else { &mut NoProposer };
         let out = engine.generate(&reqs, proposer, self.detok.as_deref(), &mut NoSink).map_err(|e| match e {
             specdec_decoder::DecodeError::Request { index, reason } => EngineError::Request { index: requests[index].0, reason },
+            specdec_decoder::DecodeError::Backend(e) => backend_error(e),
             other => EngineError::Failed(other.to_string()),
         })?;
         Ok(out
@@ -61,6 +62,15 @@ impl<'a, B: ModelBackend> DecoderEngine<'a, B> {
                 drafts: speculate.then_some(DraftCounts { proposed: o.acceptance.proposed, accepted: o.acceptance.accepted }),
             })
             .collect())
+    }
+}
+
+/// A backend that does not run models (an exec adapter of kernels) makes the
+/// engine not supported; any other backend error is a failure.
+fn backend_error(e: BackendError) -> EngineError {
+    match e {
+        BackendError::NotSupported { .. } => EngineError::NotSupported(e.to_string()),
+        other => EngineError::Failed(other.to_string()),
     }
 }
 

@@ -79,6 +79,7 @@ impl GenerationEngine for ExecEngine {
         let outputs = match parse_reply(GENERATE, id, &reply).map_err(|e| EngineError::Contract(e.to_string()))? {
             Ok(outputs) => outputs,
             Err(specdec_exec::protocol::ReplyError::Device(message)) => return Err(EngineError::Failed(message)),
+            Err(specdec_exec::protocol::ReplyError::NotSupported) => return Err(EngineError::NotSupported("the engine answered `generate` with NotSupported".into())),
             Err(e) => return Err(EngineError::Failed(format!("{e:?}"))),
         };
         let generations = outputs.get("generations").ok_or_else(|| EngineError::Contract("`outputs.generations` is missing".into()))?;

@@ -36,6 +36,10 @@ pub enum EngineError {
     /// vocabulary, a malformed reply).
     #[error("the engine broke the contract: {0}")]
     Contract(String),
+    /// The engine, or the backend under it, does not implement what was
+    /// asked (reported as not supported, never as a pass).
+    #[error("not supported: {0}")]
+    NotSupported(String),
     /// The engine failed or its transport did (a crash, a timeout).
     #[error("the engine failed: {0}")]
     Failed(String),

@@ -39,6 +39,7 @@ fn hostile_replies_are_typed_errors() {
         (r#"{"id":7,"outputs":{"generations":[]}}"#, "id"),
         (r#"{"id":1,"error":{"kind":"Device","arg":"generate","message":"request 0: out of memory"}}"#, "out of memory"),
         ("not json", "not JSON"),
+        (r#"{"id":1,"error":{"kind":"NotSupported","arg":"generate","message":"x"}}"#, "not supported"),
         (r#"{"id":1,"outputs":{"generations":[{"tokens":[],"finish":"eos"}]}}"#, "no token generated"),
         (r#"{"id":1,"outputs":{"generations":[{"tokens":[1],"finish":"eos","drafts":{"proposed":1,"accepted":2}}]}}"#, "2 drafts accepted of 1 proposed"),
     ];
