@@ -23,6 +23,7 @@ mod draft_data;
 mod engine;
 mod generate;
 mod model;
+mod serve;
 
 use specdec_registry::{Describe, Job, all_names, opt_in_names, with_backend};
 
@@ -182,6 +183,47 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         k: usize,
     },
+    /// The speculative decoder behind an OpenAI-compatible HTTP API
+    /// (`/v1/completions`, `/v1/chat/completions`, `/v1/models`, `/health`,
+    /// `/metrics`), with continuous batching; until SIGTERM or SIGINT.
+    Serve {
+        /// A `.gguf` file, an HF-layout directory, or `tiny:NAME` (a seeded tiny model, for tests).
+        #[arg(long)]
+        model: String,
+        #[arg(long, default_value = "ndarray")]
+        backend: String,
+        /// none, ngram, draft:PATH, early-exit:L, dflash:PATH or dflash-iter:PATH.
+        #[arg(long, default_value = "ngram")]
+        proposer: specdec_decoder::ProposerChoice,
+        /// Drafts per step at most.
+        #[arg(long, default_value_t = 4)]
+        k: usize,
+        /// The address to bind: 127.0.0.1 unless told otherwise.
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// 0 picks a free port (the first line printed names it).
+        #[arg(long, default_value_t = 8000)]
+        port: u16,
+        /// Requests decoded together at most; more wait for a slot.
+        #[arg(long, default_value_t = 8)]
+        max_batch: usize,
+        /// Prompt and generated tokens of one request at most (the KV cache holds this many per slot).
+        #[arg(long, default_value_t = 2048)]
+        max_context: usize,
+        /// Every request but `/health` must carry `Authorization: Bearer KEY`
+        /// (default: the environment's SPECDEC_API_KEY, which keeps it out of `ps`).
+        #[arg(long)]
+        api_key: Option<String>,
+        /// The name clients give as `model` (default: the model file's name).
+        #[arg(long)]
+        served_model_name: Option<String>,
+        /// Request bodies larger than this are a 413.
+        #[arg(long, default_value_t = 1 << 20)]
+        max_body_bytes: usize,
+        /// Seconds a shutdown lets running requests finish before failing them.
+        #[arg(long, default_value_t = 30)]
+        drain_seconds: u64,
+    },
     /// Recomputes `expected_by: reference` outputs and regenerates
     /// `fixtures/cases/blessed/`; `--check` fails on drift instead of writing.
     Bless {
@@ -242,6 +284,30 @@ fn main() -> ExitCode {
             suite_config(filter, None, seed, specdec_conformance::diff::DEFAULT_CASES_PER_OP, true).and_then(|cfg| engine::check(&engine, &cfg, &report, std::time::Duration::from_secs(timeout)))
         }
         Command::EngineAdapter { backend, proposer, k } => engine::adapter(&backend, &proposer, k),
+        Command::Serve { model, backend, proposer, k, host, port, max_batch, max_context, api_key, served_model_name, max_body_bytes, drain_seconds } => {
+            serve::load_model(&model).and_then(|(weights, codec, name)| {
+                let config = specdec_serve::ServeConfig {
+                    weights,
+                    codec,
+                    model_id: served_model_name.unwrap_or(name),
+                    backend,
+                    proposer,
+                    k,
+                    host,
+                    port,
+                    max_batch,
+                    max_context,
+                    api_key: api_key.or_else(|| std::env::var("SPECDEC_API_KEY").ok().filter(|k| !k.is_empty())),
+                    max_body_bytes,
+                    drain: std::time::Duration::from_secs(drain_seconds),
+                };
+                specdec_serve::serve(config, &mut |addr| {
+                    println!("specdec serve: listening on http://{addr}");
+                    let _ = std::io::Write::flush(&mut std::io::stdout());
+                })
+                .map(|()| true)
+            })
+        }
         Command::Stats { seed, out, sweep } => match seed.map_or_else(suite::seed_from_env, Ok) {
             Ok(seed) => match sweep {
                 Some(n) => campaign::sweep(n, &out),

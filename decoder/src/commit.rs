@@ -28,7 +28,7 @@ pub(crate) fn commit<B: ModelBackend>(
     b: &B,
     cache: &mut B::ModelCache,
     config: &EngineConfig,
-    seqs: &mut [Seq<'_>],
+    seqs: &mut [Seq],
     active: &[usize],
     proposed: &[usize],
     verdict: &Verdict,
@@ -60,7 +60,7 @@ pub(crate) fn commit<B: ModelBackend>(
 
 /// Appends a step's tokens to a sequence until a stop condition holds;
 /// returns how many were emitted.
-fn emit(s: &mut Seq<'_>, slot: usize, tokens: &[u32], faults: Faults, detok: Option<&dyn Detokenize>, sink: &mut dyn Sink) -> usize {
+fn emit(s: &mut Seq, slot: usize, tokens: &[u32], faults: Faults, detok: Option<&dyn Detokenize>, sink: &mut dyn Sink) -> usize {
     let start = s.out.len();
     let reaches_cap = start + tokens.len() >= s.req.max_tokens;
     for (j, &t) in tokens.iter().enumerate() {

@@ -26,6 +26,7 @@ mod fault;
 pub mod proposer;
 pub mod request;
 mod seq;
+pub mod session;
 pub mod sink;
 pub mod stop;
 mod verify;
@@ -38,6 +39,7 @@ pub use fault::Fault;
 pub use proposer::{DflashMode, DflashProposer, DraftModelProposer, HiddenRecorder, NgramProposer, NoProposer, Proposal, Proposer, Recorded, SeqView, VerifyRule, record_hidden};
 pub use request::{Acceptance, FinishReason, Output, Request, RunOutput, Timings};
 pub use seq::noise_streams;
+pub use session::Session;
 pub use sink::{NoSink, Sink};
 pub use stop::Detokenize;
 

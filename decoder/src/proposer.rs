@@ -111,6 +111,10 @@ pub trait Proposer<B: ModelBackend> {
 
     /// After each target forward: what was kept, so the proposer rolls back.
     fn observe(&mut self, backend: &B, observed: &Observed<'_, B::Tensor>) -> Result<(), DecodeError>;
+
+    /// Forgets sequence `slot`: its request finished or was cancelled, and
+    /// the slot may take a new request, whose prefill is observed next.
+    fn release(&mut self, backend: &B, slot: usize) -> Result<(), DecodeError>;
 }
 
 /// Plain decoding: never proposes.
@@ -131,6 +135,10 @@ impl<B: ModelBackend> Proposer<B> for NoProposer {
     }
 
     fn observe(&mut self, _: &B, _: &Observed<'_, B::Tensor>) -> Result<(), DecodeError> {
+        Ok(())
+    }
+
+    fn release(&mut self, _: &B, _: usize) -> Result<(), DecodeError> {
         Ok(())
     }
 }

@@ -30,12 +30,15 @@ pub struct Request {
     /// seed's verify stream; a run that needs more is an error. With them a
     /// step is a function of its noise, which an exact check integrates.
     pub verify_uniforms: Option<Vec<f64>>,
+    /// Whether this request's steps carry drafts; `false` decodes it
+    /// plainly inside a speculating batch (each step one verify of no draft).
+    pub speculate: bool,
 }
 
 impl Request {
     /// A greedy request with no stop condition but `max_tokens`.
     pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Self {
-        Request { prompt, sampling: SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0 }, seed: 0, max_tokens, eos: Vec::new(), stop_strings: Vec::new(), verify_uniforms: None }
+        Request { prompt, sampling: SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0 }, seed: 0, max_tokens, eos: Vec::new(), stop_strings: Vec::new(), verify_uniforms: None, speculate: true }
     }
 
     /// Checks the request against the model's vocabulary (ERR-1: typed, named, no clamping).

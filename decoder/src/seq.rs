@@ -8,27 +8,27 @@ use crate::request::{Acceptance, FinishReason, Request};
 use crate::stop::StopState;
 
 /// One request's state during a run.
-pub(crate) struct Seq<'r> {
-    pub(crate) req: &'r Request,
+pub(crate) struct Seq {
+    pub(crate) req: Request,
     /// Prompt and emitted tokens; the last is the next input.
     pub(crate) context: Vec<u32>,
     pub(crate) out: Vec<u32>,
     pub(crate) finish: Option<FinishReason>,
-    pub(crate) verify_noise: VerifyNoise<'r>,
+    pub(crate) verify_noise: VerifyNoise,
     pub(crate) draft_rng: Pcg64,
     pub(crate) acceptance: Acceptance,
-    pub(crate) stop: StopState<'r>,
+    pub(crate) stop: StopState,
 }
 
 /// Where a request's verify uniforms come from (DECODE-3).
-pub(crate) enum VerifyNoise<'r> {
+pub(crate) enum VerifyNoise {
     /// The seed's verify stream.
     Stream(Pcg64),
     /// Given by the request, read in order.
-    Given { given: &'r [f64], read: usize },
+    Given { given: Vec<f64>, read: usize },
 }
 
-impl VerifyNoise<'_> {
+impl VerifyNoise {
     /// The next verify uniform; `None` when given uniforms ran out.
     pub(crate) fn next(&mut self) -> Option<f64> {
         match self {
@@ -48,16 +48,22 @@ pub fn noise_streams(seed: u64) -> (Pcg64, Pcg64) {
     (Pcg64::new(u128::from(seed), 0x5851_f42d_4c95_7f2d_1405_7b7e_f767_814f), Pcg64::new(u128::from(seed), 0xda3e_39cb_94b9_5bdb_0a8f_2f6d_3b4b_8a71))
 }
 
-impl<'r> Seq<'r> {
+impl Seq {
     /// A request's state; its noise streams are `seed`'s (the request's own
     /// seed but in a negative control).
-    pub(crate) fn new(req: &'r Request, seed: u64) -> Self {
+    pub(crate) fn new(req: Request, seed: u64) -> Self {
         let (verify_rng, draft_rng) = noise_streams(seed);
         let verify_noise = match &req.verify_uniforms {
-            Some(given) => VerifyNoise::Given { given, read: 0 },
+            Some(given) => VerifyNoise::Given { given: given.clone(), read: 0 },
             None => VerifyNoise::Stream(verify_rng),
         };
-        Seq { req, context: req.prompt.clone(), out: Vec::new(), finish: None, verify_noise, draft_rng, acceptance: Acceptance::default(), stop: StopState::new(req) }
+        let stop = StopState::new(&req);
+        Seq { context: req.prompt.clone(), req, out: Vec::new(), finish: None, verify_noise, draft_rng, acceptance: Acceptance::default(), stop }
+    }
+
+    /// The state of a slot that holds no request: finished, never active.
+    pub(crate) fn vacant() -> Self {
+        Seq { finish: Some(FinishReason::Capacity), ..Seq::new(Request::greedy(vec![0], 1), 0) }
     }
 
     /// The last token: the next input of the target.

@@ -24,8 +24,10 @@ pub enum Appended {
 }
 
 /// Applies one request's stop conditions to its growing output.
-pub struct StopState<'a> {
-    req: &'a Request,
+pub struct StopState {
+    eos: Vec<u32>,
+    stop_strings: Vec<String>,
+    max_tokens: usize,
     /// Bytes of decoded text already searched for stop strings: a match
     /// must end past this point, so each token's check only looks at the
     /// tail that could hold a new one (a string straddling tokens included).
@@ -33,30 +35,31 @@ pub struct StopState<'a> {
     longest_stop: usize,
 }
 
-impl<'a> StopState<'a> {
-    pub fn new(req: &'a Request) -> Self {
-        StopState { req, searched: 0, longest_stop: req.stop_strings.iter().map(String::len).max().unwrap_or(0) }
+impl StopState {
+    pub fn new(req: &Request) -> Self {
+        let longest_stop = req.stop_strings.iter().map(String::len).max().unwrap_or(0);
+        StopState { eos: req.eos.clone(), stop_strings: req.stop_strings.clone(), max_tokens: req.max_tokens, searched: 0, longest_stop }
     }
 
     /// Checks `out` after its last token was appended. Eos wins over a stop
     /// string, which wins over the length limit (all end at this token).
     pub fn check(&mut self, out: &[u32], detok: Option<&dyn Detokenize>) -> Appended {
         let last = *out.last().expect("check follows an append");
-        if self.req.eos.contains(&last) {
+        if self.eos.contains(&last) {
             return Appended::Finished(FinishReason::Eos);
         }
-        if let (Some(d), false) = (detok, self.req.stop_strings.is_empty()) {
+        if let (Some(d), false) = (detok, self.stop_strings.is_empty()) {
             let text = d.detokenize(out);
             let mut from = self.searched.saturating_sub(self.longest_stop.saturating_sub(1));
             while !text.is_char_boundary(from) {
                 from -= 1;
             }
-            if self.req.stop_strings.iter().any(|s| text[from..].contains(s.as_str())) {
+            if self.stop_strings.iter().any(|s| text[from..].contains(s.as_str())) {
                 return Appended::Finished(FinishReason::Stop);
             }
             self.searched = text.len();
         }
-        if out.len() >= self.req.max_tokens {
+        if out.len() >= self.max_tokens {
             return Appended::Finished(FinishReason::Length);
         }
         Appended::Continue

@@ -23,15 +23,7 @@ pub(crate) struct Verdict {
 
 /// Verifies `w`; `config.checked` runs the ops with their validity
 /// read-back (GLUE-6).
-pub(crate) fn verify<B: ModelBackend>(
-    b: &B,
-    vocab: usize,
-    config: &EngineConfig,
-    w: &Window<B::Tensor>,
-    seqs: &mut [Seq<'_>],
-    active: &[usize],
-    p: &Proposal<B::Tensor>,
-) -> Result<Verdict, DecodeError> {
+pub(crate) fn verify<B: ModelBackend>(b: &B, vocab: usize, config: &EngineConfig, w: &Window<B::Tensor>, seqs: &mut [Seq], active: &[usize], p: &Proposal<B::Tensor>) -> Result<Verdict, DecodeError> {
     let (checked, faults) = (config.checked, config.faults());
     let (a, width) = (active.len(), w.width);
     let greedy = active.iter().all(|&i| seqs[i].req.sampling.temperature == 0.0);
@@ -80,7 +72,7 @@ pub(crate) fn verify<B: ModelBackend>(
 
 /// One step's `len` accept uniforms and its draw uniform, in DECODE-3's
 /// order; `None` when given uniforms ran out.
-fn step_uniforms(noise: &mut VerifyNoise<'_>, len: usize, faults: Faults) -> Option<(Vec<f64>, f64)> {
+fn step_uniforms(noise: &mut VerifyNoise, len: usize, faults: Faults) -> Option<(Vec<f64>, f64)> {
     let mut accept = (0..len).map(|_| noise.next()).collect::<Option<Vec<f64>>>()?;
     if faults.shared_accept_uniform()
         && let Some(&first) = accept.first()
@@ -92,7 +84,7 @@ fn step_uniforms(noise: &mut VerifyNoise<'_>, len: usize, faults: Faults) -> Opt
 }
 
 /// DFLASH-1 .. DFLASH-3 on full blocks `[last, drafts..]` at temperature 0.
-fn dflash<B: ModelBackend>(b: &B, vocab: usize, w: &Window<B::Tensor>, seqs: &[Seq<'_>], active: &[usize], p: &Proposal<B::Tensor>) -> Result<Verdict, DecodeError> {
+fn dflash<B: ModelBackend>(b: &B, vocab: usize, w: &Window<B::Tensor>, seqs: &[Seq], active: &[usize], p: &Proposal<B::Tensor>) -> Result<Verdict, DecodeError> {
     let (a, width) = (active.len(), w.width);
     let greedy = vec![seqs[active[0]].req.sampling; a * (width + 1)];
     let one_hot = device::process(b, &w.rows, &greedy)?;

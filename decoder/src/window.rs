@@ -35,7 +35,7 @@ pub(crate) fn forward<B: ModelBackend>(
     b: &B,
     target: &B::Model,
     cache: &mut B::ModelCache,
-    seqs: &[Seq<'_>],
+    seqs: &[Seq],
     active: &[usize],
     p: &Proposal<B::Tensor>,
     hidden_layers: &[usize],

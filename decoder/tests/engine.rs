@@ -144,6 +144,9 @@ impl<F: FnMut(&SeqView<'_>) -> Vec<u32>> Proposer<ReferenceBackend> for Scripted
     fn observe(&mut self, _: &ReferenceBackend, _: &Observed<'_, specdec_backend::RefTensor>) -> Result<(), DecodeError> {
         Ok(())
     }
+    fn release(&mut self, _: &ReferenceBackend, _: usize) -> Result<(), DecodeError> {
+        Ok(())
+    }
 }
 
 /// Drafts the plain greedy continuation right for `m` tokens, then wrong ones.

@@ -114,3 +114,41 @@ pub fn seeded(cfg: LlamaConfig, seed: u64) -> Result<LlamaWeights> {
     }
     LlamaWeights::from_named(cfg, "tiny", |name| Ok(tensors.remove(name)))
 }
+
+/// The tiny models' text: id `i` reads as two letters, `A + i` then `a + i`
+/// (`0` is `Aa`, `1` is `Bb`), so a stop string can straddle two tokens.
+/// Ids are at most 32 ([`TinySpec::validate`]).
+pub fn tiny_text(ids: &[u32]) -> String {
+    ids.iter().flat_map(|&i| [char::from(b'A' + i as u8), char::from(b'a' + i as u8)]).collect()
+}
+
+/// The ids of a tiny model's text, the inverse of [`tiny_text`] for ids
+/// below `vocab`; a text that is not pairs of such letters is an error naming
+/// the first bad pair.
+pub fn tiny_ids(text: &str, vocab: usize) -> Result<Vec<u32>> {
+    let bytes = text.as_bytes();
+    let bad = |at: usize| Err(ModelError::InvalidInput { arg: "text", reason: format!("byte {at} does not start a tiny token (`Aa`, `Bb`, .. for ids below {vocab})") });
+    let mut ids = Vec::with_capacity(bytes.len() / 2);
+    for (n, pair) in bytes.chunks(2).enumerate() {
+        match pair {
+            [hi, lo] if hi.is_ascii_uppercase() && lo.wrapping_sub(b'a') == hi - b'A' && usize::from(hi - b'A') < vocab => ids.push(u32::from(hi - b'A')),
+            _ => return bad(2 * n),
+        }
+    }
+    Ok(ids)
+}
+
+#[cfg(test)]
+mod text_tests {
+    use super::*;
+
+    #[test]
+    fn tiny_text_reads_back() {
+        let ids = vec![0, 11, 3, 3];
+        assert_eq!(tiny_text(&ids), "AaLlDdDd");
+        assert_eq!(tiny_ids(&tiny_text(&ids), 12).unwrap(), ids);
+        for bad in ["A", "Ab", "aA", "Mm", "Aa "] {
+            assert!(tiny_ids(bad, 12).is_err(), "{bad}");
+        }
+    }
+}

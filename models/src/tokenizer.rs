@@ -337,6 +337,34 @@ impl Tokenizer {
         Ok(format!("{}{user_text}{IM_END}\n{IM_START}assistant\n", self.chat_user_prefix()?))
     }
 
+    /// The generation prompt of a whole conversation, `(role, content)`
+    /// turns in order (roles `system`, `user`, `assistant`): each turn as
+    /// `<|im_start|>{role}\n{content}<|im_end|>\n`, the template's default
+    /// system turn first when the conversation has none, then
+    /// `<|im_start|>assistant\n`. ChatML only, as [`Tokenizer::chat_prompt`].
+    pub fn chat_conversation(&self, turns: &[(&str, &str)]) -> Result<String> {
+        let Some(template) = &self.chat_template else {
+            return Err(ModelError::MissingField { file: self.source.clone(), field: "chat_template".to_string() });
+        };
+        if !template.contains(IM_START) {
+            return Err(tok_err(&self.source, "the chat template is not ChatML; other templates would need a Jinja engine"));
+        }
+        let mut out = String::new();
+        if turns.first().is_none_or(|(role, _)| *role != "system")
+            && let Some(system) = chatml_default_system(template)
+        {
+            out.push_str(&format!("{IM_START}system\n{system}{IM_END}\n"));
+        }
+        for (role, content) in turns {
+            if !matches!(*role, "system" | "user" | "assistant") {
+                return Err(ModelError::InvalidInput { arg: "role", reason: format!("`{role}` is not system, user or assistant") });
+            }
+            out.push_str(&format!("{IM_START}{role}\n{content}{IM_END}\n"));
+        }
+        out.push_str(&format!("{IM_START}assistant\n"));
+        Ok(out)
+    }
+
     /// The text before a user message's content:
     /// `<|im_start|>system\n{default}<|im_end|>\n<|im_start|>user\n` (the system
     /// turn as in [`Tokenizer::chat_prompt`]). A model continuing it writes a

@@ -11,6 +11,10 @@ use crate::run_command;
 
 /// The NumPy release the adapter is checked with.
 pub const NUMPY_PIN: &str = "numpy==2.2.6";
+/// The official OpenAI client, which the serve tests drive `specdec serve` with.
+pub const OPENAI_PIN: &str = "openai==2.8.1";
+/// What the environment holds, as its stamp records it.
+const STAMP: &str = "numpy==2.2.6 openai==2.8.1";
 
 /// The variable the exec backend's suite test reads: the Python to run the adapter with.
 pub const PYTHON_ENV: &str = "SPECDEC_PYTHON";
@@ -27,23 +31,23 @@ pub fn ensure_numpy_venv(root: &Path) -> Result<Vec<(String, PathBuf)>, String> 
     }
     std::fs::create_dir_all(&cache).map_err(|e| format!("cannot create {}: {e}", cache.display()))?;
     if run_command(Command::new("python3").args(["-m", "venv", "--clear"]).arg(&venv)).is_ok() {
-        run_command(Command::new(&python).args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", NUMPY_PIN]))?;
-        std::fs::write(&stamp, NUMPY_PIN).map_err(|e| format!("cannot write {}: {e}", stamp.display()))?;
+        run_command(Command::new(&python).args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", NUMPY_PIN, OPENAI_PIN]))?;
+        std::fs::write(&stamp, STAMP).map_err(|e| format!("cannot write {}: {e}", stamp.display()))?;
         return Ok(vec![(PYTHON_ENV.into(), python)]);
     }
     // No venv module (Debian without python3-venv): a plain target directory.
     let target = cache.join("pydeps");
     let stamp = target.join(".specdec-numpy");
     if !stamp_matches(&stamp) {
-        run_command(Command::new("python3").args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--upgrade", "--target"]).arg(&target).arg(NUMPY_PIN))?;
-        std::fs::write(&stamp, NUMPY_PIN).map_err(|e| format!("cannot write {}: {e}", stamp.display()))?;
+        run_command(Command::new("python3").args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--upgrade", "--target"]).arg(&target).args([NUMPY_PIN, OPENAI_PIN]))?;
+        std::fs::write(&stamp, STAMP).map_err(|e| format!("cannot write {}: {e}", stamp.display()))?;
     }
     let python = which_python3()?;
     Ok(vec![(PYTHON_ENV.into(), python), ("PYTHONPATH".into(), target)])
 }
 
 fn stamp_matches(stamp: &Path) -> bool {
-    std::fs::read_to_string(stamp).is_ok_and(|s| s.trim() == NUMPY_PIN)
+    std::fs::read_to_string(stamp).is_ok_and(|s| s.trim() == STAMP)
 }
 
 fn which_python3() -> Result<PathBuf, String> {

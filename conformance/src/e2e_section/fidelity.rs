@@ -89,6 +89,10 @@ impl<B: ModelBackend> Proposer<B> for Recording<'_, B> {
     fn observe(&mut self, b: &B, observed: &Observed<'_, B::Tensor>) -> Result<(), DecodeError> {
         self.inner.observe(b, observed)
     }
+
+    fn release(&mut self, b: &B, slot: usize) -> Result<(), DecodeError> {
+        self.inner.release(b, slot)
+    }
 }
 
 /// The n-gram statement for any proposer claiming the rule (the section's
@@ -146,6 +150,10 @@ impl<B: ModelBackend> Proposer<B> for CheckedDraft<'_, B> {
             self.failure = Some(format!("after step {}: {e}", self.steps));
         }
         Ok(())
+    }
+
+    fn release(&mut self, b: &B, slot: usize) -> Result<(), DecodeError> {
+        self.inner.release(b, slot)
     }
 }
 

@@ -27,10 +27,7 @@ const SMOLLM2_CUTS: [usize; 2] = [3, 6];
 /// SmolLM2 prompts used (its generations are costly).
 const SMOLLM2_PROMPTS: usize = 2;
 
-/// The tiny model's text: id `i` reads as `A + i`, `a + i`.
-pub fn tiny_text(ids: &[u32]) -> String {
-    ids.iter().flat_map(|&i| [char::from(b'A' + i as u8), char::from(b'a' + i as u8)]).collect()
-}
+pub use specdec_models::tiny::tiny_text;
 
 /// The stop strings of one plain output, each with the number of tokens the
 /// output keeps when it stops (the string completes at the last of them).

@@ -186,4 +186,9 @@ impl<B: ModelBackend> Proposer<B> for DflashProposer {
         }
         Ok(())
     }
+
+    fn release(&mut self, _: &B, slot: usize) -> Result<(), DecodeError> {
+        self.contexts.reset(&self.fast, slot);
+        Ok(())
+    }
 }

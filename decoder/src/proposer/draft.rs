@@ -194,4 +194,15 @@ impl<B: ModelBackend> Proposer<B> for DraftModelProposer<B> {
         }
         Ok(())
     }
+
+    fn release(&mut self, backend: &B, slot: usize) -> Result<(), DecodeError> {
+        let batch = self.fed.len();
+        let (Some(cache), Some(fed)) = (self.cache.as_mut(), self.fed.get_mut(slot)) else { return Ok(()) };
+        let mut amounts = vec![0; batch];
+        amounts[slot] = std::mem::take(fed).len();
+        if amounts[slot] > 0 {
+            backend.cache_trim(cache, &amounts)?;
+        }
+        Ok(())
+    }
 }

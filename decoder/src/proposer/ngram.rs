@@ -92,4 +92,11 @@ impl<B: ModelBackend> Proposer<B> for NgramProposer {
         }
         Ok(())
     }
+
+    fn release(&mut self, _: &B, slot: usize) -> Result<(), DecodeError> {
+        if let Some(index) = self.indexes.get_mut(slot) {
+            *index = None;
+        }
+        Ok(())
+    }
 }

@@ -75,6 +75,14 @@ impl<B: ModelBackend> Proposer<B> for HiddenRecorder {
         }
         Ok(())
     }
+
+    /// A new request in the slot starts its own rows.
+    fn release(&mut self, _: &B, slot: usize) -> Result<(), DecodeError> {
+        if let Some(rows) = self.rows.get_mut(slot) {
+            rows.clear();
+        }
+        Ok(())
+    }
 }
 
 /// One request decoded with its hidden rows recorded.

@@ -1,0 +1,312 @@
+//! `specdec serve` as its users meet it: a real server process on
+//! 127.0.0.1 (the tiny model, so the suite stays fast), driven by raw HTTP
+//! for the hostile cases, by 32 concurrent clients for the bounded load
+//! test, and by the official OpenAI Python client (`cargo xtask test`'s
+//! venv; without `SPECDEC_PYTHON` that one test says so and passes).
+//! Every server a test starts is stopped by it (SIGTERM, then a kill).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// A server process, stopped when dropped.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Server {
+    fn start(args: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_specdec"))
+            .args(["serve", "--model", "tiny:tiny-v12-l2", "--backend", "ndarray", "--port", "0"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("specdec serve starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("the first line");
+        let addr = line.trim().rsplit("http://").next().expect("an address").to_string();
+        assert!(addr.starts_with("127.0.0.1:"), "binds 127.0.0.1 by default: {line}");
+        Server { child, addr }
+    }
+
+    /// One HTTP/1.1 exchange on a fresh connection: (status, body).
+    fn raw(&self, request: &[u8]) -> (u16, String) {
+        let mut s = TcpStream::connect(&self.addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s.write_all(request).unwrap();
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        let text = String::from_utf8_lossy(&out).to_string();
+        let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let body = text.split_once("\r\n\r\n").map_or(String::new(), |(_, b)| b.to_string());
+        (status, body)
+    }
+
+    fn call(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n", self.addr, body.len());
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        req.push_str("\r\n");
+        req.push_str(body);
+        self.raw(req.as_bytes())
+    }
+
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let (status, text) = self.call("POST", path, &[], &body.to_string());
+        (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path} answered {status} with no JSON ({e}): {text}")))
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        let (_, text) = self.call("GET", "/metrics", &[], "");
+        text.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok())).unwrap_or_else(|| panic!("no metric {name}"))
+    }
+
+    /// Waits until no request runs or waits (slots all free).
+    fn idle(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.metric("specdec_requests_running ") + self.metric("specdec_requests_waiting ") > 0.0 {
+            assert!(Instant::now() < deadline, "requests still running 20 s after their clients finished: a slot leaked");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(s) = self.child.try_wait().expect("wait") {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "the server did not exit 30 s after SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v["choices"][0]["token_ids"].as_array().expect("token_ids").iter().map(|t| t.as_u64().unwrap()).collect()
+}
+
+/// A completion request on token ids, with ids back.
+fn completion(prompt: &[u32], max_tokens: usize, temperature: f64, seed: u64, speculation: bool) -> Value {
+    json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "top_k": 6, "seed": seed, "speculation": speculation, "return_token_ids": true})
+}
+
+const PROMPTS: [&[u32]; 4] = [&[1, 2, 3, 1, 2, 3, 1, 2], &[4, 5, 4, 5, 4], &[7], &[2, 9, 2, 9, 2, 9, 3]];
+
+/// DECODE-3 and DECODE-2 under load: 32 concurrent clients, 3 requests
+/// each (greedy and sampled, speculation on and off), all valid, each equal
+/// to the same request run alone afterwards; greedy speculative equals
+/// plain; no slot leaks; the server answers afterwards.
+#[test]
+fn under_load_every_output_equals_the_same_request_alone() {
+    let server = Server::start(&["--proposer", "ngram", "--k", "3", "--max-batch", "8"]);
+    let request = |client: usize, i: usize| {
+        let prompt = PROMPTS[(client + i) % PROMPTS.len()];
+        let temperature = if (client + i) % 2 == 0 { 0.0 } else { 0.9 };
+        completion(prompt, 10 + (client % 7), temperature, (client * 3 + i) as u64, client % 3 != 0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let loaded: Vec<Vec<(Value, Vec<u64>)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..32)
+            .map(|c| {
+                let server = &server;
+                s.spawn(move || {
+                    (0..3)
+                        .map(|i| {
+                            assert!(Instant::now() < deadline, "the load test ran past its time limit");
+                            let req = request(c, i);
+                            let (status, body) = server.post("/v1/completions", &req);
+                            assert_eq!(status, 200, "{body}");
+                            let out = ids(&body);
+                            assert_eq!(body["usage"]["completion_tokens"].as_u64(), Some(out.len() as u64));
+                            assert!(out.len() <= req["max_tokens"].as_u64().unwrap() as usize && out.iter().all(|&t| t < 12), "{body}");
+                            (req, out)
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("a client thread")).collect()
+    });
+    server.idle();
+    for (req, out) in loaded.iter().flatten() {
+        let (_, alone) = server.post("/v1/completions", req);
+        assert_eq!(&ids(&alone), out, "DECODE-3: {req} gave another output under load");
+        if req["temperature"] == 0.0 {
+            let mut off = req.clone();
+            off["speculation"] = json!(false);
+            let (_, plain) = server.post("/v1/completions", &off);
+            assert_eq!(&ids(&plain), out, "DECODE-2: greedy speculative output differs from plain for {req}");
+        }
+    }
+    assert_eq!(server.call("GET", "/health", &[], "").0, 200);
+    let spec = server.metric("specdec_draft_proposed_total{position=\"0\"} ");
+    assert!(spec > 0.0, "the load ran speculative steps");
+    assert!(server.terminate().success(), "exits cleanly on SIGTERM");
+}
+
+/// Every bad request is a 4xx whose message names the problem; none
+/// crashes or hangs the server, which answers afterwards.
+#[test]
+fn hostile_requests_get_typed_4xx() {
+    let server = Server::start(&["--proposer", "ngram", "--max-batch", "2", "--max-body-bytes", "4096", "--max-context", "40"]);
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        ("malformed JSON", "{\"prompt\": [1, 2".into(), 400, "invalid request body"),
+        ("not an object", "[1, 2, 3]".into(), 400, "invalid request body"),
+        ("unknown field", json!({"prompt": [1], "tempurature": 0}).to_string(), 400, "unknown field `tempurature`"),
+        ("wrong type", json!({"prompt": [1], "max_tokens": "ten"}).to_string(), 400, "max_tokens"),
+        ("no prompt", json!({"max_tokens": 3}).to_string(), 400, "prompt"),
+        ("empty prompt", json!({"prompt": []}).to_string(), 400, "no tokens"),
+        ("id outside the vocabulary", json!({"prompt": [1, 12]}).to_string(), 400, "prompt[1] = 12"),
+        ("negative id", json!({"prompt": [-1]}).to_string(), 400, "prompt[0] = -1"),
+        ("text that is no tiny text", json!({"prompt": "hello"}).to_string(), 400, "tiny token"),
+        ("max_tokens 0", json!({"prompt": [1], "max_tokens": 0}).to_string(), 400, "max_tokens = 0"),
+        ("negative temperature", json!({"prompt": [1], "temperature": -1.0}).to_string(), 400, "temperature"),
+        ("top_p 0", json!({"prompt": [1], "top_p": 0.0}).to_string(), 400, "top_p"),
+        ("top_k -2", json!({"prompt": [1], "top_k": -2}).to_string(), 400, "top_k"),
+        ("n 2", json!({"prompt": [1], "n": 2}).to_string(), 400, "n = 2"),
+        ("penalty", json!({"prompt": [1], "presence_penalty": 0.5}).to_string(), 400, "presence_penalty"),
+        ("empty stop string", json!({"prompt": [1], "stop": [""]}).to_string(), 400, "stop"),
+        ("stop id outside", json!({"prompt": [1], "stop_token_ids": [40]}).to_string(), 400, "stop_token_ids[0] = 40"),
+        ("prompt past the context", json!({"prompt": vec![1; 45]}).to_string(), 400, "context is 40"),
+        ("max_tokens past the context", json!({"prompt": [1, 2], "max_tokens": 39}).to_string(), 400, "context is 40"),
+        ("several prompts", json!({"prompt": [[1], [2]]}).to_string(), 400, "several prompts"),
+        ("unknown model", json!({"prompt": [1], "model": "gpt-4"}).to_string(), 404, "gpt-4"),
+        ("body over the limit", json!({"prompt": vec![1; 3000]}).to_string(), 413, "length limit"),
+    ];
+    for (what, body, status, says) in &cases {
+        let (got, text) = server.call("POST", "/v1/completions", &[], body);
+        assert_eq!(got, *status, "{what}: {text}");
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|_| panic!("{what}: the error is not JSON: {text}"));
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{what}: `{message}` does not say `{says}`");
+    }
+    let chat_cases =
+        [(json!({"messages": []}), "no messages"), (json!({"messages": [{"role": "user"}]}), "content"), (json!({"messages": [{"role": "user", "content": "Bb"}], "logprobs": true}), "logprobs")];
+    for (body, says) in chat_cases {
+        let (got, text) = server.call("POST", "/v1/chat/completions", &[], &body.to_string());
+        assert!(got == 400 && text.contains(says), "{body}: {got} {text}");
+    }
+    assert_eq!(server.call("GET", "/v1/completions", &[], "").0, 405);
+    assert_eq!(server.call("GET", "/v1/nothing", &[], "").0, 404);
+    // Garbage that is not HTTP, and a connection that closes mid-body.
+    let _ = server.raw(b"\x16\x03\x01 not http at all\r\n\r\n");
+    let mut s = TcpStream::connect(&server.addr).unwrap();
+    s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\"").unwrap();
+    drop(s);
+    let (status, ok) = server.post("/v1/completions", &completion(&[1, 2], 3, 0.0, 0, true));
+    assert_eq!(status, 200, "answers after every bad request: {ok}");
+    server.idle();
+}
+
+/// `--api-key`: every request but `/health` without it is a 401.
+#[test]
+fn an_api_key_guards_every_endpoint_but_health() {
+    let server = Server::start(&["--api-key", "sesame"]);
+    let body = completion(&[1], 2, 0.0, 0, true).to_string();
+    for path in ["/v1/completions", "/v1/models", "/metrics"] {
+        let method = if path == "/v1/completions" { "POST" } else { "GET" };
+        assert_eq!(server.call(method, path, &[], &body).0, 401, "{path} without a key");
+        assert_eq!(server.call(method, path, &[("Authorization", "Bearer wrong")], &body).0, 401, "{path} with a wrong key");
+        assert_eq!(server.call(method, path, &[("Authorization", "Bearer sesame")], &body).0, 200, "{path} with the key");
+    }
+    assert_eq!(server.call("GET", "/health", &[], "").0, 200);
+}
+
+/// Streams: the chunks' ids are the non-streamed output's; a stop string
+/// ends the text before it; clients that go away mid-stream leave no slot
+/// taken (the next requests run on the one slot).
+#[test]
+fn streams_match_whole_answers_and_disconnects_free_slots() {
+    let server = Server::start(&["--proposer", "ngram", "--k", "3", "--max-batch", "1"]);
+    let mut req = completion(PROMPTS[0], 20, 0.0, 0, true);
+    let (_, whole) = server.post("/v1/completions", &req);
+    req["stream"] = json!(true);
+    let (status, text) = server.call("POST", "/v1/completions", &[], &req.to_string());
+    assert_eq!(status, 200);
+    let chunks: Vec<Value> = text.lines().filter_map(|l| l.strip_prefix("data: ")).filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).expect("a JSON chunk")).collect();
+    assert!(text.contains("data: [DONE]"));
+    let streamed: Vec<u64> = chunks.iter().flat_map(|c| c["choices"][0]["token_ids"].as_array().cloned().unwrap_or_default()).map(|t| t.as_u64().unwrap()).collect();
+    assert_eq!(streamed, ids(&whole));
+    let streamed_text: String = chunks.iter().map(|c| c["choices"][0]["text"].as_str().unwrap_or_default()).collect();
+    assert_eq!(streamed_text, whole["choices"][0]["text"].as_str().unwrap());
+    // A stop string straddling two tokens: the text ends before it.
+    let full = whole["choices"][0]["text"].as_str().unwrap().to_string();
+    let stop = &full[5..7];
+    let mut stopped = completion(PROMPTS[0], 20, 0.0, 0, true);
+    stopped["stop"] = json!([stop]);
+    let (_, s) = server.post("/v1/completions", &stopped);
+    assert_eq!(s["choices"][0]["finish_reason"], "stop");
+    assert_eq!(s["choices"][0]["stop_reason"], stop);
+    assert_eq!(s["choices"][0]["text"].as_str().unwrap(), &full[..full.find(stop).unwrap()]);
+    stopped["stream"] = json!(true);
+    let (_, text) = server.call("POST", "/v1/completions", &[], &stopped.to_string());
+    let streamed_text: String = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str::<Value>(d).unwrap()["choices"][0]["text"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(streamed_text, &full[..full.find(stop).unwrap()], "a stream never shows the stop string");
+    // Clients that read one chunk and hang up, on the one slot.
+    for _ in 0..5 {
+        let mut long = completion(PROMPTS[1], 40, 0.9, 1, true);
+        long["stream"] = json!(true);
+        let body = long.to_string();
+        let mut s = TcpStream::connect(&server.addr).unwrap();
+        write!(s, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        let mut first = [0u8; 64];
+        let _ = s.read(&mut first);
+        drop(s);
+    }
+    server.idle();
+    let (status, after) = server.post("/v1/completions", &completion(PROMPTS[0], 20, 0.0, 0, true));
+    assert_eq!(status, 200);
+    assert_eq!(ids(&after), ids(&whole), "the slot a client left serves the next request as if fresh");
+}
+
+/// SIGTERM while a request runs: the request finishes (drain), the server
+/// exits 0.
+#[test]
+fn sigterm_drains_and_exits_cleanly() {
+    let server = Server::start(&["--drain-seconds", "20"]);
+    let addr = server.addr.clone();
+    let body = completion(PROMPTS[0], 40, 0.0, 0, false).to_string();
+    let mut s = TcpStream::connect(&addr).unwrap();
+    write!(s, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let status = server.terminate();
+    assert!(status.success(), "exit status {status}");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    assert!(out.starts_with("HTTP/1.1 200"), "the running request was answered: {out}");
+}
+
+/// The official OpenAI Python client, unmodified, against the server.
+#[test]
+fn the_openai_python_client_is_served() {
+    let Ok(python) = std::env::var("SPECDEC_PYTHON") else {
+        eprintln!("SPECDEC_PYTHON is unset (`cargo xtask test` sets it to a venv with the openai package): not run");
+        return;
+    };
+    let server = Server::start(&["--proposer", "ngram", "--api-key", "sesame"]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_client.py");
+    let out = Command::new(python).arg(script).arg(format!("http://{}/v1", server.addr)).output().expect("python runs");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the OpenAI client failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("openai client: ok"), "{stdout}");
+}

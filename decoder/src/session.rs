@@ -1,0 +1,295 @@
+//! A session: the decode loop over a fixed set of request slots, which
+//! requests join and leave between steps (continuous batching).
+//!
+//! [`Engine::run`](crate::Engine::run) is one session that admits its whole
+//! batch and steps it to the end; `specdec serve` keeps one session for its
+//! lifetime and admits each request into a free slot at the next step
+//! boundary. Both run the same [`Session::step`], so what the end-to-end
+//! checks prove of `run` holds for a server.
+//!
+//! Invariants: a slot's target cache is empty when a request is admitted
+//! into it (the previous occupant's positions are trimmed away, and its
+//! proposer state released); a request's noise comes from its own streams
+//! and its rows from its own cache slot, so its output does not depend on
+//! when it joined or who else ran (DECODE-3); a finished request keeps its
+//! slot until its output is taken; a cancelled one frees it at once.
+
+use std::time::Instant;
+
+use rand_pcg::Pcg64;
+use specdec_backend::model::{ForwardRequest, LogitRows, ModelBackend};
+use specdec_reference::controller::DynamicController;
+
+use crate::DecodeError;
+use crate::commit::commit;
+use crate::config::OnProposerError;
+use crate::engine::Engine;
+use crate::proposer::{Observed, ObservedSeq, Proposal, Proposer, SeqView};
+use crate::request::{Acceptance, Output, Request, RunOutput, Timings};
+use crate::seq::Seq;
+use crate::sink::Sink;
+use crate::stop::Detokenize;
+use crate::{verify, window};
+
+/// What a slot holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    /// Free: no request, nothing in its cache that matters.
+    Free,
+    /// A request that is generating or whose output awaits [`Session::take`].
+    Busy,
+}
+
+/// The decode loop over `slots` request slots (see the module doc).
+pub struct Session<'s, B: ModelBackend> {
+    engine: &'s Engine<'s, B>,
+    proposer: &'s mut dyn Proposer<B>,
+    cache: B::ModelCache,
+    capacity: usize,
+    controller: Option<DynamicController>,
+    seqs: Vec<Seq>,
+    slots: Vec<Slot>,
+    timings: Timings,
+    batch_steps: u64,
+    proposer_errors: u64,
+}
+
+impl<'s, B: ModelBackend> Session<'s, B> {
+    pub(crate) fn new(engine: &'s Engine<'s, B>, slots: usize, capacity: usize, proposer: &'s mut dyn Proposer<B>) -> Result<Self, DecodeError> {
+        if slots == 0 {
+            return Err(DecodeError::Config("a session needs at least one slot".into()));
+        }
+        if capacity < 2 || capacity > engine.max_positions {
+            return Err(DecodeError::Config(format!("a session's capacity of {capacity} positions must be in [2, {}] (the model's)", engine.max_positions)));
+        }
+        let b = engine.backend;
+        let controller = engine.config.controller.clone().map(DynamicController::new).transpose().map_err(|e| DecodeError::Config(e.to_string()))?;
+        let t = Instant::now();
+        let cache = b.new_model_cache(engine.target, slots, capacity)?;
+        proposer.begin(b, slots, capacity, engine.config.max_k())?;
+        let timings = Timings { prefill_s: t.elapsed().as_secs_f64(), ..Timings::default() };
+        let seqs = (0..slots).map(|_| Seq::vacant()).collect();
+        Ok(Session { engine, proposer, cache, capacity, controller, seqs, slots: vec![Slot::Free; slots], timings, batch_steps: 0, proposer_errors: 0 })
+    }
+
+    /// Positions a slot's context may fill (prompt, output and one step's drafts).
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Slots that hold no request.
+    pub fn free_slots(&self) -> usize {
+        self.slots.iter().filter(|s| **s == Slot::Free).count()
+    }
+
+    /// Requests still generating.
+    pub fn active(&self) -> usize {
+        self.active_slots().len()
+    }
+
+    fn active_slots(&self) -> Vec<usize> {
+        (0..self.seqs.len()).filter(|&i| self.slots[i] == Slot::Busy && self.seqs[i].finish.is_none()).collect()
+    }
+
+    /// Admits `requests` into free slots (lowest first) and feeds their
+    /// prompts but the last token, in one forward; returns their slots. All
+    /// are checked before any is admitted (ERR-1); too few free slots is an
+    /// error, never a wait.
+    pub fn admit(&mut self, requests: Vec<Request>, detok: Option<&dyn Detokenize>) -> Result<Vec<usize>, DecodeError> {
+        for (i, r) in requests.iter().enumerate() {
+            self.engine.check_request(i, r, self.capacity, detok)?;
+        }
+        let free: Vec<usize> = (0..self.slots.len()).filter(|&i| self.slots[i] == Slot::Free).take(requests.len()).collect();
+        if free.len() < requests.len() {
+            return Err(DecodeError::Config(format!("{} requests for {} free slots", requests.len(), free.len())));
+        }
+        let t = Instant::now();
+        // An earlier occupant's cache positions and proposer state go first.
+        let lens = self.engine.backend.cache_lens(&self.cache);
+        let mut trim = vec![0; self.slots.len()];
+        for &slot in &free {
+            trim[slot] = lens[slot];
+            self.proposer.release(self.engine.backend, slot)?;
+        }
+        if trim.iter().any(|&n| n > 0) {
+            self.engine.backend.cache_trim(&mut self.cache, &trim)?;
+        }
+        let faults = self.engine.config.faults();
+        let seeds: Vec<u64> = (0..requests.len()).map(|i| faults.noise_seed(&requests, i)).collect();
+        for ((&slot, r), seed) in free.iter().zip(requests).zip(seeds) {
+            self.seqs[slot] = Seq::new(r, seed);
+            self.slots[slot] = Slot::Busy;
+        }
+        let prefilled = self.prefill(&free);
+        self.timings.prefill_s += t.elapsed().as_secs_f64();
+        if let Err(e) = prefilled {
+            for &slot in &free {
+                self.slots[slot] = Slot::Free;
+            }
+            return Err(e);
+        }
+        Ok(free)
+    }
+
+    /// Feeds each admitted prompt but its last token (which the first step feeds).
+    fn prefill(&mut self, slots: &[usize]) -> Result<(), DecodeError> {
+        let b = self.engine.backend;
+        let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); self.seqs.len()];
+        for &i in slots {
+            let c = &self.seqs[i].context;
+            tokens[i] = c[..c.len() - 1].to_vec();
+        }
+        if tokens.iter().all(Vec::is_empty) {
+            return Ok(());
+        }
+        let hidden_layers = self.proposer.hidden_layers().to_vec();
+        let out = b.forward(self.engine.target, &mut self.cache, &ForwardRequest { tokens: &tokens, logits: LogitRows::None, hidden_layers: &hidden_layers })?;
+        let observed: Vec<ObservedSeq<'_>> =
+            slots.iter().filter(|&&i| !tokens[i].is_empty()).map(|&i| ObservedSeq { slot: i, context: &self.seqs[i].context, kept: tokens[i].len(), finished: false }).collect();
+        self.proposer.observe(b, &Observed { seqs: &observed, plan: &out.plan, hidden: out.hidden.as_ref() })
+    }
+
+    /// One step of every active request: propose, the window forward, its
+    /// verify, commit (DECODE-1 .. DECODE-5). Returns the slots that
+    /// finished in it (their outputs wait for [`Session::take`]).
+    pub fn step(&mut self, detok: Option<&dyn Detokenize>, sink: &mut dyn Sink) -> Result<Vec<usize>, DecodeError> {
+        let b = self.engine.backend;
+        let config = &self.engine.config;
+        let lens = b.cache_lens(&self.cache);
+        // A sequence whose next input no longer fits is out of positions.
+        let mut finished = Vec::new();
+        for i in self.active_slots() {
+            if lens[i] + 1 > self.capacity {
+                self.seqs[i].finish = Some(crate::FinishReason::Capacity);
+                finished.push(i);
+            }
+        }
+        let active = self.active_slots();
+        if active.is_empty() {
+            return Ok(finished);
+        }
+        let k = self.controller.as_ref().map_or(config.k, |c| c.k(active.len()));
+
+        // 1. Propose.
+        let t = Instant::now();
+        let proposal = match self.propose(&active, k, &lens) {
+            Ok(p) => p,
+            Err(e) if config.on_proposer_error == OnProposerError::Fail => return Err(e),
+            Err(_) => {
+                self.proposer_errors += 1;
+                Proposal::none(active.len())
+            }
+        };
+        self.timings.propose_s += t.elapsed().as_secs_f64();
+
+        // 2. The window forward, 3. its verify.
+        let t = Instant::now();
+        let win = window::forward(b, self.engine.target, &mut self.cache, &self.seqs, &active, &proposal, self.proposer.hidden_layers(), config.faults())?;
+        let verdict = verify::verify(b, self.engine.vocab, config, &win, &mut self.seqs, &active, &proposal)?;
+        self.timings.verify_s += t.elapsed().as_secs_f64();
+        self.batch_steps += 1;
+
+        // 4. Commit, and the controller's update from the step's counts.
+        let t = Instant::now();
+        let proposed: Vec<usize> = proposal.drafts.iter().map(Vec::len).collect();
+        let step = commit(b, &mut self.cache, config, &mut self.seqs, &active, &proposed, &verdict, detok, sink)?;
+        if let Some(c) = self.controller.as_mut() {
+            if k == 0 {
+                c.record_fallback();
+            } else {
+                c.update(step.counts.step_counts()).map_err(|e| DecodeError::Internal(e.to_string()))?;
+            }
+        }
+        self.timings.rest_s += t.elapsed().as_secs_f64();
+
+        let t = Instant::now();
+        let seqs = &self.seqs;
+        let observed: Vec<ObservedSeq<'_>> = active.iter().zip(&step.kept).map(|(&i, &kept)| ObservedSeq { slot: i, context: &seqs[i].context, kept, finished: seqs[i].finish.is_some() }).collect();
+        self.proposer.observe(b, &Observed { seqs: &observed, plan: &win.plan, hidden: win.hidden.as_ref() })?;
+        self.timings.propose_s += t.elapsed().as_secs_f64();
+        finished.extend(active.into_iter().filter(|&i| self.seqs[i].finish.is_some()));
+        Ok(finished)
+    }
+
+    /// The output of the finished request in `slot`, which frees the slot;
+    /// `None` when the slot is free or its request is still generating.
+    pub fn take(&mut self, slot: usize) -> Option<Output> {
+        if self.slots.get(slot) != Some(&Slot::Busy) {
+            return None;
+        }
+        let s = &mut self.seqs[slot];
+        let finish = s.finish?;
+        self.slots[slot] = Slot::Free;
+        Some(Output { tokens: std::mem::take(&mut s.out), finish, acceptance: std::mem::take(&mut s.acceptance) })
+    }
+
+    /// Drops the request in `slot` (finished or not) and frees the slot at
+    /// once; its cache and proposer state are released then, not at the
+    /// next admission. Returns whether the slot held a request.
+    pub fn cancel(&mut self, slot: usize) -> Result<bool, DecodeError> {
+        if self.slots.get(slot) != Some(&Slot::Busy) {
+            return Ok(false);
+        }
+        self.slots[slot] = Slot::Free;
+        self.seqs[slot] = Seq::vacant();
+        let b = self.engine.backend;
+        let mut trim = vec![0; self.slots.len()];
+        trim[slot] = b.cache_lens(&self.cache)[slot];
+        b.cache_trim(&mut self.cache, &trim)?;
+        self.proposer.release(b, slot)?;
+        Ok(true)
+    }
+
+    /// The run's totals with `outputs` (taken in request order), and the target cache.
+    pub(crate) fn finish(self, outputs: Vec<Output>) -> (RunOutput, B::ModelCache) {
+        let mut acceptance = Acceptance::default();
+        for o in &outputs {
+            acceptance.merge(&o.acceptance);
+        }
+        (RunOutput { outputs, acceptance, batch_steps: self.batch_steps, proposer_errors: self.proposer_errors, timings: self.timings }, self.cache)
+    }
+
+    /// Asks the proposer for at most `k` drafts per active sequence (each
+    /// within its cache room; none for a request that does not speculate),
+    /// with each sequence's own draft stream, and checks its contract. The
+    /// streams keep what the proposer drew, even when it failed (a plain
+    /// step then follows, OnProposerError::PlainStep).
+    fn propose(&mut self, active: &[usize], k: usize, lens: &[usize]) -> Result<Proposal<B::Tensor>, DecodeError> {
+        if k == 0 || active.iter().all(|&i| !self.seqs[i].req.speculate) {
+            return Ok(Proposal::none(active.len()));
+        }
+        let seqs = &self.seqs;
+        let views: Vec<SeqView<'_>> = active
+            .iter()
+            .map(|&i| SeqView { slot: i, context: &seqs[i].context, max_drafts: if seqs[i].req.speculate { k.min(self.capacity - lens[i] - 1) } else { 0 }, sampling: seqs[i].req.sampling })
+            .collect();
+        let mut rngs: Vec<Pcg64> = active.iter().map(|&i| seqs[i].draft_rng.clone()).collect();
+        let name = self.proposer.name();
+        let proposal = self.proposer.propose(self.engine.backend, &views, &mut rngs).and_then(|p| check_proposal(&p, &views, &name, self.engine.vocab).map(|()| p));
+        for (&i, r) in active.iter().zip(rngs) {
+            self.seqs[i].draft_rng = r;
+        }
+        proposal
+    }
+}
+
+/// Rejects a proposal that breaks its contract before it reaches the device.
+fn check_proposal<T>(p: &Proposal<T>, views: &[SeqView<'_>], name: &str, vocab: usize) -> Result<(), DecodeError> {
+    if p.drafts.len() != views.len() {
+        return Err(DecodeError::proposer(name, format!("{} draft lists for {} sequences", p.drafts.len(), views.len())));
+    }
+    for (d, v) in p.drafts.iter().zip(views) {
+        if d.len() > v.max_drafts {
+            return Err(DecodeError::proposer(name, format!("sequence {}: {} drafts, at most {} allowed", v.slot, d.len(), v.max_drafts)));
+        }
+        if let Some(t) = d.iter().find(|&&t| t as usize >= vocab) {
+            return Err(DecodeError::proposer(name, format!("sequence {}: draft id {t} is outside the vocabulary of {vocab}", v.slot)));
+        }
+    }
+    if let Some((_, width)) = &p.draft_probs
+        && let Some(d) = p.drafts.iter().find(|d| d.len() > *width)
+    {
+        return Err(DecodeError::proposer(name, format!("{} drafts but draft probabilities of width {width}", d.len())));
+    }
+    Ok(())
+}

@@ -1,0 +1,264 @@
+//! The OpenAI-compatible request bodies, their validation, and the error
+//! body every 4xx carries.
+//!
+//! Unknown fields are errors (a misspelt `top_p` silently ignored would
+//! change what the user asked for). Extensions are named as vLLM names them
+//! where it has one: `top_k`, `return_token_ids` (the prompt's and the
+//! output's ids in each choice), `stop_token_ids`, `ignore_eos`; and one of
+//! ours, `speculation` (`false` decodes the request plainly).
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+/// A request that cannot be served, as the HTTP status and OpenAI's error body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+    /// The request field at fault, where one is.
+    pub param: Option<String>,
+}
+
+impl ApiError {
+    pub fn bad(param: &str, message: impl Into<String>) -> Self {
+        ApiError { status: 400, message: message.into(), param: Some(param.to_string()) }
+    }
+
+    pub fn status(status: u16, message: impl Into<String>) -> Self {
+        ApiError { status, message: message.into(), param: None }
+    }
+
+    /// OpenAI's error body: `{"error": {"message", "type", "param", "code"}}`.
+    pub fn body(&self) -> Value {
+        let kind = match self.status {
+            401 => "authentication_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            503 => "service_unavailable",
+            500..=599 => "server_error",
+            _ => "invalid_request_error",
+        };
+        json!({"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status}})
+    }
+}
+
+/// A prompt: text, token ids, or a list of one of either.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Ids(Vec<i64>),
+    Texts(Vec<String>),
+    IdLists(Vec<Vec<i64>>),
+}
+
+/// `stop`: one string or several.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// The sampling and stopping fields both endpoints share.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Common {
+    pub model: Option<String>,
+    pub max_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub seed: Option<i64>,
+    pub stop: Option<Stop>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub n: Option<i64>,
+    pub user: Option<String>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    #[serde(default)]
+    pub return_token_ids: bool,
+    pub stop_token_ids: Option<Vec<i64>>,
+    #[serde(default)]
+    pub ignore_eos: bool,
+    pub speculation: Option<bool>,
+}
+
+/// `POST /v1/completions`'s own fields (the rest are [`Common`]).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct CompletionBody {
+    pub prompt: Prompt,
+    #[serde(default)]
+    pub echo: bool,
+    pub logprobs: Option<Value>,
+}
+
+impl CompletionBody {
+    pub const FIELDS: &[&str] = &["prompt", "echo", "logprobs"];
+}
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+    pub name: Option<String>,
+}
+
+/// `POST /v1/chat/completions`'s own fields (the rest are [`Common`]).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ChatBody {
+    pub messages: Vec<Message>,
+    /// Chat's name for `max_tokens` (either may be given; this one wins).
+    pub max_completion_tokens: Option<i64>,
+    pub logprobs: Option<bool>,
+}
+
+impl ChatBody {
+    pub const FIELDS: &[&str] = &["messages", "max_completion_tokens", "logprobs"];
+}
+
+/// Parses a JSON object body into an endpoint's own fields `T` (named
+/// `own`) and the [`Common`] rest; a syntax error, a wrong type, a missing
+/// field or an unknown one is a 400 with serde's words, which name it.
+pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8], own: &[&str]) -> Result<(T, Common), ApiError> {
+    let invalid = |e: serde_json::Error| ApiError { status: 400, message: format!("invalid request body: {e}"), param: None };
+    let mut all: serde_json::Map<String, Value> = serde_json::from_slice(body).map_err(invalid)?;
+    let mine: serde_json::Map<String, Value> = own.iter().filter_map(|k| all.remove(*k).map(|v| (k.to_string(), v))).collect();
+    let own_fields = serde_json::from_value(Value::Object(mine.clone())).map_err(|e| named(e, &mine, |m| serde_json::from_value::<T>(m).map(drop)))?;
+    let common = serde_json::from_value(Value::Object(all.clone())).map_err(|e| named(e, &all, |m| serde_json::from_value::<Common>(m).map(drop)))?;
+    Ok((own_fields, common))
+}
+
+/// serde's error, with the field at fault named: serde's type errors do not
+/// say which field they are about, so each field is tried alone (a missing
+/// required field fails every try and keeps serde's own words).
+fn named(e: serde_json::Error, fields: &serde_json::Map<String, Value>, parse: impl Fn(Value) -> Result<(), serde_json::Error>) -> ApiError {
+    for (k, v) in fields {
+        let alone: serde_json::Map<String, Value> = [(k.clone(), v.clone())].into_iter().collect();
+        if let Err(one) = parse(Value::Object(alone))
+            && !one.to_string().starts_with("missing field")
+        {
+            return ApiError { status: 400, message: format!("invalid request body: field `{k}`: {one}"), param: Some(k.clone()) };
+        }
+    }
+    ApiError { status: 400, message: format!("invalid request body: {e}"), param: None }
+}
+
+/// Stop strings a request may give at most.
+pub const MAX_STOP_STRINGS: usize = 16;
+/// Bytes of one stop string at most.
+pub const MAX_STOP_BYTES: usize = 256;
+/// `stop_token_ids` at most.
+pub const MAX_STOP_TOKEN_IDS: usize = 64;
+
+/// What a request asks for once validated (everything but the prompt).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampling {
+    /// `None`: as many as the context leaves (chat), or 16 (completions, OpenAI's default).
+    pub max_tokens: Option<usize>,
+    pub temperature: f64,
+    pub top_p: f64,
+    pub top_k: usize,
+    /// `None`: the server draws one (each request its own).
+    pub seed: Option<u64>,
+    pub stop: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    pub speculation: bool,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub return_token_ids: bool,
+}
+
+/// Checks the shared fields against the served model (`model_id`, a
+/// vocabulary of `vocab`); every out-of-range value is a 400 naming it.
+pub fn validate(c: &Common, model_id: &str, vocab: usize) -> Result<Sampling, ApiError> {
+    if let Some(m) = &c.model
+        && m != model_id
+    {
+        return Err(ApiError { status: 404, message: format!("the model `{m}` does not exist; this server serves `{model_id}`"), param: Some("model".into()) });
+    }
+    if let Some(n) = c.n
+        && n != 1
+    {
+        return Err(ApiError::bad("n", format!("n = {n}: only one choice per request is supported")));
+    }
+    for (name, v) in [("presence_penalty", c.presence_penalty), ("frequency_penalty", c.frequency_penalty)] {
+        if let Some(v) = v
+            && v != 0.0
+        {
+            return Err(ApiError::bad(name, format!("{name} = {v}: penalties are not supported yet (only 0)")));
+        }
+    }
+    let max_tokens = match c.max_tokens {
+        None => None,
+        Some(m) if m >= 1 => Some(usize::try_from(m).map_err(|_| ApiError::bad("max_tokens", format!("max_tokens = {m} is too large")))?),
+        Some(m) => return Err(ApiError::bad("max_tokens", format!("max_tokens = {m} must be at least 1"))),
+    };
+    let temperature = c.temperature.unwrap_or(1.0);
+    if !(temperature.is_finite() && (0.0..=100.0).contains(&temperature)) {
+        return Err(ApiError::bad("temperature", format!("temperature = {temperature} must be a finite number in [0, 100]")));
+    }
+    let top_p = c.top_p.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::bad("top_p", format!("top_p = {top_p} must be in (0, 1]")));
+    }
+    let top_k = match c.top_k {
+        None | Some(-1) | Some(0) => 0,
+        Some(k) if k > 0 => usize::try_from(k).unwrap_or(usize::MAX).min(vocab),
+        Some(k) => return Err(ApiError::bad("top_k", format!("top_k = {k} must be -1 or 0 (every id) or positive"))),
+    };
+    let seed = match c.seed {
+        None => None,
+        Some(s) if s >= 0 => Some(s as u64),
+        Some(s) => return Err(ApiError::bad("seed", format!("seed = {s} must be non-negative"))),
+    };
+    let stop = match &c.stop {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s.clone()],
+        Some(Stop::Many(v)) => v.clone(),
+    };
+    if stop.len() > MAX_STOP_STRINGS {
+        return Err(ApiError::bad("stop", format!("{} stop strings; at most {MAX_STOP_STRINGS}", stop.len())));
+    }
+    if let Some(s) = stop.iter().find(|s| s.is_empty() || s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::bad("stop", format!("a stop string of {} bytes; each must have 1 to {MAX_STOP_BYTES}", s.len())));
+    }
+    let stop_token_ids = ids(c.stop_token_ids.as_deref().unwrap_or(&[]), vocab, "stop_token_ids")?;
+    if stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+        return Err(ApiError::bad("stop_token_ids", format!("{} stop token ids; at most {MAX_STOP_TOKEN_IDS}", stop_token_ids.len())));
+    }
+    Ok(Sampling {
+        max_tokens,
+        temperature,
+        top_p,
+        top_k,
+        seed,
+        stop,
+        stop_token_ids,
+        ignore_eos: c.ignore_eos,
+        speculation: c.speculation.unwrap_or(true),
+        stream: c.stream,
+        include_usage: c.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        return_token_ids: c.return_token_ids,
+    })
+}
+
+/// Token ids from a request: each inside the vocabulary.
+pub fn ids(raw: &[i64], vocab: usize, param: &str) -> Result<Vec<u32>, ApiError> {
+    raw.iter()
+        .enumerate()
+        .map(|(i, &t)| if t >= 0 && (t as u64) < vocab as u64 { Ok(t as u32) } else { Err(ApiError::bad(param, format!("{param}[{i}] = {t} is outside the vocabulary of {vocab}"))) })
+        .collect()
+}

@@ -1,0 +1,375 @@
+//! The HTTP side: axum handlers, one small function per endpoint.
+//!
+//! A handler validates its body (a 4xx naming the problem, before the
+//! engine sees anything), turns it into a decoder [`Request`], sends it to
+//! the engine thread with a channel for its events, and answers from those
+//! events: one JSON body, or server-sent events as tokens arrive. Dropping
+//! the events' receiver (a client gone mid-request or mid-stream) is how
+//! the engine learns to free the slot.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request as HttpRequest, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use rand::{RngExt, SeedableRng};
+use serde_json::{Value, json};
+use specdec_backend::SamplingParams;
+use specdec_decoder::{Acceptance, FinishReason, Request};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+use crate::api::{self, ApiError, ChatBody, CompletionBody, Prompt, Sampling};
+use crate::metrics::Metrics;
+use crate::scheduler::{Event, Job, Msg};
+use crate::text::{Codec, cut_at_stop, sendable};
+
+/// What every handler shares.
+pub struct AppState {
+    pub engine: Mutex<Sender<Msg>>,
+    pub model_id: String,
+    pub codec: Arc<Codec>,
+    pub vocab: usize,
+    /// Prompt and generated tokens of one request at most.
+    pub context: usize,
+    /// The model's eos ids (a request's `ignore_eos` drops them).
+    pub eos: Vec<u32>,
+    pub metrics: Arc<Metrics>,
+    pub api_key: Option<String>,
+    /// What `/v1/models` says of the engine (the engine checks read it).
+    pub statement: Value,
+    pub next_id: AtomicU64,
+    /// Seeds for requests that give none: each request its own.
+    pub seeds: Mutex<rand_pcg::Pcg64>,
+}
+
+impl AppState {
+    fn send(&self, job: Job) -> Result<(), ApiError> {
+        let tx = self.engine.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        tx.send(Msg::Job(job)).map_err(|_| ApiError::status(503, "the engine has stopped"))
+    }
+
+    fn seed(&self) -> u64 {
+        self.seeds.lock().unwrap_or_else(std::sync::PoisonError::into_inner).random()
+    }
+}
+
+/// A fresh seed source for unseeded requests (the clock: a server is not reproducible run to run unless asked).
+pub fn seed_source() -> Mutex<rand_pcg::Pcg64> {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    Mutex::new(rand_pcg::Pcg64::seed_from_u64(nanos as u64 ^ u64::from(std::process::id())))
+}
+
+/// The router: `/v1/completions`, `/v1/chat/completions`, `/v1/models`,
+/// `/health`, `/metrics`; bodies over `max_body` bytes are a 413.
+pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
+    Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/models", get(models))
+        .route("/metrics", get(metrics))
+        .route("/health", get(|| async { "ok" }))
+        .fallback(|| async { error(ApiError::status(404, "no such endpoint")) })
+        .method_not_allowed_fallback(|| async { error(ApiError::status(405, "method not allowed on this endpoint")) })
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), auth))
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(state)
+}
+
+/// `--api-key`: every endpoint but `/health` wants `Authorization: Bearer KEY`.
+async fn auth(State(s): State<Arc<AppState>>, headers: HeaderMap, req: HttpRequest, next: Next) -> Response {
+    if let Some(key) = &s.api_key
+        && req.uri().path() != "/health"
+    {
+        let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
+        if !constant_time_eq(given.as_bytes(), key.as_bytes()) {
+            return error(ApiError::status(401, "missing or wrong API key (Authorization: Bearer KEY)"));
+        }
+    }
+    next.run(req).await
+}
+
+/// Compares secrets without an early exit on the first differing byte.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn error(e: ApiError) -> Response {
+    let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, axum::Json(e.body())).into_response()
+}
+
+async fn models(State(s): State<Arc<AppState>>) -> Response {
+    axum::Json(json!({"object": "list", "data": [{"id": s.model_id, "object": "model", "created": now(), "owned_by": "specdec", "max_model_len": s.context, "specdec": s.statement}]})).into_response()
+}
+
+async fn metrics(State(s): State<Arc<AppState>>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render()).into_response()
+}
+
+/// Which endpoint a response answers, and its object names.
+#[derive(Clone, Copy)]
+enum Kind {
+    Completion,
+    Chat,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Completion => "completions",
+            Kind::Chat => "chat_completions",
+        }
+    }
+}
+
+async fn completions(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let kind = Kind::Completion;
+    let prepared = body.map_err(rejected).and_then(|b| {
+        let (own, common) = api::parse::<CompletionBody>(&b, CompletionBody::FIELDS)?;
+        let sampling = api::validate(&common, &s.model_id, s.vocab)?;
+        if own.echo {
+            return Err(ApiError::bad("echo", "echo is not supported"));
+        }
+        if own.logprobs.as_ref().is_some_and(|v| !v.is_null()) {
+            return Err(ApiError::bad("logprobs", "logprobs are not supported"));
+        }
+        let prompt = match own.prompt {
+            Prompt::Text(t) => s.codec.encode(&t).map_err(|e| ApiError::bad("prompt", e))?,
+            Prompt::Ids(ids) => api::ids(&ids, s.vocab, "prompt")?,
+            Prompt::Texts(t) if t.len() == 1 => s.codec.encode(&t[0]).map_err(|e| ApiError::bad("prompt", e))?,
+            Prompt::IdLists(l) if l.len() == 1 => api::ids(&l[0], s.vocab, "prompt")?,
+            _ => return Err(ApiError::bad("prompt", "a list of several prompts: send one prompt per request")),
+        };
+        Ok((prompt, sampling))
+    });
+    answer(&s, kind, prepared).await
+}
+
+async fn chat(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let kind = Kind::Chat;
+    let prepared = body.map_err(rejected).and_then(|b| {
+        let (own, mut common) = api::parse::<ChatBody>(&b, ChatBody::FIELDS)?;
+        if own.max_completion_tokens.is_some() {
+            common.max_tokens = own.max_completion_tokens;
+        }
+        let sampling = api::validate(&common, &s.model_id, s.vocab)?;
+        if own.logprobs == Some(true) {
+            return Err(ApiError::bad("logprobs", "logprobs are not supported"));
+        }
+        if own.messages.is_empty() {
+            return Err(ApiError::bad("messages", "no messages"));
+        }
+        let turns: Vec<(&str, &str)> = own.messages.iter().map(|m| (m.role.as_str(), m.content.as_str())).collect();
+        let text = s.codec.chat(&turns).map_err(|e| ApiError::bad("messages", e))?;
+        Ok((s.codec.encode(&text).map_err(|e| ApiError::bad("messages", e))?, sampling))
+    });
+    answer(&s, kind, prepared).await
+}
+
+fn rejected(r: BytesRejection) -> ApiError {
+    ApiError::status(r.status().as_u16(), format!("request body: {}", r.body_text()))
+}
+
+/// Builds the decoder request, sends it, and answers (streamed or not).
+async fn answer(s: &Arc<AppState>, kind: Kind, prepared: Result<(Vec<u32>, Sampling), ApiError>) -> Response {
+    let arrived = Instant::now();
+    let built = prepared.and_then(|(prompt, sampling)| {
+        let request = request(s, kind, prompt, &sampling)?;
+        let (tx, rx) = unbounded_channel();
+        s.send(Job { request: request.clone(), events: tx, arrived })?;
+        Ok((request, sampling, rx))
+    });
+    let (request, sampling, rx) = match built {
+        Ok(x) => x,
+        Err(e) => {
+            s.metrics.request(kind.name(), e.status);
+            return error(e);
+        }
+    };
+    let head = Head { id: format!("{}-{}", if matches!(kind, Kind::Chat) { "chatcmpl" } else { "cmpl" }, s.next_id.fetch_add(1, Ordering::Relaxed)), created: now(), kind };
+    if sampling.stream {
+        s.metrics.request(kind.name(), 200);
+        return stream(Arc::clone(s), head, request, sampling, rx);
+    }
+    let response = whole(s, &head, &request, &sampling, rx).await;
+    s.metrics.request(kind.name(), response.status().as_u16());
+    response
+}
+
+/// The decoder request of a validated body: eos from the model unless
+/// `ignore_eos`, plus `stop_token_ids`; the context checked.
+fn request(s: &AppState, kind: Kind, prompt: Vec<u32>, p: &Sampling) -> Result<Request, ApiError> {
+    if prompt.is_empty() {
+        return Err(ApiError::bad("prompt", "the prompt has no tokens"));
+    }
+    if prompt.len() >= s.context {
+        return Err(ApiError::bad("prompt", format!("the prompt has {} tokens; this model's context is {} tokens", prompt.len(), s.context)));
+    }
+    let room = s.context - prompt.len();
+    let max_tokens = match (p.max_tokens, kind) {
+        (Some(m), _) if m > room => {
+            return Err(ApiError::bad("max_tokens", format!("this model's context is {} tokens; the prompt has {} and max_tokens asks {m} more", s.context, prompt.len())));
+        }
+        (Some(m), _) => m,
+        (None, Kind::Completion) => 16.min(room),
+        (None, Kind::Chat) => room,
+    };
+    let mut eos = if p.ignore_eos { Vec::new() } else { s.eos.clone() };
+    eos.extend(p.stop_token_ids.iter().filter(|t| !s.eos.contains(t) || p.ignore_eos));
+    eos.dedup();
+    Ok(Request {
+        sampling: SamplingParams { temperature: p.temperature, top_k: p.top_k, top_p: p.top_p },
+        seed: p.seed.unwrap_or_else(|| s.seed()),
+        eos,
+        stop_strings: p.stop.clone(),
+        speculate: p.speculation,
+        ..Request::greedy(prompt, max_tokens)
+    })
+}
+
+struct Head {
+    id: String,
+    created: u64,
+    kind: Kind,
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// OpenAI's finish reason and vLLM's `stop_reason` (the eos id or the stop string that ended it).
+fn finish_fields(finish: FinishReason, tokens: &[u32], text: &str, stops: &[String]) -> (&'static str, Value) {
+    match finish {
+        FinishReason::Eos => ("stop", tokens.last().map_or(Value::Null, |&t| json!(t))),
+        FinishReason::Stop => ("stop", stops.iter().filter_map(|s| text.find(s.as_str()).map(|at| (at, s))).min().map_or(Value::Null, |(_, s)| json!(s))),
+        FinishReason::Length | FinishReason::Capacity => ("length", Value::Null),
+    }
+}
+
+/// The text a client sees: no eos token's text, nothing from a stop string
+/// on. A stop string in the text always ends the output there (the decoder
+/// checks every token), so the cut holds before the output is finished too.
+fn visible_text(codec: &Codec, tokens: &[u32], eos: &[u32], stops: &[String]) -> String {
+    let ids = match tokens.split_last() {
+        Some((last, rest)) if eos.contains(last) => rest,
+        _ => tokens,
+    };
+    cut_at_stop(&codec.decode(ids), stops)
+}
+
+fn usage(prompt: usize, completion: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+}
+
+fn drafts(a: &Acceptance) -> Value {
+    json!({"proposed": a.proposed, "accepted": a.accepted, "steps": a.steps})
+}
+
+/// Waits for the whole output and answers with one JSON body.
+async fn whole(s: &AppState, head: &Head, request: &Request, p: &Sampling, mut rx: UnboundedReceiver<Event>) -> Response {
+    let mut tokens = Vec::new();
+    loop {
+        match rx.recv().await {
+            Some(Event::Tokens(ids)) => tokens.extend(ids),
+            Some(Event::Done { finish, acceptance }) => {
+                let text = visible_text(&s.codec, &tokens, &request.eos, &request.stop_strings);
+                let full = s.codec.decode(&tokens);
+                let (reason, stop_reason) = finish_fields(finish, &tokens, &full, &request.stop_strings);
+                let mut choice = match head.kind {
+                    Kind::Completion => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason, "stop_reason": stop_reason}),
+                    Kind::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": reason, "stop_reason": stop_reason}),
+                };
+                if p.return_token_ids {
+                    choice["token_ids"] = json!(tokens);
+                    choice["prompt_token_ids"] = json!(request.prompt);
+                }
+                if request.speculate {
+                    choice["draft_tokens"] = drafts(&acceptance);
+                }
+                let object = if matches!(head.kind, Kind::Chat) { "chat.completion" } else { "text_completion" };
+                return axum::Json(json!({"id": head.id, "object": object, "created": head.created, "model": s.model_id, "choices": [choice], "usage": usage(request.prompt.len(), tokens.len())}))
+                    .into_response();
+            }
+            Some(Event::Failed { status, message }) => return error(ApiError::status(status, message)),
+            None => return error(ApiError::status(500, "the engine dropped the request")),
+        }
+    }
+}
+
+/// Streams the output as server-sent events: a chunk per step's new text
+/// (and ids on request), a last chunk with the finish reason, the usage
+/// chunk when asked, then `[DONE]`.
+fn stream(s: Arc<AppState>, head: Head, request: Request, p: Sampling, mut rx: UnboundedReceiver<Event>) -> Response {
+    let (tx, out) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(64);
+    tokio::spawn(async move {
+        let chunk = |delta_text: &str, ids: &[u32], finish: Option<(&str, Value)>, first: bool| -> Value {
+            let (reason, stop_reason) = finish.map_or((Value::Null, Value::Null), |(r, sr)| (json!(r), sr));
+            let mut choice = match head.kind {
+                Kind::Completion => json!({"index": 0, "text": delta_text, "logprobs": null, "finish_reason": reason, "stop_reason": stop_reason}),
+                Kind::Chat => {
+                    let delta = if first { json!({"role": "assistant", "content": delta_text}) } else { json!({"content": delta_text}) };
+                    json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": reason, "stop_reason": stop_reason})
+                }
+            };
+            if p.return_token_ids {
+                choice["token_ids"] = json!(ids);
+            }
+            let object = if matches!(head.kind, Kind::Chat) { "chat.completion.chunk" } else { "text_completion" };
+            json!({"id": head.id, "object": object, "created": head.created, "model": s.model_id, "choices": [choice]})
+        };
+        let send = |v: Value| {
+            let tx = tx.clone();
+            async move { tx.send(Ok(SseEvent::default().data(v.to_string()))).await.is_ok() }
+        };
+        let hold = request.stop_strings.iter().map(String::len).max().unwrap_or(1) - 1;
+        let (mut tokens, mut sent, mut first) = (Vec::<u32>::new(), 0usize, true);
+        loop {
+            let event = rx.recv().await;
+            match event {
+                Some(Event::Tokens(ids)) => {
+                    tokens.extend(&ids);
+                    let text = visible_text(&s.codec, &tokens, &request.eos, &request.stop_strings);
+                    let end = sendable(&text, hold);
+                    let delta = if end > sent && text.is_char_boundary(sent) { &text[sent..end] } else { "" };
+                    if !delta.is_empty() || p.return_token_ids {
+                        if !send(chunk(delta, &ids, None, first)).await {
+                            return;
+                        }
+                        first = false;
+                        sent = sent.max(end);
+                    }
+                }
+                Some(Event::Done { finish, .. }) => {
+                    let text = visible_text(&s.codec, &tokens, &request.eos, &request.stop_strings);
+                    let rest = if text.len() > sent && text.is_char_boundary(sent) { &text[sent..] } else { "" };
+                    let full = s.codec.decode(&tokens);
+                    if !send(chunk(rest, &[], Some(finish_fields(finish, &tokens, &full, &request.stop_strings)), first)).await {
+                        return;
+                    }
+                    if p.include_usage {
+                        let object = if matches!(head.kind, Kind::Chat) { "chat.completion.chunk" } else { "text_completion" };
+                        let _ = send(json!({"id": head.id, "object": object, "created": head.created, "model": s.model_id, "choices": [], "usage": usage(request.prompt.len(), tokens.len())})).await;
+                    }
+                    let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
+                    return;
+                }
+                Some(Event::Failed { status, message }) => {
+                    let _ = send(ApiError::status(status, message).body()).await;
+                    return;
+                }
+                None => return,
+            }
+        }
+    });
+    Sse::new(tokio_stream::wrappers::ReceiverStream::new(out)).keep_alive(KeepAlive::default()).into_response()
+}

@@ -1,0 +1,180 @@
+//! `specdec serve`: the speculative decoder behind an OpenAI-compatible
+//! HTTP API (`/v1/completions`, `/v1/chat/completions`, streamed or not,
+//! `/v1/models`, `/health`, Prometheus `/metrics`).
+//!
+//! Role: the way engines are used, so that specdec's decoder can be timed
+//! under load beside other engines and checked black-box over HTTP by the
+//! engine checks. Two halves: an engine thread that owns the backend and
+//! one decoder session with continuous batching (`scheduler.rs`), and axum
+//! handlers on tokio that validate, enqueue and answer (`http.rs`).
+//!
+//! Invariants: nothing reaches the engine unvalidated (every bad request is
+//! a 4xx whose message names the field, `api.rs`); a request's output does
+//! not depend on the load (its own noise streams and cache slot, DECODE-3),
+//! so greedy speculative output equals plain output under any load; a
+//! client that goes away frees its slot at the next step; the server binds
+//! 127.0.0.1 unless told otherwise; a SIGTERM or SIGINT stops accepting,
+//! lets running requests finish for the drain time, fails what is left
+//! with a 503 and exits.
+
+pub mod api;
+pub mod http;
+pub mod metrics;
+pub mod scheduler;
+pub mod text;
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+use serde_json::json;
+use specdec_backend::model::{LlamaWeights, ModelBackend};
+use specdec_decoder::ProposerChoice;
+
+use crate::http::AppState;
+use crate::metrics::Metrics;
+use crate::scheduler::{EngineSetup, Msg, Ready};
+use crate::text::Codec;
+
+/// Everything `specdec serve` is told.
+pub struct ServeConfig {
+    pub weights: Arc<LlamaWeights>,
+    pub codec: Codec,
+    /// The name clients give as `model`.
+    pub model_id: String,
+    pub backend: String,
+    pub proposer: ProposerChoice,
+    pub k: usize,
+    pub host: String,
+    pub port: u16,
+    /// Requests decoded together at most; more wait for a slot.
+    pub max_batch: usize,
+    /// Prompt and generated tokens of one request at most.
+    pub max_context: usize,
+    pub api_key: Option<String>,
+    pub max_body_bytes: usize,
+    /// How long a shutdown lets running requests finish.
+    pub drain: Duration,
+}
+
+/// Runs the server until SIGTERM or SIGINT; `listening` is called with the
+/// bound address once requests are accepted.
+pub fn serve(config: ServeConfig, listening: &mut dyn FnMut(SocketAddr)) -> Result<(), String> {
+    if config.max_batch == 0 {
+        return Err("--max-batch must be at least 1".into());
+    }
+    let max_k = if config.proposer == ProposerChoice::None { 0 } else { config.k };
+    if config.k == 0 || config.k > specdec_decoder::MAX_K {
+        return Err(format!("--k {} must be in [1, {}]", config.k, specdec_decoder::MAX_K));
+    }
+    let positions = config.weights.config.max_position_embeddings;
+    // The session holds a context and one step's drafts past it.
+    let context = config.max_context.min(positions.saturating_sub(max_k + 1));
+    if context < 2 {
+        return Err(format!("a context of {context} tokens (--max-context {}, the model's {positions} positions, k {max_k}) leaves no room to generate", config.max_context));
+    }
+    let metrics = Arc::new(Metrics::default());
+    let codec = Arc::new(config.codec);
+    let setup = EngineSetup {
+        weights: Arc::clone(&config.weights),
+        codec: Arc::clone(&codec),
+        proposer: config.proposer.clone(),
+        k: config.k,
+        max_batch: config.max_batch,
+        capacity: context + max_k + 1,
+        metrics: Arc::clone(&metrics),
+    };
+
+    // The engine thread: loads the model, says it is ready, then serves jobs.
+    let (tx, rx) = mpsc::channel::<Msg>();
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<Ready, String>>();
+    let backend = config.backend.clone();
+    let engine = std::thread::Builder::new()
+        .name("specdec-engine".into())
+        .spawn(move || {
+            struct Job<'a> {
+                setup: EngineSetup,
+                rx: Option<mpsc::Receiver<Msg>>,
+                ready: &'a mpsc::Sender<Result<Ready, String>>,
+            }
+            impl specdec_registry::Job for Job<'_> {
+                type Out = ();
+                fn run<B: ModelBackend>(&mut self, name: &str, backend: &B) {
+                    let Some(rx) = self.rx.take() else { return };
+                    scheduler::run(backend, name, &self.setup, rx, &mut |r| {
+                        let _ = self.ready.send(r);
+                    });
+                }
+            }
+            if let Err(e) = specdec_registry::with_backend(&backend, &mut Job { setup, rx: Some(rx), ready: &ready_tx }) {
+                let _ = ready_tx.send(Err(e));
+            }
+        })
+        .map_err(|e| format!("cannot start the engine thread: {e}"))?;
+    let ready = ready_rx.recv().map_err(|_| "the engine thread ended before loading the model".to_string())??;
+
+    let vocab = config.weights.config.vocab_size;
+    let statement = json!({
+        "name": format!("specdec/{}/{}", ready.backend, config.proposer),
+        "version": env!("CARGO_PKG_VERSION"),
+        "speculation": ready.proposer,
+        "vocab": vocab,
+        "greedy_epsilon": ready.greedy_epsilon,
+        "batch_invariant": true,
+        "stop_strings": true,
+    });
+    let state = Arc::new(AppState {
+        engine: Mutex::new(tx.clone()),
+        model_id: config.model_id,
+        codec,
+        vocab,
+        context,
+        eos: config.weights.config.eos_ids(),
+        metrics,
+        api_key: config.api_key,
+        statement,
+        next_id: AtomicU64::new(0),
+        seeds: http::seed_source(),
+    });
+    let router = http::router(Arc::clone(&state), config.max_body_bytes);
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let served = runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port)).await.map_err(|e| format!("cannot bind {}:{}: {e}", config.host, config.port))?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        listening(addr);
+        let drain = config.drain;
+        let cancel = tx.clone();
+        let shutdown = async move {
+            shutdown_signal().await;
+            eprintln!("specdec serve: shutting down; running requests have {} s to finish", drain.as_secs_f64());
+            // After the drain time, whatever still runs is failed with a 503.
+            tokio::spawn(async move {
+                tokio::time::sleep(drain).await;
+                let _ = cancel.send(Msg::CancelAll("the server is shutting down".into()));
+            });
+        };
+        axum::serve(listener, router).with_graceful_shutdown(shutdown).await.map_err(|e| format!("the server failed: {e}"))
+    });
+    // No sender left: the engine thread ends once idle.
+    drop(tx);
+    drop(state);
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    engine.join().map_err(|_| "the engine thread panicked".to_string())?;
+    served
+}
+
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate => {}
+    }
+}
