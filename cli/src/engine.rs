@@ -13,28 +13,33 @@ use specdec_conformance::e2e_section::{build_proposer, engine_config, tiny_text}
 use specdec_conformance::engine_section::{self, ENGINE_MODEL};
 use specdec_conformance::report::Report;
 use specdec_decoder::EngineConfig;
-use specdec_engines::{DecoderEngine, ExecEngine, GenerationEngine, serve_exec};
+use specdec_engines::{DecoderEngine, ExecEngine, GenerationEngine, HttpEngine, serve_exec};
 use specdec_models::tiny::TinySpec;
 use specdec_registry::{Job, with_backend};
 
-/// An engine named on the command line: `decoder:BACKEND:PROPOSER` or `exec:COMMAND`.
+/// An engine named on the command line: `decoder:BACKEND:PROPOSER`,
+/// `exec:COMMAND`, or the URL of an OpenAI-compatible server (`http://..`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EngineSpec {
     Decoder { backend: String, proposer: String },
     Exec(String),
+    Http(String),
 }
 
 impl std::str::FromStr for EngineSpec {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
+        if s.starts_with("http://") {
+            return Ok(EngineSpec::Http(s.into()));
+        }
         match s.split_once(':') {
             Some(("exec", command)) if !command.trim().is_empty() => Ok(EngineSpec::Exec(command.into())),
             Some(("decoder", rest)) => match rest.split_once(':') {
                 Some((backend, proposer)) if !backend.is_empty() && !proposer.is_empty() => Ok(EngineSpec::Decoder { backend: backend.into(), proposer: proposer.into() }),
                 _ => Err(format!("`{s}`: expected decoder:BACKEND:PROPOSER (e.g. decoder:ndarray:ngram)")),
             },
-            _ => Err(format!("unknown engine `{s}`: expected decoder:BACKEND:PROPOSER or exec:COMMAND")),
+            _ => Err(format!("unknown engine `{s}`: expected decoder:BACKEND:PROPOSER, exec:COMMAND or http://HOST:PORT")),
         }
     }
 }
@@ -52,6 +57,10 @@ pub fn check(engine: &str, cfg: &SuiteConfig, reports: &[PathBuf], timeout: Dura
         EngineSpec::Exec(command) => {
             let mut e = ExecEngine::spawn(command, timeout).map_err(|e| e.to_string())?;
             run(&mut e, "exec", &w, cfg)
+        }
+        EngineSpec::Http(url) => {
+            let mut e = HttpEngine::connect(url, None, timeout).map_err(|e| e.to_string())?;
+            run(&mut e, "http", &w, cfg)
         }
         EngineSpec::Decoder { backend, proposer } => with_backend(backend, &mut CheckDecoder { proposer, w: &w, cfg })??,
     };
@@ -121,6 +130,7 @@ mod tests {
         assert_eq!("decoder:ndarray:ngram".parse::<EngineSpec>().unwrap(), EngineSpec::Decoder { backend: "ndarray".into(), proposer: "ngram".into() });
         assert_eq!("decoder:reference:draft:seeded".parse::<EngineSpec>().unwrap(), EngineSpec::Decoder { backend: "reference".into(), proposer: "draft:seeded".into() });
         assert_eq!("exec:python3 e.py --x".parse::<EngineSpec>().unwrap(), EngineSpec::Exec("python3 e.py --x".into()));
+        assert_eq!("http://127.0.0.1:8000".parse::<EngineSpec>().unwrap(), EngineSpec::Http("http://127.0.0.1:8000".into()));
         for bad in ["", "decoder:", "decoder:ndarray", "exec:", "exec: ", "vllm:x"] {
             assert!(bad.parse::<EngineSpec>().is_err(), "{bad}");
         }

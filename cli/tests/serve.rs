@@ -20,8 +20,12 @@ struct Server {
 
 impl Server {
     fn start(args: &[&str]) -> Server {
+        Server::start_model("tiny:tiny-v12-l2", args)
+    }
+
+    fn start_model(model: &str, args: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_specdec"))
-            .args(["serve", "--model", "tiny:tiny-v12-l2", "--backend", "ndarray", "--port", "0"])
+            .args(["serve", "--model", model, "--backend", "ndarray", "--port", "0"])
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -309,4 +313,28 @@ fn the_openai_python_client_is_served() {
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "the OpenAI client failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("openai client: ok"), "{stdout}");
+}
+
+/// ENGINE-2 over HTTP: `specdec serve` passes every engine check through
+/// `specdec engine-check --engine http://..` (token ids in and out).
+#[test]
+fn the_server_passes_every_engine_check_over_http() {
+    let server = Server::start(&["--proposer", "ngram", "--k", "3", "--max-batch", "16"]);
+    let out = Command::new(env!("CARGO_BIN_EXE_specdec")).args(["engine-check", "--engine", &format!("http://{}", server.addr)]).output().expect("engine-check runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("10 pass, 0 fail"), "every check ran and passed: {stdout}");
+    server.idle();
+}
+
+/// The negative control of the HTTP path: a server of another model (the
+/// checks' expectations come from the reference on tiny-v12-l2) fails,
+/// naming the statement it broke.
+#[test]
+fn the_engine_checks_over_http_fail_a_server_of_another_model() {
+    let server = Server::start_model("tiny:tiny-v16-l1", &[]);
+    let out = Command::new(env!("CARGO_BIN_EXE_specdec")).args(["engine-check", "--engine", &format!("http://{}", server.addr), "--filter", "greedy-identity"]).output().expect("engine-check runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("1 fail") && stdout.contains("vocabulary"), "fails on the statement: {stdout}");
 }

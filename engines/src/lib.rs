@@ -9,7 +9,9 @@
 //! own decoder on any backend with any proposer) or as a child process in
 //! any language over the exec protocol's `generate` operation
 //! ([`ExecEngine`], PROTO-9; [`serve_exec`] is the adapter side, which
-//! `specdec engine-adapter` runs for specdec's own decoder).
+//! `specdec engine-adapter` runs for specdec's own decoder), or at the URL
+//! of an OpenAI-compatible server ([`HttpEngine`]: token ids in and out
+//! through the extension fields vLLM names; `specdec serve` is one).
 //!
 //! Invariants: every reply is validated ([`validate_outputs`]: one output
 //! per request, ids inside the vocabulary the engine states, no more drafts
@@ -21,10 +23,12 @@
 mod contract;
 mod decoder;
 mod exec;
+mod http;
 
 pub use contract::{DraftCounts, EngineInfo, Finish, Generation, GenerationRequest};
 pub use decoder::DecoderEngine;
 pub use exec::{ExecEngine, serve_exec};
+pub use http::HttpEngine;
 
 /// Why an engine could not answer.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -76,7 +76,8 @@ pub struct Common {
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
     pub top_k: Option<i64>,
-    pub seed: Option<i64>,
+    /// Any 64-bit unsigned seed (the engine checks draw them from the whole range).
+    pub seed: Option<u64>,
     pub stop: Option<Stop>,
     #[serde(default)]
     pub stream: bool,
@@ -219,11 +220,7 @@ pub fn validate(c: &Common, model_id: &str, vocab: usize) -> Result<Sampling, Ap
         Some(k) if k > 0 => usize::try_from(k).unwrap_or(usize::MAX).min(vocab),
         Some(k) => return Err(ApiError::bad("top_k", format!("top_k = {k} must be -1 or 0 (every id) or positive"))),
     };
-    let seed = match c.seed {
-        None => None,
-        Some(s) if s >= 0 => Some(s as u64),
-        Some(s) => return Err(ApiError::bad("seed", format!("seed = {s} must be non-negative"))),
-    };
+    let seed = c.seed;
     let stop = match &c.stop {
         None => Vec::new(),
         Some(Stop::One(s)) => vec![s.clone()],

@@ -1,0 +1,129 @@
+//! Continuous batching (DECODE-3 and DECODE-5 for a server): requests that
+//! join a running session at any step, and requests admitted into a slot
+//! an earlier request left (finished or cancelled), give exactly the output
+//! they give alone, for every proposer kind, greedy and sampled; a session
+//! refuses what it cannot hold with a typed error.
+
+use specdec_backend::model::{LlamaWeights, ModelBackend};
+use specdec_backend::{NgramConfig, ReferenceBackend, SamplingParams};
+use specdec_decoder::{DecodeError, DraftModelProposer, Engine, EngineConfig, NgramProposer, NoProposer, NoSink, Output, Proposer, Request};
+use specdec_models::tiny::TinySpec;
+
+const B: ReferenceBackend = ReferenceBackend;
+
+fn tiny() -> LlamaWeights {
+    TinySpec::preset("tiny-v12-l2").expect("a preset").weights().expect("tiny weights")
+}
+
+fn proposer(name: &str, w: &LlamaWeights) -> Box<dyn Proposer<ReferenceBackend>> {
+    match name {
+        "none" => Box::new(NoProposer),
+        "ngram" => Box::new(NgramProposer::new(NgramConfig { k: 3, ..NgramConfig::default() }, w.config.vocab_size).unwrap()),
+        "draft" => Box::new(DraftModelProposer::new(&B, "draft", &specdec_models::tiny::seeded(w.config.clone(), 77).unwrap(), w.config.vocab_size).unwrap()),
+        "early-exit:1" => Box::new(DraftModelProposer::early_exit(&B, w, 1).unwrap()),
+        other => panic!("no proposer {other}"),
+    }
+}
+
+/// Eight requests: repeating and plain prompts, greedy and sampled, one
+/// that never speculates.
+fn requests() -> Vec<Request> {
+    let prompts: [&[u32]; 4] = [&[1, 2, 3, 1, 2, 3, 1, 2], &[4, 5, 4, 5], &[7], &[2, 9, 2, 9, 2]];
+    (0..8)
+        .map(|i| {
+            let sampling = if i % 2 == 0 { SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0 } } else { SamplingParams { temperature: 0.9, top_k: 6, top_p: 0.95 } };
+            Request { sampling, seed: 100 + i as u64, speculate: i != 5, ..Request::greedy(prompts[i % 4].to_vec(), 8 + i) }
+        })
+        .collect()
+}
+
+/// Each request alone, in a run of its own.
+fn alone(w: &LlamaWeights, name: &str, reqs: &[Request]) -> Vec<Vec<u32>> {
+    let model = B.load_model(w).unwrap();
+    let engine = Engine::new(&B, &model, &w.config, EngineConfig { k: 3, ..EngineConfig::default() }).unwrap();
+    reqs.iter().map(|r| engine.generate(std::slice::from_ref(r), proposer(name, w).as_mut(), None, &mut NoSink).unwrap().outputs[0].tokens.clone()).collect()
+}
+
+/// Runs `reqs` through a session of `slots` slots: request `i` is admitted
+/// at step `arrive[i]` (or later, when no slot is free); `cancel` lists
+/// requests cancelled at that step after admission (their outputs are
+/// `None`). Returns each request's output.
+fn staggered(w: &LlamaWeights, name: &str, reqs: &[Request], slots: usize, arrive: &[usize], cancel: &[(usize, usize)]) -> Vec<Option<Output>> {
+    let model = B.load_model(w).unwrap();
+    let engine = Engine::new(&B, &model, &w.config, EngineConfig { k: 3, ..EngineConfig::default() }).unwrap();
+    let mut p = proposer(name, w);
+    let mut session = engine.session(slots, 48, p.as_mut()).unwrap();
+    let mut outputs: Vec<Option<Output>> = vec![None; reqs.len()];
+    let mut slot_of = vec![None; reqs.len()];
+    let mut next = 0;
+    for step in 0.. {
+        while next < reqs.len() && arrive[next] <= step && session.free_slots() > 0 {
+            slot_of[next] = Some(session.admit(vec![reqs[next].clone()], None).unwrap()[0]);
+            next += 1;
+        }
+        for &(i, at) in cancel {
+            if at == step
+                && let Some(slot) = slot_of[i].take()
+            {
+                assert!(session.cancel(slot).unwrap(), "the slot held request {i}");
+            }
+        }
+        if next == reqs.len() && session.active() == 0 {
+            break;
+        }
+        for slot in session.step(None, &mut NoSink).unwrap() {
+            let i = slot_of.iter().position(|s| *s == Some(slot)).expect("a finished slot belongs to a request");
+            outputs[i] = session.take(slot);
+            slot_of[i] = None;
+        }
+    }
+    outputs
+}
+
+#[test]
+fn requests_joining_a_running_session_give_their_output_alone() {
+    let w = tiny();
+    let reqs = requests();
+    for name in ["none", "ngram", "draft", "early-exit:1"] {
+        let want = alone(&w, name, &reqs);
+        // Three slots: later requests wait and then reuse slots earlier ones left.
+        let got = staggered(&w, name, &reqs, 3, &[0, 0, 1, 2, 3, 3, 5, 9], &[]);
+        for (i, (g, want)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(&g.as_ref().expect("finished").tokens, want, "DECODE-3: {name}, request {i} joined mid-run");
+        }
+    }
+}
+
+#[test]
+fn a_cancelled_request_frees_its_slot_for_a_fresh_one() {
+    let w = tiny();
+    let reqs = requests();
+    for name in ["ngram", "draft"] {
+        let want = alone(&w, name, &reqs);
+        // One slot: request 0 is cancelled mid-run, the rest run after it in the same slot.
+        let got = staggered(&w, name, &reqs, 1, &[0; 8], &[(0, 2)]);
+        assert!(got[0].is_none(), "a cancelled request has no output");
+        for i in 1..reqs.len() {
+            assert_eq!(got[i].as_ref().expect("finished").tokens, want[i], "DECODE-5: {name}, request {i} in a slot a cancelled request left");
+        }
+    }
+}
+
+#[test]
+fn a_session_refuses_what_it_cannot_hold() {
+    let w = tiny();
+    let model = B.load_model(&w).unwrap();
+    let engine = Engine::new(&B, &model, &w.config, EngineConfig { k: 3, ..EngineConfig::default() }).unwrap();
+    let mut p = NoProposer;
+    assert!(matches!(engine.session(0, 16, &mut p), Err(DecodeError::Config(_))), "no slots");
+    let mut p = NoProposer;
+    assert!(matches!(engine.session(1, 100_000, &mut p), Err(DecodeError::Config(_))), "past the model's positions");
+    let mut p = NoProposer;
+    let mut session = engine.session(1, 16, &mut p).unwrap();
+    let long = Request::greedy(vec![1; 16], 2);
+    assert!(matches!(session.admit(vec![long], None), Err(DecodeError::Request { index: 0, .. })), "a prompt that fills the slot");
+    session.admit(vec![Request::greedy(vec![1], 2)], None).unwrap();
+    assert!(matches!(session.admit(vec![Request::greedy(vec![1], 2)], None), Err(DecodeError::Config(_))), "no free slot");
+    assert!(session.take(0).is_none(), "a running request has no output yet");
+    assert!(!session.cancel(5).unwrap(), "no such slot");
+}
