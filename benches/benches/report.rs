@@ -1,6 +1,6 @@
 //! `cargo xtask bench` runs this: the whole speedup report (see the crate
 //! docs), written to `reports/bench/`. `SPECDEC_BENCH_SECTIONS` picks
-//! sections (`kernels,ngram,forward,e2e`, all by default); forward and e2e need
+//! sections (`kernels,ngram,forward,e2e,serve`, all by default); forward, e2e and serve need
 //! `SPECDEC_SMOLLM2_GGUF`; the peer column needs `SPECDEC_PEERS_PYTHON`.
 
 use std::path::{Path, PathBuf};
@@ -15,6 +15,9 @@ use specdec_benches::machine::Machine;
 use specdec_benches::report::Report;
 use specdec_benches::{each_backend, forward, peer};
 use specdec_registry::Job;
+
+/// The backend the load section serves on: the fastest CPU port built.
+const SERVE_BACKEND: &str = if cfg!(feature = "libtorch") { "tch-cpu" } else { "candle-cpu" };
 
 /// Default new tokens per end-to-end run (`SPECDEC_BENCH_TOKENS` overrides).
 const MAX_TOKENS: usize = 48;
@@ -100,7 +103,7 @@ fn bench_prompts(tokenizer: Option<&specdec_models::Tokenizer>) -> Result<Vec<Be
 fn main() -> Result<(), String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let criterion_dir = std::env::var("CARGO_TARGET_DIR").map_or_else(|_| root.join("target"), PathBuf::from).join("criterion");
-    let sections = std::env::var("SPECDEC_BENCH_SECTIONS").unwrap_or_else(|_| "kernels,ngram,forward,e2e".into());
+    let sections = std::env::var("SPECDEC_BENCH_SECTIONS").unwrap_or_else(|_| "kernels,ngram,forward,e2e,serve".into());
     let want = |s: &str| sections.split(',').any(|x| x.trim() == s);
     let max_tokens = std::env::var("SPECDEC_BENCH_TOKENS").ok().map_or(Ok(MAX_TOKENS), |v| v.parse().map_err(|_| format!("SPECDEC_BENCH_TOKENS={v} is not a token count")))?;
     let mut c = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2)).sample_size(10).configure_from_args();
@@ -133,13 +136,13 @@ fn main() -> Result<(), String> {
         skipped.push("n-gram (not in SPECDEC_BENCH_SECTIONS)".into());
     }
 
-    for (section, name) in [("forward", "forward"), ("e2e", "end to end")] {
+    for (section, name) in [("forward", "forward"), ("e2e", "end to end"), ("serve", "serve under load")] {
         if !want(section) {
             skipped.push(format!("{name} (not in SPECDEC_BENCH_SECTIONS)"));
         }
     }
     let model = match std::env::var_os("SPECDEC_SMOLLM2_GGUF") {
-        Some(path) if want("forward") || want("e2e") => Some(specdec_models::load(&path).map_err(|e| format!("SmolLM2: {e}"))?),
+        Some(path) if want("forward") || want("e2e") || want("serve") => Some(specdec_models::load(&path).map_err(|e| format!("SmolLM2: {e}"))?),
         Some(_) => None,
         None => {
             skipped.push("forward and end to end (SPECDEC_SMOLLM2_GGUF is not set: `eval \"$(cargo xtask model)\"`)".into());
@@ -149,6 +152,7 @@ fn main() -> Result<(), String> {
     let mut forward_times = Vec::new();
     let mut e2e = E2e::default();
     let mut e2e_failure = None;
+    let mut serve = Err("not in SPECDEC_BENCH_SECTIONS, or SmolLM2 is not set".to_string());
     if let Some(model) = model {
         // Shared by every DFlash drafter the end-to-end sweep builds (it reads the head).
         let weights = std::sync::Arc::new(model.weights);
@@ -166,10 +170,16 @@ fn main() -> Result<(), String> {
             each_backend(&mut job, false, false);
             (e2e, e2e_failure) = (job.out, job.failure);
         }
+        if want("serve") {
+            serve = match &model.tokenizer {
+                Some(tok) => specdec_benches::serve_load::measure(SERVE_BACKEND, &weights, tok),
+                None => Err("SmolLM2 has no tokenizer".into()),
+            };
+        }
     }
     c.final_summary();
 
-    let report = Report { machine, command: "cargo xtask bench".into(), max_tokens, kernels: kernel_times, peer, ngram, forward: forward_times, e2e, e2e_failure: e2e_failure.clone(), skipped };
+    let report = Report { machine, command: "cargo xtask bench".into(), max_tokens, kernels: kernel_times, peer, ngram, forward: forward_times, e2e, e2e_failure: e2e_failure.clone(), serve, skipped };
     let dir = root.join("reports/bench");
     report.write(&dir)?;
     eprintln!("bench: wrote reports/bench/BENCH.md, bench.json and the plots");

@@ -18,6 +18,7 @@ pub mod ngram;
 pub mod peer;
 pub mod plot;
 pub mod report;
+pub mod serve_load;
 
 use specdec_registry::{Entry, Job, Role};
 

@@ -30,6 +30,8 @@ pub struct Report {
     /// Why the end-to-end section stopped early, if it did (e.g. a speculative
     /// run whose tokens differ from plain decoding): the rest is still reported.
     pub e2e_failure: Option<String>,
+    /// `specdec serve` under load, plain against speculative, or why not.
+    pub serve: Result<crate::serve_load::ServeLoad, String>,
     /// Sections left out of this run and why.
     pub skipped: Vec<String>,
 }
@@ -112,7 +114,31 @@ impl Report {
         self.ngram_md(&mut md);
         self.forward_md(&mut md);
         self.e2e_md(&mut md, plots);
+        self.serve_md(&mut md);
         md
+    }
+
+    fn serve_md(&self, md: &mut String) {
+        let _ = writeln!(md, "## `specdec serve` under load\n");
+        match &self.serve {
+            Ok(s) => {
+                let _ = writeln!(
+                    md,
+                    "SmolLM2-135M on {} with {} drafts (k = {}), `--max-batch {}`, greedy; each client streams {} chat requests of {} tokens in turn (the six load prompts of `specdec load`), with speculation on and then off on the same server.\n",
+                    s.backend,
+                    s.proposer,
+                    s.k,
+                    s.max_batch,
+                    crate::serve_load::REQUESTS,
+                    crate::serve_load::MAX_TOKENS
+                );
+                md.push_str(&specdec_serve::load::markdown(&s.results));
+                md.push('\n');
+            }
+            Err(why) => {
+                let _ = writeln!(md, "Not run: {why}\n");
+            }
+        }
     }
 
     fn kernels_md(&self, md: &mut String) {

@@ -224,6 +224,32 @@ enum Command {
         #[arg(long, default_value_t = 30)]
         drain_seconds: u64,
     },
+    /// Load on an OpenAI-compatible server: CLIENTS streaming chat clients
+    /// at each concurrency, speculation on and off (specdec's `speculation`
+    /// field); throughput and latency percentiles, and the crossover.
+    Load {
+        /// The server, `http://HOST:PORT`.
+        #[arg(long)]
+        url: String,
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+        concurrency: Vec<usize>,
+        /// Requests each client sends in turn.
+        #[arg(long, default_value_t = 2)]
+        requests: usize,
+        #[arg(long, default_value_t = 32)]
+        max_tokens: usize,
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f64,
+        /// A JSON list of prompt strings (default: the speedup report's prompts).
+        #[arg(long)]
+        prompts: Option<PathBuf>,
+        /// `both` (on and off per level), `on`, `off`, or `server` (the server's own setting).
+        #[arg(long, default_value = "both")]
+        speculation: String,
+        /// Writes the results as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Recomputes `expected_by: reference` outputs and regenerates
     /// `fixtures/cases/blessed/`; `--check` fails on drift instead of writing.
     Bless {
@@ -284,6 +310,9 @@ fn main() -> ExitCode {
             suite_config(filter, None, seed, specdec_conformance::diff::DEFAULT_CASES_PER_OP, true).and_then(|cfg| engine::check(&engine, &cfg, &report, std::time::Duration::from_secs(timeout)))
         }
         Command::EngineAdapter { backend, proposer, k } => engine::adapter(&backend, &proposer, k),
+        Command::Load { url, concurrency, requests, max_tokens, temperature, prompts, speculation, json } => {
+            serve::load(&url, &concurrency, requests, max_tokens, temperature, prompts.as_deref(), &speculation, json.as_deref())
+        }
         Command::Serve { model, backend, proposer, k, host, port, max_batch, max_context, api_key, served_model_name, max_body_bytes, drain_seconds } => {
             serve::load_model(&model).and_then(|(weights, codec, name)| {
                 let config = specdec_serve::ServeConfig {

@@ -21,3 +21,44 @@ pub fn load_model(model: &str) -> Result<(Arc<specdec_models::LlamaWeights>, Cod
     let name = Path::new(model).file_name().map_or_else(|| model.to_string(), |n| n.to_string_lossy().trim_end_matches(".gguf").to_string());
     Ok((Arc::new(loaded.weights), Codec::Tokenizer(tokenizer), name))
 }
+
+/// `specdec load`: runs each concurrency with speculation on and off (or
+/// as asked) against the server at `url`, prints the table and the crossover.
+#[allow(clippy::too_many_arguments)]
+pub fn load(url: &str, concurrency: &[usize], requests: usize, max_tokens: usize, temperature: f64, prompts: Option<&Path>, speculation: &str, json: Option<&Path>) -> Result<bool, String> {
+    let prompts: Vec<String> = match prompts {
+        Some(p) => serde_json::from_str(&std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?).map_err(|e| format!("{}: a JSON list of strings: {e}", p.display()))?,
+        None => specdec_serve::load::PROMPTS.iter().map(|p| p.to_string()).collect(),
+    };
+    let modes: Vec<Option<bool>> = match speculation {
+        "both" => vec![Some(true), Some(false)],
+        "on" => vec![Some(true)],
+        "off" => vec![Some(false)],
+        "server" => vec![None],
+        other => return Err(format!("--speculation {other}: expected both, on, off or server")),
+    };
+    let mut results = Vec::new();
+    for &c in concurrency {
+        for &mode in &modes {
+            let spec = specdec_serve::load::LoadSpec {
+                url: url.to_string(),
+                model: None,
+                prompts: prompts.clone(),
+                max_tokens,
+                concurrency: c,
+                requests,
+                speculation: mode,
+                temperature,
+                timeout: std::time::Duration::from_secs(600),
+            };
+            let r = specdec_serve::load::run(&spec)?;
+            eprintln!("load: concurrency {c}, speculation {mode:?}: {:.1} tokens/s, {} failed", r.tokens_per_s, r.failed);
+            results.push(r);
+        }
+    }
+    print!("{}", specdec_serve::load::markdown(&results));
+    if let Some(path) = json {
+        std::fs::write(path, serde_json::to_string_pretty(&results).map_err(|e| e.to_string())?).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(results.iter().all(|r| r.failed == 0))
+}

@@ -33,6 +33,9 @@ pub enum Fault {
     /// Every request of a batch draws its noise from the first request's
     /// seed (one noise stream shared across requests, TensorRT-LLM #19487).
     SharedNoiseAcrossRequests,
+    /// A slot a request left is handed to the next one without clearing
+    /// its target cache: the new prompt lands after the old positions.
+    SlotNotCleared,
 }
 
 /// The fault of a run, if any.
@@ -79,6 +82,11 @@ impl Faults {
     /// Whether a run that reaches the length cap skips the stop strings.
     pub(crate) fn length_before_stop(self) -> bool {
         self.0 == Some(Fault::LengthBeforeStop)
+    }
+
+    /// Whether a slot's old cache positions are cleared before it is reused.
+    pub(crate) fn clears_slots(self) -> bool {
+        self.0 != Some(Fault::SlotNotCleared)
     }
 
     /// The seed request `i`'s noise is drawn from.

@@ -107,8 +107,9 @@ impl<'s, B: ModelBackend> Session<'s, B> {
         // An earlier occupant's cache positions and proposer state go first.
         let lens = self.engine.backend.cache_lens(&self.cache);
         let mut trim = vec![0; self.slots.len()];
+        let clears = self.engine.config.faults().clears_slots();
         for &slot in &free {
-            trim[slot] = lens[slot];
+            trim[slot] = if clears { lens[slot] } else { 0 };
             self.proposer.release(self.engine.backend, slot)?;
         }
         if trim.iter().any(|&n| n > 0) {
@@ -234,7 +235,9 @@ impl<'s, B: ModelBackend> Session<'s, B> {
         self.seqs[slot] = Seq::vacant();
         let b = self.engine.backend;
         let mut trim = vec![0; self.slots.len()];
-        trim[slot] = b.cache_lens(&self.cache)[slot];
+        if self.engine.config.faults().clears_slots() {
+            trim[slot] = b.cache_lens(&self.cache)[slot];
+        }
         b.cache_trim(&mut self.cache, &trim)?;
         self.proposer.release(b, slot)?;
         Ok(true)

@@ -49,8 +49,12 @@ fn alone(w: &LlamaWeights, name: &str, reqs: &[Request]) -> Vec<Vec<u32>> {
 /// requests cancelled at that step after admission (their outputs are
 /// `None`). Returns each request's output.
 fn staggered(w: &LlamaWeights, name: &str, reqs: &[Request], slots: usize, arrive: &[usize], cancel: &[(usize, usize)]) -> Vec<Option<Output>> {
+    staggered_with(w, name, EngineConfig { k: 3, ..EngineConfig::default() }, reqs, slots, arrive, cancel)
+}
+
+fn staggered_with(w: &LlamaWeights, name: &str, config: EngineConfig, reqs: &[Request], slots: usize, arrive: &[usize], cancel: &[(usize, usize)]) -> Vec<Option<Output>> {
     let model = B.load_model(w).unwrap();
-    let engine = Engine::new(&B, &model, &w.config, EngineConfig { k: 3, ..EngineConfig::default() }).unwrap();
+    let engine = Engine::new(&B, &model, &w.config, config).unwrap();
     let mut p = proposer(name, w);
     let mut session = engine.session(slots, 48, p.as_mut()).unwrap();
     let mut outputs: Vec<Option<Output>> = vec![None; reqs.len()];
@@ -126,4 +130,20 @@ fn a_session_refuses_what_it_cannot_hold() {
     assert!(matches!(session.admit(vec![Request::greedy(vec![1], 2)], None), Err(DecodeError::Config(_))), "no free slot");
     assert!(session.take(0).is_none(), "a running request has no output yet");
     assert!(!session.cancel(5).unwrap(), "no such slot");
+}
+
+/// The negative control (built with `negative-controls`, as the workspace
+/// test run builds the decoder): a session that hands a slot on without
+/// clearing its cache gives the next requests other outputs, and the
+/// checks above would fail it.
+#[cfg(feature = "negative-controls")]
+#[test]
+fn a_slot_handed_on_uncleared_is_caught() {
+    let w = tiny();
+    let reqs = requests();
+    let want = alone(&w, "ngram", &reqs);
+    let config = EngineConfig { k: 3, fault: Some(specdec_decoder::Fault::SlotNotCleared), ..EngineConfig::default() };
+    let got = staggered_with(&w, "ngram", config, &reqs, 3, &[0, 0, 1, 2, 3, 3, 5, 9], &[]);
+    let differ = got.iter().zip(&want).filter(|(g, w)| g.as_ref().is_none_or(|g| &g.tokens != *w)).count();
+    assert!(differ > 0, "an uncleared slot went unnoticed");
 }

@@ -19,12 +19,13 @@
 
 pub mod api;
 pub mod http;
+pub mod load;
 pub mod metrics;
 pub mod scheduler;
 pub mod text;
 
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
@@ -61,6 +62,12 @@ pub struct ServeConfig {
 /// Runs the server until SIGTERM or SIGINT; `listening` is called with the
 /// bound address once requests are accepted.
 pub fn serve(config: ServeConfig, listening: &mut dyn FnMut(SocketAddr)) -> Result<(), String> {
+    serve_until(config, listening, None)
+}
+
+/// [`serve`], also shutting down (with the same drain) once `stop` is set:
+/// how a program that embeds the server (the speedup report) stops it.
+pub fn serve_until(config: ServeConfig, listening: &mut dyn FnMut(SocketAddr), stop: Option<Arc<AtomicBool>>) -> Result<(), String> {
     if config.max_batch == 0 {
         return Err("--max-batch must be at least 1".into());
     }
@@ -146,7 +153,10 @@ pub fn serve(config: ServeConfig, listening: &mut dyn FnMut(SocketAddr)) -> Resu
         let drain = config.drain;
         let cancel = tx.clone();
         let shutdown = async move {
-            shutdown_signal().await;
+            tokio::select! {
+                _ = shutdown_signal() => {}
+                _ = stopped(stop) => {}
+            }
             eprintln!("specdec serve: shutting down; running requests have {} s to finish", drain.as_secs_f64());
             // After the drain time, whatever still runs is failed with a 503.
             tokio::spawn(async move {
@@ -162,6 +172,14 @@ pub fn serve(config: ServeConfig, listening: &mut dyn FnMut(SocketAddr)) -> Resu
     runtime.shutdown_timeout(Duration::from_secs(1));
     engine.join().map_err(|_| "the engine thread panicked".to_string())?;
     served
+}
+
+/// Resolves once `stop` is set (never without one).
+async fn stopped(stop: Option<Arc<AtomicBool>>) {
+    let Some(stop) = stop else { return std::future::pending().await };
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 async fn shutdown_signal() {
