@@ -37,7 +37,7 @@ pub fn measure(backend: &str, weights: &Arc<LlamaWeights>, tokenizer: &Tokenizer
     let (k, max_batch) = (3, 16);
     let config = specdec_serve::ServeConfig {
         weights: Arc::clone(weights),
-        codec: Codec::Tokenizer(tokenizer.clone()),
+        codec: Codec::Tokenizer(Box::new(tokenizer.clone())),
         model_id: "smollm2".into(),
         backend: backend.into(),
         proposer: ProposerChoice::Ngram,

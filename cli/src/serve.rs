@@ -19,7 +19,7 @@ pub fn load_model(model: &str) -> Result<(Arc<specdec_models::LlamaWeights>, Cod
     let loaded = specdec_models::load(model).map_err(|e| e.to_string())?;
     let tokenizer = loaded.tokenizer.ok_or_else(|| format!("{model} has no tokenizer; serve needs one to read and write text"))?;
     let name = Path::new(model).file_name().map_or_else(|| model.to_string(), |n| n.to_string_lossy().trim_end_matches(".gguf").to_string());
-    Ok((Arc::new(loaded.weights), Codec::Tokenizer(tokenizer), name))
+    Ok((Arc::new(loaded.weights), Codec::Tokenizer(Box::new(tokenizer)), name))
 }
 
 /// `specdec load`: runs each concurrency with speculation on and off (or

@@ -121,8 +121,8 @@ fn under_load_every_output_equals_the_same_request_alone() {
     let server = Server::start(&["--proposer", "ngram", "--k", "3", "--max-batch", "8"]);
     let request = |client: usize, i: usize| {
         let prompt = PROMPTS[(client + i) % PROMPTS.len()];
-        let temperature = if (client + i) % 2 == 0 { 0.0 } else { 0.9 };
-        completion(prompt, 10 + (client % 7), temperature, (client * 3 + i) as u64, client % 3 != 0)
+        let temperature = if (client + i).is_multiple_of(2) { 0.0 } else { 0.9 };
+        completion(prompt, 10 + (client % 7), temperature, (client * 3 + i) as u64, !client.is_multiple_of(3))
     };
     let deadline = Instant::now() + Duration::from_secs(120);
     let loaded: Vec<Vec<(Value, Vec<u64>)>> = std::thread::scope(|s| {

@@ -6,7 +6,7 @@ use specdec_models::tiny::{tiny_ids, tiny_text};
 
 /// How a served model reads and writes text.
 pub enum Codec {
-    Tokenizer(Tokenizer),
+    Tokenizer(Box<Tokenizer>),
     /// A tiny seeded model: id `i` is the two letters `A + i`, `a + i`.
     Tiny {
         vocab: usize,
