@@ -30,6 +30,12 @@
 //!   the reference forward; chi-squared, Holm over the section's statistical
 //!   family at 1e-4, each sample size planned before sampling to detect a
 //!   total variation of 0.05 with miss probability 0.01, no retry;
+//! - `sampled/<setting>/on-vs-off` (ENGINE-4 (b), statistical): speculation
+//!   on against off of the same engine with no law at all: two samples of
+//!   whole generations (their own seeds), hashed into [`TWO_SAMPLE_CELLS`]
+//!   cells fixed before sampling, chi-squared homogeneity, planned to detect
+//!   a total variation of [`TWO_SAMPLE_DELTA`] between the hashed laws
+//!   (what a model whose law cannot be enumerated is checked with);
 //! - `seed-pairs` (ENGINE-6, statistical): two requests of one batch with
 //!   different seeds have independent first tokens: the law of the pair is
 //!   the product of the exact first-token laws (an engine whose requests
@@ -101,14 +107,20 @@ pub fn engine_items(label: &str) -> Vec<EngineItem> {
             let name = format!("engine/{label}/sampled/{setting}/{}", if on { "on" } else { "off" });
             items.push(EngineItem { name, check: "sampled", rules: &["ENGINE-4", "REJECT-7", "STAT-3"], sampled: Some((s, on)) });
         }
+        let name = format!("engine/{label}/sampled/{setting}/on-vs-off");
+        items.push(EngineItem { name, check: "two-sample", rules: &["ENGINE-4", "STAT-3"], sampled: Some((s, true)) });
     }
     items.push(item("seed-pairs", &["ENGINE-6", "DECODE-3", "STAT-3"]));
     items
 }
 
+fn is_statistical(check: &str) -> bool {
+    matches!(check, "sampled" | "two-sample" | "seed-pairs")
+}
+
 /// The statistical checks of one engine: the family Holm judges.
 fn family_size() -> usize {
-    engine_items("-").iter().filter(|i| i.check == "sampled" || i.check == "seed-pairs").count()
+    engine_items("-").iter().filter(|i| is_statistical(i.check)).count()
 }
 
 /// Runs the selected checks on `engine` (named `label` in the check names),
@@ -133,7 +145,7 @@ pub fn run(engine: &mut dyn GenerationEngine, label: &str, weights: &LlamaWeight
             results.push(result);
             continue;
         }
-        if item.check == "sampled" || item.check == "seed-pairs" {
+        if is_statistical(item.check) {
             let outcome = catch(|| statistical_check(engine, weights, &item, cfg.seed)).unwrap_or_else(|m| Err(Verdict::Fail(m)));
             result.millis = start.elapsed().as_secs_f64() * 1e3;
             statistical.push((results.len(), outcome));
@@ -375,12 +387,61 @@ fn batch_check(engine: &mut dyn GenerationEngine) -> Result<Verdict, Verdict> {
     Ok(Verdict::Pass { excused: 0, max_abs_err: 0.0 })
 }
 
+/// Cells of the two-sample check: a generation's tokens hashed into this
+/// many, fixed before sampling and for any model (no law is enumerated).
+pub const TWO_SAMPLE_CELLS: usize = 16;
+/// The total variation between the hashed laws of speculation on and off
+/// that the two-sample check is planned to detect (miss probability
+/// [`E2E_BETA`]); the checks against the exact law hold 0.05 on the whole
+/// sequences, this one is for models whose law cannot be enumerated.
+pub const TWO_SAMPLE_DELTA: f64 = 0.05;
+
+/// A generation's two-sample cell: FNV-1a of its tokens, modulo the cells.
+pub fn two_sample_cell(tokens: &[u32]) -> usize {
+    let h = tokens.iter().flat_map(|t| t.to_le_bytes()).fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    (h % TWO_SAMPLE_CELLS as u64) as usize
+}
+
+/// Draws per side of the two-sample check inside a family of `family`:
+/// twice the goodness-of-fit size over the same cells (its power at `n`
+/// per side is that of goodness of fit at `n / 2`).
+pub fn two_sample_n(family: usize) -> Result<u64, String> {
+    let alpha = stat::FAMILY_ALPHA / family as f64;
+    Ok(2 * specdec_stats::min_samples(TWO_SAMPLE_CELLS, TWO_SAMPLE_DELTA, alpha, E2E_BETA).map_err(|e| e.to_string())?)
+}
+
+/// ENGINE-4 (b): speculation on against off of the same engine, two
+/// samples of `n` generations each (their own seeds), hashed into
+/// [`TWO_SAMPLE_CELLS`] cells: chi-squared homogeneity, power stated.
+pub fn two_sample(engine: &mut dyn GenerationEngine, label: &str, request: &dyn Fn(usize, bool) -> GenerationRequest, family: usize) -> Result<TestReport, Verdict> {
+    let n = two_sample_n(family).map_err(Verdict::Fail)? as usize;
+    let mut counts = [vec![0u64; TWO_SAMPLE_CELLS], vec![0u64; TWO_SAMPLE_CELLS]];
+    for (side, on) in [true, false].into_iter().enumerate() {
+        for g in generate_n(engine, n, &|i| request(i, on))? {
+            counts[side][two_sample_cell(&g.tokens)] += 1;
+        }
+    }
+    let alpha = stat::FAMILY_ALPHA / family as f64;
+    specdec_stats::chi_squared_homogeneity(format!("{label} (n = {n} per side, {TWO_SAMPLE_CELLS} hashed cells)"), &counts[0], &counts[1])
+        .and_then(|r| r.with_power_at(n as u64 / 2, alpha, E2E_BETA))
+        .map_err(|e| Verdict::Fail(e.to_string()))
+}
+
 /// A statistical check's counts, judged by the caller with the family.
 fn statistical_check(engine: &mut dyn GenerationEngine, w: &LlamaWeights, item: &EngineItem, seed: u64) -> Result<TestReport, Verdict> {
     let fail = Verdict::Fail;
     let (prompt, eos) = sampled_setup(w).map_err(fail)?;
     let base = stat::stream_seed(seed, &item.name);
     let family = family_size();
+    if let (Some((setting, _)), "two-sample") = (item.sampled, item.check) {
+        let params = SETTINGS[setting].1;
+        // The off side's seeds start far from the on side's: independent samples.
+        let request = |i: usize, on: bool| GenerationRequest {
+            eos: vec![eos],
+            ..GenerationRequest::sampled(prompt.clone(), params, base.wrapping_add(i as u64).wrapping_add(if on { 0 } else { 1 << 40 }), SAMPLED_TOKENS, on)
+        };
+        return two_sample(engine, &item.name, &request, family);
+    }
     if let Some((setting, on)) = item.sampled {
         let (label, params) = SETTINGS[setting];
         let law = exact_law_with(w, &prompt, eos, params, SAMPLED_TOKENS).map_err(fail)?;

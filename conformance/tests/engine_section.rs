@@ -60,7 +60,7 @@ fn an_engine_that_emits_past_an_eos_fails_the_eos_check() {
     let failed = failed(&r);
     assert!(failed.contains(&"engine/draft:self/eos"), "{r:#?}");
     // The sampled law (whose eos the law reaches) sees it too, with speculation on only.
-    assert!(failed.iter().all(|n| n.ends_with("/eos") || n.ends_with("/on")), "{r:#?}");
+    assert!(failed.iter().all(|n| n.ends_with("/eos") || n.ends_with("/on") || n.ends_with("/on-vs-off")), "{r:#?}");
 }
 
 /// SGLang #31599: the length cap checked before the stop strings, so the
@@ -82,10 +82,13 @@ fn an_engine_whose_draft_q_is_not_its_draft_law_fails_the_sampled_checks() {
     let r = section_with("unprocessed-q", Box::new(unprocessed), k3(), Some("/sampled/"));
     // Top-k 4 truncates the draft's law; top-p 0.9 at T = 0.7 barely does.
     assert!(failed(&r).contains(&"engine/unprocessed-q/sampled/t1-topk4/on"), "{r:#?}");
-    assert!(failed(&r).iter().all(|n| n.ends_with("/on")), "{r:#?}");
+    assert!(failed(&r).iter().all(|n| n.ends_with("/on") || n.ends_with("/on-vs-off")), "{r:#?}");
     let hot = DraftModelProposer::new(&ReferenceBackend, "draft:seeded", &draft, w.config.vocab_size).unwrap().with_wrong_q_temperature(0.5);
+    // ENGINE-4 (b): speculation on against off, with no law at all, sees it too.
+    assert!(failed(&r).contains(&"engine/unprocessed-q/sampled/t1-topk4/on-vs-off"), "{r:#?}");
     let r = section_with("q-temperature", Box::new(hot), k3(), Some("/sampled/"));
     assert!(failed(&r).contains(&"engine/q-temperature/sampled/t1-topk4/on"), "{r:#?}");
+    assert!(failed(&r).contains(&"engine/q-temperature/sampled/t1-topk4/on-vs-off"), "{r:#?}");
 }
 
 /// TensorRT-LLM #19487: every request of a batch drawing from one noise

@@ -40,6 +40,8 @@ pub enum TestKind {
     PearsonChiSquared,
     /// G-test (log-likelihood ratio) goodness of fit.
     GTest,
+    /// Pearson's chi-squared test of homogeneity of two samples.
+    ChiSquaredHomogeneity,
     /// Exact binomial test, two-sided (minimum-likelihood method).
     BinomialTwoSided,
     /// Exact binomial test, alternative `p < p0`.
@@ -54,6 +56,7 @@ impl TestKind {
         match self {
             TestKind::PearsonChiSquared => "chi2",
             TestKind::GTest => "G",
+            TestKind::ChiSquaredHomogeneity => "chi2-2s",
             TestKind::BinomialTwoSided => "binom2",
             TestKind::BinomialLess => "binom<",
             TestKind::BinomialGreater => "binom>",

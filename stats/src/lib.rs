@@ -1,5 +1,6 @@
 //! Calibrated statistical tests behind specdec's "lossless" claims: goodness of fit
-//! (Pearson chi-squared, G-test) against exact distributions, exact binomial tests
+//! (Pearson chi-squared, G-test) against exact distributions, two-sample homogeneity
+//! where no exact law exists, exact binomial tests
 //! and proportion intervals, Holm's multiplicity correction, and power/sample-size
 //! calculations in terms of total-variation distance. Invariants: distributions come
 //! from `statrs`; p-values come from survival functions, never `1 - cdf`, and are 0
@@ -15,6 +16,7 @@ mod distance;
 mod error;
 mod gof;
 mod holm;
+mod homogeneity;
 mod power;
 mod report;
 mod tail;
@@ -25,6 +27,7 @@ pub use distance::total_variation;
 pub use error::StatsError;
 pub use gof::{GofOutcome, GofResult, MIN_EXPECTED_COUNT, Pooling, TestKind, chi_squared_gof, g_test_gof, plan_pooling};
 pub use holm::{HolmDecision, holm};
+pub use homogeneity::{MIN_COMBINED_COUNT, chi_squared_homogeneity};
 pub use power::{MAX_NONCENTRALITY, NONCENTRAL_TRUNCATION, detectable_delta, gof_power, min_samples, noncentral_chi_squared_cdf, noncentral_chi_squared_sf, noncentrality_for_power};
 pub use report::{Decision, GofPlan, PowerClaim, TestReport, judge_holm, plan_gof};
 pub use tail::{PValue, chi_squared_p_value};

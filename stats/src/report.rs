@@ -124,6 +124,14 @@ impl TestReport {
         Ok(self)
     }
 
+    /// [`TestReport::with_power`] for a test whose power is that of a
+    /// goodness-of-fit test on `n_equivalent` draws over its cells (a
+    /// two-sample test on `n` draws per sample has that of `n / 2`).
+    pub fn with_power_at(mut self, n_equivalent: u64, alpha: f64, beta: f64) -> Result<TestReport, StatsError> {
+        self.power = power_claim(self.cells, n_equivalent, alpha, beta)?;
+        Ok(self)
+    }
+
     /// Judges this test alone at level `alpha`.
     ///
     /// Errors: `alpha` not in (0, 1).
