@@ -30,6 +30,10 @@ pub enum ModelCommand {
         #[arg(long)]
         preset: String,
         dir: PathBuf,
+        /// Also writes `DIR/NAME.gguf` (f32, llama.cpp's layout, the two-letter
+        /// pieces as its vocabulary), for engines that read only GGUF.
+        #[arg(long)]
+        gguf: bool,
     },
 }
 
@@ -53,12 +57,20 @@ pub fn run(command: ModelCommand) -> Result<bool, String> {
             println!("wrote {} (config.json, model.safetensors{})", dir.display(), if loaded.tokenizer.is_some() { ", tokenizer files" } else { "" });
             Ok(true)
         }
-        ModelCommand::Tiny { preset, dir } => {
+        ModelCommand::Tiny { preset, dir, gguf } => {
             let names: Vec<&str> = specdec_models::tiny::TinySpec::PRESETS.iter().map(|(n, _)| *n).collect();
             let spec = specdec_models::tiny::TinySpec::preset(&preset).ok_or_else(|| format!("unknown preset `{preset}`; known: {}", names.join(", ")))?;
             let weights = spec.weights().map_err(|e| e.to_string())?;
             specdec_models::export::export_hf(&weights, None, &dir, specdec_models::hf::SaveDtype::F32).map_err(|e| e.to_string())?;
             println!("wrote {} ({preset}: config.json, model.safetensors)", dir.display());
+            if gguf {
+                let pieces: Vec<String> = (0..spec.vocab as u32).map(|i| specdec_models::tiny::tiny_text(&[i])).collect();
+                // llama.cpp wants a bos and an eos id; engines under test take eos per request.
+                let vocab = specdec_models::gguf::GgufVocab { pieces: &pieces, bos: 0, eos: spec.vocab as u32 - 1 };
+                let path = dir.join(format!("{preset}.gguf"));
+                specdec_models::gguf::write_llama_gguf(&path, &weights, &preset, &vocab).map_err(|e| e.to_string())?;
+                println!("wrote {}", path.display());
+            }
             Ok(true)
         }
     }

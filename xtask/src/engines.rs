@@ -13,6 +13,12 @@
 //! run writes `reports/engines/<engine>.{json,md}`; the table (engine, version, check,
 //! status, rules, evidence, repro) goes to `reports/engines/ENGINES.md` and to stdout. A
 //! failing engine is a result of this command, not an error: the table shows it.
+//!
+//! Also: llama.cpp through `llama-cpp-python` (PyPI has only its source: built once into a
+//! cached wheel, `.cache/wheels/llama`, then installed with `--target` into
+//! `.cache/engines-llama`), plain and with its prompt-lookup drafter, on the tiny model
+//! written as an f32 GGUF; and `specdec serve` over HTTP (started on 127.0.0.1 and stopped
+//! here).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -30,6 +36,11 @@ const HF_HISTORICAL: [(&str, &str); 2] =
     [("4.43.4", "fails `eos` (tokens past an eos prompt lookup drafted and the target accepted)"), ("4.44.2", "passes `eos` (the first release with the fix of #31301)")];
 /// Their dependencies that the peers' environment holds at releases they cannot import.
 const HF_HISTORICAL_DEPS: [&str; 7] = ["tokenizers==0.19.1", "huggingface_hub==0.24.6", "requests==2.34.2", "urllib3==2.8.0", "idna==3.20", "certifi==2026.10.19.post1", "charset-normalizer==3.5.3"];
+/// llama-cpp-python: the release, and its dependencies the peers' environment lacks.
+const LLAMA_CPP: &str = "llama-cpp-python==0.3.36";
+const LLAMA_CPP_DEPS: [&str; 1] = ["diskcache==5.6.3"];
+/// llama.cpp's speculation paths on the tiny model.
+const LLAMA_PATHS: [&str; 2] = ["none", "prompt-lookup:3"];
 /// The seed of the table's runs.
 pub const ENGINES_SEED: &str = "20261125";
 
@@ -38,7 +49,7 @@ pub fn run(root: &Path, specdec: &Path, python: &Path) -> Result<String, String>
     let out = root.join("reports/engines");
     std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     let model = root.join(".cache/models/tiny-v12-l2-hf");
-    let status = Command::new(specdec).args(["model", "tiny", "--preset", "tiny-v12-l2"]).arg(&model).status().map_err(|e| e.to_string())?;
+    let status = Command::new(specdec).args(["model", "tiny", "--preset", "tiny-v12-l2", "--gguf"]).arg(&model).status().map_err(|e| e.to_string())?;
     if !status.success() {
         return Err(format!("specdec model tiny failed: {status}"));
     }
@@ -59,6 +70,17 @@ pub fn run(root: &Path, specdec: &Path, python: &Path) -> Result<String, String>
         let dir = historical(root, python, version)?;
         engines.push((format!("hf-transformers-{version}-prompt-lookup-3"), format!("exec:PYTHONPATH={} {hf} --speculation prompt-lookup:3", rel(&dir))));
     }
+    let llama = llama_cpp(root, python)?;
+    let gguf = model.join("tiny-v12-l2.gguf");
+    for path in LLAMA_PATHS {
+        engines.push((
+            format!("llama-cpp-{}", path.replace(':', "-")),
+            format!("exec:PYTHONPATH={} {} adapters/engines/llama_cpp_generate.py {} --speculation {path}", rel(&llama), rel(python), rel(&gguf)),
+        ));
+    }
+    // specdec serve over HTTP: started here on a free port, stopped after its check.
+    let mut server = Server::start(specdec, root)?;
+    engines.push(("specdec-serve-http-ndarray-ngram".into(), format!("http://{}", server.addr)));
     let mut reports = Vec::new();
     for (slug, engine) in &engines {
         let json = out.join(format!("{slug}.json"));
@@ -77,6 +99,7 @@ pub fn run(root: &Path, specdec: &Path, python: &Path) -> Result<String, String>
         }
         reports.push((slug.clone(), engine.clone(), json, start.elapsed().as_secs_f64()));
     }
+    server.stop();
     let text = table(&reports)?;
     let path = out.join("ENGINES.md");
     std::fs::write(&path, &text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
@@ -102,6 +125,83 @@ fn expectations(reports: &[(String, String, PathBuf, f64)]) -> Result<(), String
         }
     }
     if wrong.is_empty() { Ok(()) } else { Err(format!("the table is in reports/engines/ENGINES.md, but:\n{}", wrong.join("\n"))) }
+}
+
+/// `specdec serve` on the tiny model, for the HTTP path.
+struct Server {
+    child: std::process::Child,
+    addr: String,
+}
+
+impl Server {
+    fn start(specdec: &Path, root: &Path) -> Result<Server, String> {
+        use std::io::BufRead;
+        let mut child = Command::new(specdec)
+            .current_dir(root)
+            .args(["serve", "--model", "tiny:tiny-v12-l2", "--backend", "ndarray", "--proposer", "ngram", "--k", "3", "--port", "0", "--max-batch", "16"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start specdec serve: {e}"))?;
+        let mut line = String::new();
+        let stdout = child.stdout.take().ok_or("specdec serve has no stdout")?;
+        std::io::BufReader::new(stdout).read_line(&mut line).map_err(|e| format!("specdec serve: {e}"))?;
+        let addr = line.trim().rsplit("http://").next().filter(|a| a.contains(':')).ok_or_else(|| format!("specdec serve said `{}`", line.trim()))?.to_string();
+        Ok(Server { child, addr })
+    }
+
+    fn stop(&mut self) {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// llama-cpp-python in `.cache/engines-llama`, from a wheel built once from PyPI's
+/// source into `.cache/wheels/llama` (about 30 minutes on 2 cores; no binary wheel for
+/// this platform exists), stamped with its pins.
+fn llama_cpp(root: &Path, python: &Path) -> Result<PathBuf, String> {
+    let dir = root.join(".cache/engines-llama");
+    let stamp = dir.join(".specdec-pins");
+    let pins = format!("{LLAMA_CPP} {}", LLAMA_CPP_DEPS.join(" "));
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == pins) {
+        return Ok(dir);
+    }
+    let wheels = root.join(".cache/wheels/llama");
+    let version = LLAMA_CPP.split("==").nth(1).unwrap_or_default();
+    let built = |w: &Path| std::fs::read_dir(w).into_iter().flatten().flatten().any(|e| e.file_name().to_string_lossy().starts_with(&format!("llama_cpp_python-{version}-")));
+    if !built(&wheels) {
+        eprintln!("xtask: building {LLAMA_CPP} from source (once; about 30 minutes on 2 cores)");
+        let status = Command::new(python)
+            .env("CMAKE_ARGS", "-DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF")
+            .args(["-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps", "-w"])
+            .arg(&wheels)
+            .arg(LLAMA_CPP)
+            .status()
+            .map_err(|e| format!("cannot run pip: {e}"))?;
+        if !status.success() || !built(&wheels) {
+            return Err(format!("pip could not build {LLAMA_CPP}: {status}"));
+        }
+    }
+    let status = Command::new(python)
+        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps", "--upgrade", "--find-links"])
+        .arg(&wheels)
+        .arg("--target")
+        .arg(&dir)
+        .arg(LLAMA_CPP)
+        .args(LLAMA_CPP_DEPS)
+        .status()
+        .map_err(|e| format!("cannot run pip: {e}"))?;
+    if !status.success() {
+        return Err(format!("pip could not install {LLAMA_CPP}: {status}"));
+    }
+    std::fs::write(&stamp, &pins).map_err(|e| format!("cannot write {}: {e}", stamp.display()))?;
+    Ok(dir)
 }
 
 /// A historical transformers release in `.cache/engines-hist/transformers-VERSION`

@@ -21,7 +21,8 @@
 //! By concern, bottom up: `types` (the ggml tensor types), `value` (metadata
 //! values), `reader` (the bounded byte reader: header, metadata, tensor
 //! table), `dequant`, `file` ([`GgufFile`]: an opened file) and `llama` (the
-//! architecture's config and weights, and the q/k permutation).
+//! architecture's config and weights, and the q/k permutation); `write`
+//! writes f32 `llama` files (the tiny models, for engines that read GGUF).
 
 mod dequant;
 mod file;
@@ -29,6 +30,7 @@ mod llama;
 mod reader;
 mod types;
 mod value;
+mod write;
 
 pub use file::GgufFile;
 pub(crate) use file::map_file;
@@ -36,3 +38,4 @@ pub use llama::{gguf_tensor_name, llama_config, llama_weights, load_llama_gguf, 
 pub use reader::{DEFAULT_ALIGNMENT, GGUF_MAGIC, GgufTensor, MAX_ARRAY_DEPTH, MAX_DIMS};
 pub use types::GgmlType;
 pub use value::{GgufArray, GgufValue};
+pub use write::{GgufVocab, write_llama_gguf};

@@ -1,0 +1,107 @@
+"""llama.cpp, through llama-cpp-python, as an engine under test (spec section 21, PROTO-9).
+
+    llama_cpp_generate.py MODEL.gguf --speculation none|prompt-lookup:K
+
+MODEL.gguf is a llama GGUF (`specdec model tiny --preset tiny-v12-l2 DIR --gguf` writes the
+engine checks' model in f32, its ids' two-letter pieces as the vocabulary). Each request runs
+alone through `Llama.generate` unchanged: llama.cpp's own sampler chain (top-k, typical, top-p,
+min-p, temperature, then a draw from its RNG seeded with the request's seed; greedy at
+temperature 0), and with speculation on llama-cpp-python's prompt-lookup drafter
+(`LlamaPromptLookupDecoding(num_pred_tokens=K)` passed as `draft_model`), which samples the
+target at every drafted position and keeps the drafts up to the first mismatch.
+
+`Llama.generate` leaves stopping to its caller (its own `create_completion` loop checks the
+model's eos and stop strings after each token); this adapter stops the same way with the
+request's eos ids, stop strings and `max_new_tokens`, so the eos, stop and length checks judge
+that loop and llama.cpp's generator together. Penalties are off (1.0), min-p 0 and typical-p
+1, so the chain keeps only what the request asks. Seeds are reduced to llama.cpp's 32 bits
+(below its "random seed" value 0xFFFFFFFF).
+"""
+
+import argparse
+import json
+import sys
+
+import llama_cpp
+from llama_cpp import Llama
+from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+PROTOCOL = "specdec-exec/1"
+FIELDS = {"prompt", "temperature", "top_k", "top_p", "seed", "max_new_tokens", "eos", "stop", "speculation"}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--speculation", default="none")
+    ap.add_argument("--n-ctx", type=int, default=64)
+    args = ap.parse_args()
+    kind, _, arg = args.speculation.partition(":")
+    if kind not in ("none", "prompt-lookup"):
+        sys.exit(f"unknown --speculation {args.speculation}")
+
+    def load(draft):
+        return Llama(model_path=args.model, n_ctx=args.n_ctx, n_batch=args.n_ctx, n_threads=1, n_threads_batch=1,
+                     draft_model=draft, verbose=False)
+
+    plain = load(None)
+    spec = load(LlamaPromptLookupDecoding(num_pred_tokens=int(arg))) if kind == "prompt-lookup" else plain
+    info = {
+        "name": f"llama.cpp/{args.speculation}",
+        "version": llama_cpp.__version__,
+        "speculation": args.speculation,
+        "vocab": plain.n_vocab(),
+        # f32 weights and activations: a greedy token may differ from the f64 reference's only near a tie.
+        "greedy_epsilon": 1e-4,
+        "batch_invariant": True,
+        "stop_strings": True,
+    }
+
+    def text(llm, tokens):
+        return llm.detokenize(tokens).decode("utf-8", errors="replace")
+
+    def generate(r):
+        unknown = set(r) - FIELDS
+        if unknown:
+            raise ValueError(f"unknown request fields {sorted(unknown)}")
+        llm = spec if r["speculation"] else plain
+        llm.set_seed(r["seed"] % 0xFFFFFFFF)
+        tokens, finish = [], "capacity"
+        gen = llm.generate(r["prompt"], top_k=r["top_k"], top_p=r["top_p"], min_p=0.0, typical_p=1.0, temp=r["temperature"],
+                           repeat_penalty=1.0, reset=True)
+        for t in gen:
+            tokens.append(int(t))
+            if tokens[-1] in r["eos"]:
+                finish = "eos"
+            elif r["stop"] and any(s in text(llm, tokens) for s in r["stop"]):
+                finish = "stop"
+            elif len(tokens) >= r["max_new_tokens"]:
+                finish = "length"
+            elif llm.n_tokens + 1 >= args.n_ctx:
+                finish = "capacity"
+            else:
+                continue
+            break
+        gen.close()
+        # The next request starts from a clean context (no prefix of this one reused).
+        llm.reset()
+        return {"tokens": tokens, "finish": finish}
+
+    for line in sys.stdin:
+        rid = None
+        try:
+            req = json.loads(line)
+            rid = req.get("id")
+            if req["op"] == "handshake":
+                reply = {"id": rid, "protocol": PROTOCOL, "name": info["name"], "device": "cpu", "ops": ["generate"], "engine": info}
+            elif req["op"] == "generate":
+                reply = {"id": rid, "outputs": {"generations": [generate(r) for r in req["params"]["requests"]]}}
+            else:
+                reply = {"id": rid, "error": {"kind": "NotSupported", "arg": req["op"], "message": "only generate"}}
+        except Exception as e:  # a malformed request or the engine's own failure: reported, never a crash
+            reply = {"id": rid, "error": {"kind": "Device", "arg": "generate", "message": f"{type(e).__name__}: {e}"}}
+        print(json.dumps(reply), flush=True)
+
+
+if __name__ == "__main__":
+    main()

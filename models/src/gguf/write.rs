@@ -1,0 +1,182 @@
+//! Writes a `llama` GGUF v3 file of f32 tensors, in llama.cpp's layout:
+//! its tensor names, dims fastest first, `q`/`k` rows permuted for
+//! interleaved RoPE (MODEL-4, the inverse of what loading undoes), and a
+//! vocabulary of plain pieces (`tokenizer.ggml.model = llama`, every token
+//! normal). It exists so that an engine that reads only GGUF (llama.cpp)
+//! can run the tiny models the engine checks enumerate, with the very
+//! weights the f64 reference runs.
+
+use std::io::Write;
+use std::path::Path;
+
+use crate::error::{ModelError, Result};
+use crate::weights::LlamaWeights;
+
+use super::DEFAULT_ALIGNMENT;
+use super::llama::{gguf_tensor_name, permute_qk};
+
+/// The vocabulary written with the weights: one piece per id, and the ids
+/// llama.cpp takes for bos and eos.
+pub struct GgufVocab<'a> {
+    pub pieces: &'a [String],
+    pub bos: u32,
+    pub eos: u32,
+}
+
+enum Value<'a> {
+    U32(u32),
+    F32(f32),
+    Bool(bool),
+    Str(&'a str),
+    Strs(&'a [String]),
+    F32s(Vec<f32>),
+    I32s(Vec<i32>),
+}
+
+fn string(out: &mut Vec<u8>, s: &str) {
+    out.extend((s.len() as u64).to_le_bytes());
+    out.extend(s.as_bytes());
+}
+
+fn value(out: &mut Vec<u8>, v: &Value<'_>) {
+    match v {
+        Value::U32(x) => {
+            out.extend(4u32.to_le_bytes());
+            out.extend(x.to_le_bytes());
+        }
+        Value::F32(x) => {
+            out.extend(6u32.to_le_bytes());
+            out.extend(x.to_le_bytes());
+        }
+        Value::Bool(b) => {
+            out.extend(7u32.to_le_bytes());
+            out.push(u8::from(*b));
+        }
+        Value::Str(s) => {
+            out.extend(8u32.to_le_bytes());
+            string(out, s);
+        }
+        Value::Strs(v) => {
+            out.extend(9u32.to_le_bytes());
+            out.extend(8u32.to_le_bytes());
+            out.extend((v.len() as u64).to_le_bytes());
+            v.iter().for_each(|s| string(out, s));
+        }
+        Value::F32s(v) => {
+            out.extend(9u32.to_le_bytes());
+            out.extend(6u32.to_le_bytes());
+            out.extend((v.len() as u64).to_le_bytes());
+            v.iter().for_each(|x| out.extend(x.to_le_bytes()));
+        }
+        Value::I32s(v) => {
+            out.extend(9u32.to_le_bytes());
+            out.extend(5u32.to_le_bytes());
+            out.extend((v.len() as u64).to_le_bytes());
+            v.iter().for_each(|x| out.extend(x.to_le_bytes()));
+        }
+    }
+}
+
+/// Writes `weights` (and `vocab`) to `path` as a GGUF file named `name`.
+pub fn write_llama_gguf(path: impl AsRef<Path>, weights: &LlamaWeights, name: &str, vocab: &GgufVocab<'_>) -> Result<()> {
+    let path = path.as_ref();
+    let c = &weights.config;
+    let bad = |reason: String| Err(ModelError::InvalidInput { arg: "vocab", reason });
+    if vocab.pieces.len() != c.vocab_size {
+        return bad(format!("{} pieces for a vocabulary of {}", vocab.pieces.len(), c.vocab_size));
+    }
+    if vocab.bos as usize >= c.vocab_size || vocab.eos as usize >= c.vocab_size {
+        return bad(format!("bos {} or eos {} outside the vocabulary of {}", vocab.bos, vocab.eos, c.vocab_size));
+    }
+    let u32_of = |x: usize, what: &str| u32::try_from(x).map_err(|_| ModelError::InvalidInput { arg: "config", reason: format!("{what} {x} does not fit GGUF's u32") });
+    let metadata: Vec<(&str, Value<'_>)> = vec![
+        ("general.architecture", Value::Str("llama")),
+        ("general.name", Value::Str(name)),
+        ("general.alignment", Value::U32(DEFAULT_ALIGNMENT as u32)),
+        ("llama.context_length", Value::U32(u32_of(c.max_position_embeddings, "max_position_embeddings")?)),
+        ("llama.embedding_length", Value::U32(u32_of(c.hidden_size, "hidden_size")?)),
+        ("llama.block_count", Value::U32(u32_of(c.num_hidden_layers, "num_hidden_layers")?)),
+        ("llama.feed_forward_length", Value::U32(u32_of(c.intermediate_size, "intermediate_size")?)),
+        ("llama.attention.head_count", Value::U32(u32_of(c.num_attention_heads, "num_attention_heads")?)),
+        ("llama.attention.head_count_kv", Value::U32(u32_of(c.num_key_value_heads, "num_key_value_heads")?)),
+        ("llama.attention.layer_norm_rms_epsilon", Value::F32(c.rms_norm_eps as f32)),
+        ("llama.rope.freq_base", Value::F32(c.rope_theta as f32)),
+        ("llama.rope.dimension_count", Value::U32(u32_of(c.head_dim(), "head_dim")?)),
+        ("llama.vocab_size", Value::U32(u32_of(c.vocab_size, "vocab_size")?)),
+        ("tokenizer.ggml.model", Value::Str("llama")),
+        ("tokenizer.ggml.tokens", Value::Strs(vocab.pieces)),
+        ("tokenizer.ggml.scores", Value::F32s(vec![0.0; vocab.pieces.len()])),
+        ("tokenizer.ggml.token_type", Value::I32s(vec![1; vocab.pieces.len()])),
+        ("tokenizer.ggml.bos_token_id", Value::U32(vocab.bos)),
+        ("tokenizer.ggml.eos_token_id", Value::U32(vocab.eos)),
+        ("tokenizer.ggml.add_bos_token", Value::Bool(false)),
+    ];
+    // Tensors in HF order with llama.cpp's names; q and k permuted back.
+    let mut tensors = Vec::new();
+    for (hf, m) in weights.named() {
+        let gguf = gguf_tensor_name(&hf).ok_or_else(|| ModelError::InvalidInput { arg: "weights", reason: format!("no GGUF name for `{hf}`") })?;
+        let m = if hf.ends_with("q_proj.weight") {
+            permute_qk(m, c.num_attention_heads)?
+        } else if hf.ends_with("k_proj.weight") {
+            permute_qk(m, c.num_key_value_heads)?
+        } else {
+            m.clone()
+        };
+        tensors.push((gguf, m));
+    }
+    let mut out = Vec::new();
+    out.extend(b"GGUF");
+    out.extend(3u32.to_le_bytes());
+    out.extend((tensors.len() as u64).to_le_bytes());
+    out.extend((metadata.len() as u64).to_le_bytes());
+    for (k, v) in &metadata {
+        string(&mut out, k);
+        value(&mut out, v);
+    }
+    let align = DEFAULT_ALIGNMENT as usize;
+    let mut offset = 0usize;
+    for (name, m) in &tensors {
+        string(&mut out, name);
+        out.extend((m.shape.len() as u32).to_le_bytes());
+        m.shape.iter().rev().for_each(|d| out.extend((*d as u64).to_le_bytes()));
+        out.extend(0u32.to_le_bytes()); // F32
+        out.extend((offset as u64).to_le_bytes());
+        offset += (m.data.len() * 4).div_ceil(align) * align;
+    }
+    out.resize(out.len().div_ceil(align) * align, 0);
+    for (_, m) in &tensors {
+        let start = out.len();
+        m.data.iter().for_each(|x| out.extend(x.to_le_bytes()));
+        out.resize(start + (out.len() - start).div_ceil(align) * align, 0);
+    }
+    let mut file = std::fs::File::create(path).map_err(|e| ModelError::io(path, e))?;
+    file.write_all(&out).map_err(|e| ModelError::io(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::{GgufFile, llama_weights};
+    use crate::tiny::{TinySpec, tiny_text};
+
+    #[test]
+    fn a_written_tiny_model_reads_back_as_the_same_weights() {
+        for (name, spec) in TinySpec::PRESETS {
+            let w = spec.weights().unwrap();
+            let pieces: Vec<String> = (0..spec.vocab as u32).map(|i| tiny_text(&[i])).collect();
+            let dir = std::env::temp_dir().join(format!("specdec-gguf-write-{}-{name}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let path = dir.join("m.gguf");
+            write_llama_gguf(&path, &w, name, &GgufVocab { pieces: &pieces, bos: 0, eos: 1 }).unwrap();
+            let g = GgufFile::open(&path).unwrap();
+            let back = llama_weights(&g).unwrap();
+            assert_eq!(back.embed, w.embed, "{name}");
+            assert_eq!(back.layers, w.layers, "{name}: q/k permuted on write and back on read");
+            assert_eq!(back.lm_head, w.lm_head, "{name}");
+            assert_eq!(g.get_str_array("tokenizer.ggml.tokens").unwrap(), pieces.as_slice());
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+        let w = TinySpec::preset("tiny-v12-l2").unwrap().weights().unwrap();
+        assert!(write_llama_gguf(std::env::temp_dir().join("never.gguf"), &w, "x", &GgufVocab { pieces: &[], bos: 0, eos: 0 }).is_err());
+    }
+}
