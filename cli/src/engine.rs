@@ -2,17 +2,19 @@
 //! `specdec engine-adapter` (specdec's own decoder as an exec engine,
 //! PROTO-9).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use specdec_backend::ModelBackend;
 use specdec_backend::model::LlamaWeights;
 use specdec_conformance::check::SuiteConfig;
+use specdec_conformance::e2e_section::K;
 use specdec_conformance::e2e_section::{build_proposer, engine_config, tiny_text};
-use specdec_conformance::engine_section::{self, ENGINE_MODEL};
+use specdec_conformance::engine_section::{self, ENGINE_MODEL, LargeModel};
 use specdec_conformance::report::Report;
 use specdec_decoder::EngineConfig;
+use specdec_decoder::ProposerChoice;
 use specdec_engines::{DecoderEngine, ExecEngine, GenerationEngine, HttpEngine, serve_exec};
 use specdec_models::tiny::TinySpec;
 use specdec_registry::{Job, with_backend};
@@ -49,11 +51,76 @@ fn tiny() -> Result<Arc<LlamaWeights>, String> {
     spec.weights().map(Arc::new).map_err(|e| e.to_string())
 }
 
-/// Runs the engine section on `engine`; writes reports; `Ok(false)` when a check failed.
-pub fn check(engine: &str, cfg: &SuiteConfig, reports: &[PathBuf], timeout: Duration) -> Result<bool, String> {
+/// Runs the engine section on `engine` (on the tiny model, or the model
+/// checks on `model`); writes reports; `Ok(false)` when a check failed.
+pub fn check(engine: &str, cfg: &SuiteConfig, reports: &[PathBuf], timeout: Duration, model: Option<&Path>) -> Result<bool, String> {
     let spec: EngineSpec = engine.parse()?;
+    let report = match model {
+        Some(path) => check_large(&spec, &large_model(path)?, cfg, timeout)?,
+        None => check_tiny(&spec, cfg, timeout)?,
+    };
+    let mut report = report;
+    for r in &mut report.results {
+        let model = model.map_or(String::new(), |m| format!(" --model '{}'", m.display()));
+        r.repro = format!("specdec engine-check --engine '{engine}'{model} --seed {} --filter '{}'", cfg.seed, r.name);
+    }
+    crate::print_report(&report);
+    crate::write_all(reports, std::slice::from_ref(&report))?;
+    let ok = !report.summary.failed;
+    println!("{}", if ok { "engine checks: PASS" } else { "engine checks: FAIL" });
+    Ok(ok)
+}
+
+/// The model checks' model: its weights, the shipped SmolLM2 prompts (chat
+/// ones in the model's template) for greedy identity, and the `capital`
+/// prompt for the two-sample check.
+fn large_model(path: &Path) -> Result<LargeModel, String> {
+    let loaded = specdec_models::load(path).map_err(|e| e.to_string())?;
+    let tok = loaded.tokenizer.as_ref().ok_or_else(|| format!("{}: the model checks need the model's tokenizer", path.display()))?;
+    let prompts = specdec_conformance::model_section::shipped_prompts();
+    let encode = |p: &specdec_conformance::model_section::Prompt| -> Result<Vec<u32>, String> {
+        let text = if p.chat { tok.chat_prompt(&p.text).map_err(|e| e.to_string())? } else { p.text.clone() };
+        tok.encode(&text, false).map_err(|e| e.to_string())
+    };
+    let greedy_prompts = prompts.iter().map(encode).collect::<Result<Vec<_>, _>>()?;
+    let capital = prompts.iter().find(|p| p.id == "capital").ok_or("the shipped prompts have no `capital`")?;
+    let name = path.file_name().map_or("model".into(), |n| n.to_string_lossy().split('.').next().unwrap_or("model").to_lowercase());
+    Ok(LargeModel { name, weights: Arc::new(loaded.weights), greedy_prompts, sampled_prompt: encode(capital)? })
+}
+
+fn check_large(spec: &EngineSpec, model: &LargeModel, cfg: &SuiteConfig, timeout: Duration) -> Result<Report, String> {
+    let run = |e: &mut dyn GenerationEngine, label: &str| {
+        let info = e.info().clone();
+        let results = engine_section::run_large(e, label, model, cfg, &mut |_| {});
+        Report::for_engine(&info.name, &info.version, info.greedy_epsilon, cfg.seed, results)
+    };
+    Ok(match spec {
+        EngineSpec::Exec(command) => run(&mut ExecEngine::spawn(command, timeout).map_err(|e| e.to_string())?, "exec"),
+        EngineSpec::Http(url) => run(&mut HttpEngine::connect(url, None, timeout).map_err(|e| e.to_string())?, "http"),
+        EngineSpec::Decoder { backend, proposer } => {
+            struct Large<'a, F> {
+                proposer: &'a str,
+                model: &'a LargeModel,
+                run: F,
+            }
+            impl<F: FnMut(&mut dyn GenerationEngine, &str) -> Report> Job for Large<'_, F> {
+                type Out = Result<Report, String>;
+                fn run<B: ModelBackend>(&mut self, _: &str, backend: &B) -> Self::Out {
+                    let choice: ProposerChoice = self.proposer.parse()?;
+                    let w = &self.model.weights;
+                    let p = choice.build(backend, w, K).map_err(|e| e.to_string())?;
+                    let mut e = DecoderEngine::new(backend, Arc::clone(w), p, EngineConfig { k: K, ..engine_config() }, None).map_err(|e| e.to_string())?;
+                    Ok((self.run)(&mut e, self.proposer))
+                }
+            }
+            with_backend(backend, &mut Large { proposer, model, run })??
+        }
+    })
+}
+
+fn check_tiny(spec: &EngineSpec, cfg: &SuiteConfig, timeout: Duration) -> Result<Report, String> {
     let w = tiny()?;
-    let report = match &spec {
+    Ok(match spec {
         EngineSpec::Exec(command) => {
             let mut e = ExecEngine::spawn(command, timeout).map_err(|e| e.to_string())?;
             run(&mut e, "exec", &w, cfg)
@@ -63,16 +130,7 @@ pub fn check(engine: &str, cfg: &SuiteConfig, reports: &[PathBuf], timeout: Dura
             run(&mut e, "http", &w, cfg)
         }
         EngineSpec::Decoder { backend, proposer } => with_backend(backend, &mut CheckDecoder { proposer, w: &w, cfg })??,
-    };
-    let mut report = report;
-    for r in &mut report.results {
-        r.repro = format!("specdec engine-check --engine '{engine}' --seed {} --filter '{}'", cfg.seed, r.name);
-    }
-    crate::print_report(&report);
-    crate::write_all(reports, std::slice::from_ref(&report))?;
-    let ok = !report.summary.failed;
-    println!("{}", if ok { "engine checks: PASS" } else { "engine checks: FAIL" });
-    Ok(ok)
+    })
 }
 
 fn run(engine: &mut dyn GenerationEngine, label: &str, w: &LlamaWeights, cfg: &SuiteConfig) -> Report {

@@ -171,6 +171,12 @@ enum Command {
         /// Seconds an exec engine has for one batch of generations.
         #[arg(long, default_value_t = 600)]
         timeout: u64,
+        /// A large model (`.gguf` or HF layout, with a tokenizer) the engine
+        /// runs: its checks are greedy identity and speculation on against off
+        /// instead of the tiny model's (`decoder:` engines load it; an exec or
+        /// HTTP engine must run the same weights).
+        #[arg(long)]
+        model: Option<PathBuf>,
     },
     /// Serves specdec's own decoder on the engine checks' tiny model as an
     /// exec engine (PROTO-9) on stdin/stdout.
@@ -306,9 +312,8 @@ fn main() -> ExitCode {
         }),
         Command::Check { cases, backend, filter, case_id, report } => check(&cases, &backend, filter, case_id.as_deref(), &report),
         Command::Bless { check, fixtures } => bless::run(&fixtures, check),
-        Command::EngineCheck { engine, filter, seed, report, timeout } => {
-            suite_config(filter, None, seed, specdec_conformance::diff::DEFAULT_CASES_PER_OP, true).and_then(|cfg| engine::check(&engine, &cfg, &report, std::time::Duration::from_secs(timeout)))
-        }
+        Command::EngineCheck { engine, filter, seed, report, timeout, model } => suite_config(filter, None, seed, specdec_conformance::diff::DEFAULT_CASES_PER_OP, true)
+            .and_then(|cfg| engine::check(&engine, &cfg, &report, std::time::Duration::from_secs(timeout), model.as_deref())),
         Command::EngineAdapter { backend, proposer, k } => engine::adapter(&backend, &proposer, k),
         Command::Load { url, concurrency, requests, max_tokens, temperature, prompts, speculation, json } => {
             serve::load(&url, &concurrency, requests, max_tokens, temperature, prompts.as_deref(), &speculation, json.as_deref())

@@ -127,7 +127,7 @@ fn family_size() -> usize {
 /// whose model is `weights`.
 pub fn run(engine: &mut dyn GenerationEngine, label: &str, weights: &LlamaWeights, cfg: &SuiteConfig, progress: &mut dyn FnMut(&CheckResult)) -> Vec<CheckResult> {
     let name = engine.info().name.clone();
-    let refused = refuse_statement(engine.info(), weights);
+    let refused = refuse_statement(engine.info(), weights, ENGINE_MODEL);
     let mut results = Vec::new();
     let mut statistical = Vec::new();
     let mut plain: Option<Result<Vec<GreedyRun>, String>> = None;
@@ -177,9 +177,9 @@ pub const MAX_GREEDY_EPSILON: f64 = 1e-2;
 
 /// Why what an engine states of itself rules the section out (ENGINE-1): another
 /// vocabulary than the model's, or an epsilon that would excuse anything.
-fn refuse_statement(info: &EngineInfo, w: &LlamaWeights) -> Option<String> {
+fn refuse_statement(info: &EngineInfo, w: &LlamaWeights, model: &str) -> Option<String> {
     if info.vocab != w.config.vocab_size {
-        return Some(format!("the engine states a vocabulary of {}, the section's model {ENGINE_MODEL} has {}", info.vocab, w.config.vocab_size));
+        return Some(format!("the engine states a vocabulary of {}, the section's model {model} has {}", info.vocab, w.config.vocab_size));
     }
     if !(0.0..=MAX_GREEDY_EPSILON).contains(&info.greedy_epsilon) {
         return Some(format!("the engine states a greedy epsilon of {:e}, outside [0, {MAX_GREEDY_EPSILON:e}]", info.greedy_epsilon));
@@ -270,7 +270,6 @@ impl Expect {
 fn exact_check(engine: &mut dyn GenerationEngine, w: &LlamaWeights, plain: &[GreedyRun], check: &str) -> Result<Verdict, Verdict> {
     let fail = Verdict::Fail;
     let info = engine.info().clone();
-    let eps = info.greedy_epsilon;
     let prompts = tiny_prompts();
     // Speculation on, then the same requests off.
     let mut cases: Vec<Expect> = Vec::new();
@@ -331,13 +330,29 @@ fn exact_check(engine: &mut dyn GenerationEngine, w: &LlamaWeights, plain: &[Gre
     }
     let off: Vec<Expect> = cases.iter().map(|c| Expect { req: GenerationRequest { speculation: false, ..c.req.clone() }, run: c.run.clone(), keep: c.keep, finish: c.finish }).collect();
     cases.extend(off);
+    judge_all(engine, &cases, check)
+}
+
+/// Runs `cases` (speculation on, then the same requests off) as one batch
+/// and judges each against the reference; greedy identity also wants the
+/// engine, where it counts drafts, to have drafted.
+fn judge_all(engine: &mut dyn GenerationEngine, cases: &[Expect], check: &str) -> Result<Verdict, Verdict> {
+    let fail = Verdict::Fail;
+    let eps = engine.info().greedy_epsilon;
     let requests: Vec<GenerationRequest> = cases.iter().map(|c| c.req.clone()).collect();
     let outputs = generate(engine, &requests)?;
+    // Whether speculation on and off agree token for token, said with any failure: an
+    // engine that leaves the reference the same way both ways has a forward that
+    // differs from the reference's, not a verify that differs from its own plain decoding.
+    let half = cases.len() / 2;
+    let differ: Vec<usize> = (0..half).filter(|&i| outputs[i].tokens != outputs[i + half].tokens).collect();
+    let agreement =
+        if differ.is_empty() { format!("speculation on and off agree token for token on all {half} requests") } else { format!("speculation on and off differ on requests {differ:?} of {half}") };
     let mut excused = 0;
     for (i, (case, got)) in cases.iter().zip(&outputs).enumerate() {
         let r = &case.req;
         let label = format!("request {i} (prompt {:?}, speculation {}, max {}, eos {:?}, stop {:?})", r.prompt, if r.speculation { "on" } else { "off" }, r.max_new_tokens, r.eos, r.stop);
-        excused += usize::from(case.judge(&label, got, eps).map_err(fail)?);
+        excused += usize::from(case.judge(&label, got, eps).map_err(|e| fail(format!("{e}; {agreement}")))?);
     }
     // Speculation must have run: an engine that counts drafts drafted something.
     let on = &outputs[..cases.len() / 2];
@@ -402,19 +417,19 @@ pub fn two_sample_cell(tokens: &[u32]) -> usize {
     (h % TWO_SAMPLE_CELLS as u64) as usize
 }
 
-/// Draws per side of the two-sample check inside a family of `family`:
-/// twice the goodness-of-fit size over the same cells (its power at `n`
-/// per side is that of goodness of fit at `n / 2`).
-pub fn two_sample_n(family: usize) -> Result<u64, String> {
+/// Draws per side of a two-sample check planned for `delta` inside a
+/// family of `family`: twice the goodness-of-fit size over the same cells
+/// (its power at `n` per side is that of goodness of fit at `n / 2`).
+pub fn two_sample_n(family: usize, delta: f64) -> Result<u64, String> {
     let alpha = stat::FAMILY_ALPHA / family as f64;
-    Ok(2 * specdec_stats::min_samples(TWO_SAMPLE_CELLS, TWO_SAMPLE_DELTA, alpha, E2E_BETA).map_err(|e| e.to_string())?)
+    Ok(2 * specdec_stats::min_samples(TWO_SAMPLE_CELLS, delta, alpha, E2E_BETA).map_err(|e| e.to_string())?)
 }
 
 /// ENGINE-4 (b): speculation on against off of the same engine, two
 /// samples of `n` generations each (their own seeds), hashed into
 /// [`TWO_SAMPLE_CELLS`] cells: chi-squared homogeneity, power stated.
-pub fn two_sample(engine: &mut dyn GenerationEngine, label: &str, request: &dyn Fn(usize, bool) -> GenerationRequest, family: usize) -> Result<TestReport, Verdict> {
-    let n = two_sample_n(family).map_err(Verdict::Fail)? as usize;
+pub fn two_sample(engine: &mut dyn GenerationEngine, label: &str, request: &dyn Fn(usize, bool) -> GenerationRequest, family: usize, delta: f64) -> Result<TestReport, Verdict> {
+    let n = two_sample_n(family, delta).map_err(Verdict::Fail)? as usize;
     let mut counts = [vec![0u64; TWO_SAMPLE_CELLS], vec![0u64; TWO_SAMPLE_CELLS]];
     for (side, on) in [true, false].into_iter().enumerate() {
         for g in generate_n(engine, n, &|i| request(i, on))? {
@@ -440,7 +455,7 @@ fn statistical_check(engine: &mut dyn GenerationEngine, w: &LlamaWeights, item: 
             eos: vec![eos],
             ..GenerationRequest::sampled(prompt.clone(), params, base.wrapping_add(i as u64).wrapping_add(if on { 0 } else { 1 << 40 }), SAMPLED_TOKENS, on)
         };
-        return two_sample(engine, &item.name, &request, family);
+        return two_sample(engine, &item.name, &request, family, TWO_SAMPLE_DELTA);
     }
     if let Some((setting, on)) = item.sampled {
         let (label, params) = SETTINGS[setting];
@@ -476,6 +491,95 @@ fn statistical_check(engine: &mut dyn GenerationEngine, w: &LlamaWeights, item: 
         }
     }
     stat::test_counts(&format!("{} (n = {n} pairs)", item.name), &counts, &expected, family).map_err(fail)
+}
+
+/// A model whose law the section cannot enumerate (SmolLM2), for the model
+/// checks: its weights, the prompts of the greedy check (token ids), and the
+/// prompt of the two-sample check.
+pub struct LargeModel {
+    pub name: String,
+    pub weights: Arc<LlamaWeights>,
+    pub greedy_prompts: Vec<Vec<u32>>,
+    pub sampled_prompt: Vec<u32>,
+}
+
+/// Generated tokens of the model checks' greedy requests.
+pub const LARGE_GREEDY_TOKENS: usize = 24;
+/// The two-sample check on a large model: its setting, and the total
+/// variation between the hashed laws it is planned to detect (a large
+/// model's generations cost what the tiny model's do not: 0.1, not 0.05).
+pub const LARGE_SETTING: (&str, SamplingParams) = ("t1-topk4", SamplingParams { temperature: 1.0, top_k: 4, top_p: 1.0 });
+pub const LARGE_TWO_SAMPLE_DELTA: f64 = 0.1;
+
+/// The model checks' items, `engine/<label>/<model>/<check>`.
+pub fn large_items(label: &str, model: &str) -> Vec<EngineItem> {
+    vec![
+        EngineItem { name: format!("engine/{label}/{model}/greedy-identity"), check: "greedy-identity", rules: &["ENGINE-3", "DECODE-2"], sampled: None },
+        EngineItem { name: format!("engine/{label}/{model}/sampled/{}/on-vs-off", LARGE_SETTING.0), check: "two-sample", rules: &["ENGINE-4", "STAT-3"], sampled: Some((0, true)) },
+    ]
+}
+
+/// The engine checks on a large model (spec section 21): greedy identity,
+/// on and off each against the f64 reference's greedy output with margins
+/// in hand, and speculation on against off (ENGINE-4 (b)), the one
+/// statistical check, alone in its family.
+pub fn run_large(engine: &mut dyn GenerationEngine, label: &str, model: &LargeModel, cfg: &SuiteConfig, progress: &mut dyn FnMut(&CheckResult)) -> Vec<CheckResult> {
+    let name = engine.info().name.clone();
+    let info = engine.info().clone();
+    let mut results = Vec::new();
+    let mut statistical = Vec::new();
+    let w = &model.weights;
+    let refused = refuse_statement(&info, w, &model.name);
+    for item in large_items(label, &model.name) {
+        let mut result = CheckResult::unselected(&item.name, Kind::Engine, format!("engine/{}", item.check), item.rules, &name, cfg.seed);
+        if !cfg.wants(&item.name) {
+            progress(&result);
+            results.push(result);
+            continue;
+        }
+        let start = Instant::now();
+        if let Some(why) = &refused {
+            settle(&mut result, Verdict::Fail(why.clone()), &cfg.selection);
+            progress(&result);
+            results.push(result);
+            continue;
+        }
+        if item.check == "two-sample" {
+            let base = stat::stream_seed(cfg.seed, &item.name);
+            let request = |i: usize, on: bool| GenerationRequest {
+                eos: w.config.eos_ids(),
+                ..GenerationRequest::sampled(model.sampled_prompt.clone(), LARGE_SETTING.1, base.wrapping_add(i as u64).wrapping_add(if on { 0 } else { 1 << 40 }), SAMPLED_TOKENS, on)
+            };
+            let outcome = catch(|| two_sample(engine, &item.name, &request, 1, LARGE_TWO_SAMPLE_DELTA)).unwrap_or_else(|m| Err(Verdict::Fail(m)));
+            result.millis = start.elapsed().as_secs_f64() * 1e3;
+            statistical.push((results.len(), outcome));
+            results.push(result);
+            continue;
+        }
+        let verdict = catch(|| large_greedy(engine, model)).unwrap_or_else(|m| Err(Verdict::Fail(m))).unwrap_or_else(|v| v);
+        result.millis = start.elapsed().as_secs_f64() * 1e3;
+        settle(&mut result, verdict, &cfg.selection);
+        progress(&result);
+        results.push(result);
+    }
+    stat::settle_family(&mut results, statistical, &cfg.selection, progress);
+    results
+}
+
+/// ENGINE-3 on a large model: every greedy prompt, speculation on and off,
+/// against the reference's greedy output (the model's eos ends it).
+fn large_greedy(engine: &mut dyn GenerationEngine, model: &LargeModel) -> Result<Verdict, Verdict> {
+    let w = &model.weights;
+    let eos = w.config.eos_ids();
+    let plain = model_section::greedy(&ReferenceBackend, &RefModel::new((**w).clone()), &model.greedy_prompts, LARGE_GREEDY_TOKENS, &eos, w.config.vocab_size).map_err(Verdict::Fail)?;
+    let mut cases = Vec::new();
+    for on in [true, false] {
+        for (p, run) in model.greedy_prompts.iter().zip(&plain) {
+            let finish = if run.tokens.last().is_some_and(|t| eos.contains(t)) { Finish::Eos } else { Finish::Length };
+            cases.push(Expect::new(GenerationRequest { eos: eos.clone(), ..GenerationRequest::greedy(p.clone(), LARGE_GREEDY_TOKENS, on) }, run, run.tokens.len(), finish));
+        }
+    }
+    judge_all(engine, &cases, "greedy-identity")
 }
 
 /// The section in the suite of every backend: specdec's own decoder on the

@@ -41,11 +41,22 @@ const LLAMA_CPP: &str = "llama-cpp-python==0.3.36";
 const LLAMA_CPP_DEPS: [&str; 1] = ["diskcache==5.6.3"];
 /// llama.cpp's speculation paths on the tiny model.
 const LLAMA_PATHS: [&str; 2] = ["none", "prompt-lookup:3"];
+/// What llama.cpp may fail, and why (checked: any other failure fails the command).
+/// Its sampler chain applies top-p to the untempered distribution (top-k, typical, top-p,
+/// min-p, then temperature), where the spec tempers first (LOGITS-1 .. LOGITS-5): at
+/// T 0.7 with top-p 0.9 it keeps another set of ids, speculation on and off alike. On
+/// SmolLM2's Q4_1 weights its forward quantizes activations to 8 bits, so its greedy
+/// tokens leave the f64 reference's (on and off alike).
+const LLAMA_EXPECTED: [(&str, &[&str]); 3] = [
+    ("llama-cpp-none", &["sampled/t07-topp09/on", "sampled/t07-topp09/off"]),
+    ("llama-cpp-prompt-lookup-3", &["sampled/t07-topp09/on", "sampled/t07-topp09/off"]),
+    ("llama-cpp-prompt-lookup-3-smollm2", &["greedy-identity"]),
+];
 /// The seed of the table's runs.
 pub const ENGINES_SEED: &str = "20261125";
 
 /// Runs every engine and returns the table.
-pub fn run(root: &Path, specdec: &Path, python: &Path) -> Result<String, String> {
+pub fn run(root: &Path, specdec: &Path, python: &Path, smollm2: &Path) -> Result<String, String> {
     let out = root.join("reports/engines");
     std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     let model = root.join(".cache/models/tiny-v12-l2-hf");
@@ -81,13 +92,24 @@ pub fn run(root: &Path, specdec: &Path, python: &Path) -> Result<String, String>
     // specdec serve over HTTP: started here on a free port, stopped after its check.
     let mut server = Server::start(specdec, root)?;
     engines.push(("specdec-serve-http-ndarray-ngram".into(), format!("http://{}", server.addr)));
+    // SmolLM2, whose law cannot be enumerated: greedy identity and speculation on
+    // against off (`--model`), on specdec's decoder and on llama.cpp.
+    let large = [
+        ("specdec-tch-cpu-ngram-smollm2".to_string(), "decoder:tch-cpu:ngram".to_string()),
+        (
+            "llama-cpp-prompt-lookup-3-smollm2".to_string(),
+            format!("exec:PYTHONPATH={} {} adapters/engines/llama_cpp_generate.py {} --speculation prompt-lookup:3 --n-ctx 512 --greedy-epsilon 1e-2", rel(&llama), rel(python), rel(smollm2)),
+        ),
+    ];
     let mut reports = Vec::new();
-    for (slug, engine) in &engines {
+    for (slug, engine, model) in engines.iter().map(|(s, e)| (s, e, None)).chain(large.iter().map(|(s, e)| (s, e, Some(smollm2)))) {
         let json = out.join(format!("{slug}.json"));
         let start = std::time::Instant::now();
         let status = Command::new(specdec)
             .current_dir(root)
-            .args(["engine-check", "--seed", ENGINES_SEED, "--engine", engine, "--report"])
+            .args(["engine-check", "--seed", ENGINES_SEED, "--engine", engine])
+            .args(model.iter().flat_map(|m| [std::ffi::OsStr::new("--model"), m.as_os_str()]))
+            .arg("--report")
             .arg(&json)
             .arg("--report")
             .arg(out.join(format!("{slug}.md")))
@@ -122,6 +144,10 @@ fn expectations(reports: &[(String, String, PathBuf, f64)]) -> Result<(), String
             wrong.push(format!("{slug}: the release with the prompt-lookup eos leak passed `eos`"));
         } else if slug.starts_with("hf-transformers-4.44.2") && eos_failed {
             wrong.push(format!("{slug}: the release with the fix failed `eos`"));
+        } else if let Some(allowed) = LLAMA_EXPECTED.iter().find(|(s, _)| slug == s).map(|(_, a)| *a)
+            && let Some(other) = failed.iter().find(|n| !allowed.iter().any(|a| n.ends_with(a)))
+        {
+            wrong.push(format!("{slug}: llama.cpp failed `{other}`, which its known divergences do not explain"));
         }
     }
     if wrong.is_empty() { Ok(()) } else { Err(format!("the table is in reports/engines/ENGINES.md, but:\n{}", wrong.join("\n"))) }
@@ -251,6 +277,8 @@ fn table(reports: &[(String, String, std::path::PathBuf, f64)]) -> Result<String
             ));
         }
     }
-    let expected: String = HF_HISTORICAL.iter().map(|(v, what)| format!("- transformers {v} with prompt lookup {what}.\n")).collect();
-    Ok(format!("# Engines under test\n\nSeed {ENGINES_SEED}; `cargo xtask engines`. Expected of the historical releases:\n\n{expected}\n{summary}\nEvery check that did not pass:\n\n{failures}"))
+    let mut expected: String = HF_HISTORICAL.iter().map(|(v, what)| format!("- transformers {v} with prompt lookup {what}.\n")).collect();
+    expected.push_str("- llama.cpp may fail only these (its sampler tempers after top-p; on SmolLM2's Q4_1 its 8-bit activations move greedy tokens), speculation on and off alike:\n");
+    expected.extend(LLAMA_EXPECTED.iter().map(|(slug, checks)| format!("  - {slug}: {}\n", checks.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(", "))));
+    Ok(format!("# Engines under test\n\nSeed {ENGINES_SEED}; `cargo xtask engines`. Expected of the third-party engines:\n\n{expected}\n{summary}\nEvery check that did not pass:\n\n{failures}"))
 }

@@ -171,7 +171,8 @@ fn run(task: Task) -> Result<(), String> {
         }
         Task::Engines => {
             let (specdec, python) = peers_and_release_binary(&root)?;
-            print!("{}", engines::run(&root, &specdec, &python)?);
+            let smollm2 = smollm2::ensure_smollm2(&root)?;
+            print!("{}", engines::run(&root, &specdec, &python, &smollm2)?);
             Ok(())
         }
         Task::Peers => {
