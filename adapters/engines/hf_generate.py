@@ -16,16 +16,13 @@ stop check reports that as not supported.
 """
 
 import argparse
-import json
 import sys
 
 import torch
 import transformers
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-PROTOCOL = "specdec-exec/1"
-# A request's fields (PROTO-9); any other is an error.
-FIELDS = {"prompt", "temperature", "top_k", "top_p", "seed", "max_new_tokens", "eos", "stop", "speculation"}
+from engine_loop import check_fields, serve
 
 
 def load(path):
@@ -62,9 +59,7 @@ def main():
     }
 
     def generate(r):
-        unknown = set(r) - FIELDS
-        if unknown:
-            raise ValueError(f"unknown request fields {sorted(unknown)}")
+        check_fields(r)
         sample = r["temperature"] > 0
         config = GenerationConfig(
             max_new_tokens=r["max_new_tokens"],
@@ -95,27 +90,11 @@ def main():
             finish = "capacity"
         return {"tokens": tokens, "finish": finish}
 
-    for line in sys.stdin:
-        rid = None
-        try:
-            req = json.loads(line)
-            rid = req.get("id")
-            if req["op"] == "handshake":
-                reply = {"id": rid, "protocol": PROTOCOL, "name": info["name"], "device": "cpu", "ops": ["generate"], "engine": info}
-            elif req["op"] == "generate":
-                requests = req["params"]["requests"]
-                stops = [i for i, r in enumerate(requests) if r.get("stop")]
-                if stops:
-                    # A refusal names the request (PROTO-9): the check reports it as not supported.
-                    reply = {"id": rid, "error": {"kind": "NotSupported", "arg": "requests", "index": [stops[0]], "message": "stop strings need a tokenizer"}}
-                else:
-                    reply = {"id": rid, "outputs": {"generations": [generate(r) for r in requests]}}
-            else:
-                reply = {"id": rid, "error": {"kind": "NotSupported", "arg": req["op"], "message": "only generate"}}
-        except Exception as e:  # a malformed request or the engine's own failure: reported, never a crash
-            reply = {"id": rid, "error": {"kind": "Device", "arg": "generate", "message": f"{type(e).__name__}: {e}"}}
-        print(json.dumps(reply), flush=True)
+    def refuse(requests):
+        stops = [i for i, r in enumerate(requests) if r.get("stop")]
+        return (stops[0], "stop strings need a tokenizer") if stops else None
 
+    serve(info, generate, refuse)
 
 if __name__ == "__main__":
     main()

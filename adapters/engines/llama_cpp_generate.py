@@ -19,15 +19,13 @@ that loop and llama.cpp's generator together. Penalties are off (1.0), min-p 0 a
 """
 
 import argparse
-import json
 import sys
 
 import llama_cpp
 from llama_cpp import Llama
 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-PROTOCOL = "specdec-exec/1"
-FIELDS = {"prompt", "temperature", "top_k", "top_p", "seed", "max_new_tokens", "eos", "stop", "speculation"}
+from engine_loop import check_fields, serve
 
 
 def main():
@@ -63,9 +61,7 @@ def main():
         return llm.detokenize(tokens).decode("utf-8", errors="replace")
 
     def generate(r):
-        unknown = set(r) - FIELDS
-        if unknown:
-            raise ValueError(f"unknown request fields {sorted(unknown)}")
+        check_fields(r)
         llm = spec if r["speculation"] else plain
         llm.set_seed(r["seed"] % 0xFFFFFFFF)
         tokens, finish = [], "capacity"
@@ -89,21 +85,7 @@ def main():
         llm.reset()
         return {"tokens": tokens, "finish": finish}
 
-    for line in sys.stdin:
-        rid = None
-        try:
-            req = json.loads(line)
-            rid = req.get("id")
-            if req["op"] == "handshake":
-                reply = {"id": rid, "protocol": PROTOCOL, "name": info["name"], "device": "cpu", "ops": ["generate"], "engine": info}
-            elif req["op"] == "generate":
-                reply = {"id": rid, "outputs": {"generations": [generate(r) for r in req["params"]["requests"]]}}
-            else:
-                reply = {"id": rid, "error": {"kind": "NotSupported", "arg": req["op"], "message": "only generate"}}
-        except Exception as e:  # a malformed request or the engine's own failure: reported, never a crash
-            reply = {"id": rid, "error": {"kind": "Device", "arg": "generate", "message": f"{type(e).__name__}: {e}"}}
-        print(json.dumps(reply), flush=True)
-
+    serve(info, generate)
 
 if __name__ == "__main__":
     main()

@@ -126,12 +126,41 @@ fn family_size() -> usize {
 /// Runs the selected checks on `engine` (named `label` in the check names),
 /// whose model is `weights`.
 pub fn run(engine: &mut dyn GenerationEngine, label: &str, weights: &LlamaWeights, cfg: &SuiteConfig, progress: &mut dyn FnMut(&CheckResult)) -> Vec<CheckResult> {
-    let name = engine.info().name.clone();
     let refused = refuse_statement(engine.info(), weights, ENGINE_MODEL);
+    let mut plain: Option<Result<Vec<GreedyRun>, String>> = None;
+    run_checks(engine, engine_items(label), refused, cfg, progress, &mut |engine, item| {
+        if is_statistical(item.check) {
+            return Ran::Statistical(catch(|| statistical_check(engine, weights, item, cfg.seed)).unwrap_or_else(|m| Err(Verdict::Fail(m))));
+        }
+        let plain = plain.get_or_insert_with(|| reference_greedy(weights, &tiny_prompts(), &[]));
+        Ran::Exact(match plain {
+            Ok(plain) => catch(|| exact_check(engine, weights, plain, item.check)).unwrap_or_else(|m| Err(Verdict::Fail(m))).unwrap_or_else(|v| v),
+            Err(e) => Verdict::Fail(e.clone()),
+        })
+    })
+}
+
+/// What one check gave: a verdict, or a statistical outcome the family judges.
+enum Ran {
+    Exact(Verdict),
+    Statistical(stat::Outcome),
+}
+
+/// The loop every engine run shares: unselected checks reported as such,
+/// every check failed when the engine's statement is refused, each check
+/// timed, and the statistical ones judged together with Holm at the end.
+fn run_checks(
+    engine: &mut dyn GenerationEngine,
+    items: Vec<EngineItem>,
+    refused: Option<String>,
+    cfg: &SuiteConfig,
+    progress: &mut dyn FnMut(&CheckResult),
+    check: &mut dyn FnMut(&mut dyn GenerationEngine, &EngineItem) -> Ran,
+) -> Vec<CheckResult> {
+    let name = engine.info().name.clone();
     let mut results = Vec::new();
     let mut statistical = Vec::new();
-    let mut plain: Option<Result<Vec<GreedyRun>, String>> = None;
-    for item in engine_items(label) {
+    for item in items {
         let mut result = CheckResult::unselected(&item.name, Kind::Engine, format!("engine/{}", item.check), item.rules, &name, cfg.seed);
         if !cfg.wants(&item.name) {
             progress(&result);
@@ -139,27 +168,18 @@ pub fn run(engine: &mut dyn GenerationEngine, label: &str, weights: &LlamaWeight
             continue;
         }
         let start = Instant::now();
-        if let Some(why) = &refused {
-            settle(&mut result, Verdict::Fail(why.clone()), &cfg.selection);
-            progress(&result);
-            results.push(result);
-            continue;
-        }
-        if is_statistical(item.check) {
-            let outcome = catch(|| statistical_check(engine, weights, &item, cfg.seed)).unwrap_or_else(|m| Err(Verdict::Fail(m)));
-            result.millis = start.elapsed().as_secs_f64() * 1e3;
-            statistical.push((results.len(), outcome));
-            results.push(result);
-            continue;
-        }
-        let plain = plain.get_or_insert_with(|| reference_greedy(weights, &tiny_prompts(), &[]));
-        let verdict = match plain {
-            Ok(plain) => catch(|| exact_check(engine, weights, plain, item.check)).unwrap_or_else(|m| Err(Verdict::Fail(m))).unwrap_or_else(|v| v),
-            Err(e) => Verdict::Fail(e.clone()),
+        let ran = match &refused {
+            Some(why) => Ran::Exact(Verdict::Fail(why.clone())),
+            None => check(engine, &item),
         };
         result.millis = start.elapsed().as_secs_f64() * 1e3;
-        settle(&mut result, verdict, &cfg.selection);
-        progress(&result);
+        match ran {
+            Ran::Statistical(outcome) => statistical.push((results.len(), outcome)),
+            Ran::Exact(verdict) => {
+                settle(&mut result, verdict, &cfg.selection);
+                progress(&result);
+            }
+        }
         results.push(result);
     }
     stat::settle_family(&mut results, statistical, &cfg.selection, progress);
@@ -524,46 +544,19 @@ pub fn large_items(label: &str, model: &str) -> Vec<EngineItem> {
 /// in hand, and speculation on against off (ENGINE-4 (b)), the one
 /// statistical check, alone in its family.
 pub fn run_large(engine: &mut dyn GenerationEngine, label: &str, model: &LargeModel, cfg: &SuiteConfig, progress: &mut dyn FnMut(&CheckResult)) -> Vec<CheckResult> {
-    let name = engine.info().name.clone();
-    let info = engine.info().clone();
-    let mut results = Vec::new();
-    let mut statistical = Vec::new();
     let w = &model.weights;
-    let refused = refuse_statement(&info, w, &model.name);
-    for item in large_items(label, &model.name) {
-        let mut result = CheckResult::unselected(&item.name, Kind::Engine, format!("engine/{}", item.check), item.rules, &name, cfg.seed);
-        if !cfg.wants(&item.name) {
-            progress(&result);
-            results.push(result);
-            continue;
+    let refused = refuse_statement(engine.info(), w, &model.name);
+    run_checks(engine, large_items(label, &model.name), refused, cfg, progress, &mut |engine, item| {
+        if item.check != "two-sample" {
+            return Ran::Exact(catch(|| large_greedy(engine, model)).unwrap_or_else(|m| Err(Verdict::Fail(m))).unwrap_or_else(|v| v));
         }
-        let start = Instant::now();
-        if let Some(why) = &refused {
-            settle(&mut result, Verdict::Fail(why.clone()), &cfg.selection);
-            progress(&result);
-            results.push(result);
-            continue;
-        }
-        if item.check == "two-sample" {
-            let base = stat::stream_seed(cfg.seed, &item.name);
-            let request = |i: usize, on: bool| GenerationRequest {
-                eos: w.config.eos_ids(),
-                ..GenerationRequest::sampled(model.sampled_prompt.clone(), LARGE_SETTING.1, base.wrapping_add(i as u64).wrapping_add(if on { 0 } else { 1 << 40 }), SAMPLED_TOKENS, on)
-            };
-            let outcome = catch(|| two_sample(engine, &item.name, &request, 1, LARGE_TWO_SAMPLE_DELTA)).unwrap_or_else(|m| Err(Verdict::Fail(m)));
-            result.millis = start.elapsed().as_secs_f64() * 1e3;
-            statistical.push((results.len(), outcome));
-            results.push(result);
-            continue;
-        }
-        let verdict = catch(|| large_greedy(engine, model)).unwrap_or_else(|m| Err(Verdict::Fail(m))).unwrap_or_else(|v| v);
-        result.millis = start.elapsed().as_secs_f64() * 1e3;
-        settle(&mut result, verdict, &cfg.selection);
-        progress(&result);
-        results.push(result);
-    }
-    stat::settle_family(&mut results, statistical, &cfg.selection, progress);
-    results
+        let base = stat::stream_seed(cfg.seed, &item.name);
+        let request = |i: usize, on: bool| GenerationRequest {
+            eos: w.config.eos_ids(),
+            ..GenerationRequest::sampled(model.sampled_prompt.clone(), LARGE_SETTING.1, base.wrapping_add(i as u64).wrapping_add(if on { 0 } else { 1 << 40 }), SAMPLED_TOKENS, on)
+        };
+        Ran::Statistical(catch(|| two_sample(engine, &item.name, &request, 1, LARGE_TWO_SAMPLE_DELTA)).unwrap_or_else(|m| Err(Verdict::Fail(m))))
+    })
 }
 
 /// ENGINE-3 on a large model: every greedy prompt, speculation on and off,

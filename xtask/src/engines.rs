@@ -193,11 +193,6 @@ impl Drop for Server {
 /// this platform exists), stamped with its pins.
 fn llama_cpp(root: &Path, python: &Path) -> Result<PathBuf, String> {
     let dir = root.join(".cache/engines-llama");
-    let stamp = dir.join(".specdec-pins");
-    let pins = format!("{LLAMA_CPP} {}", LLAMA_CPP_DEPS.join(" "));
-    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == pins) {
-        return Ok(dir);
-    }
     let wheels = root.join(".cache/wheels/llama");
     let version = LLAMA_CPP.split("==").nth(1).unwrap_or_default();
     let built = |w: &Path| std::fs::read_dir(w).into_iter().flatten().flatten().any(|e| e.file_name().to_string_lossy().starts_with(&format!("llama_cpp_python-{version}-")));
@@ -214,43 +209,39 @@ fn llama_cpp(root: &Path, python: &Path) -> Result<PathBuf, String> {
             return Err(format!("pip could not build {LLAMA_CPP}: {status}"));
         }
     }
+    let packages: Vec<String> = std::iter::once(LLAMA_CPP).chain(LLAMA_CPP_DEPS).map(String::from).collect();
+    pip_target(python, &dir, &packages, &[std::ffi::OsStr::new("--find-links"), wheels.as_os_str()])
+}
+
+/// Installs `packages` (every dependency pinned among them) with pip into `dir`
+/// (`--target`, imported through `PYTHONPATH` beside the peers' own), once: a stamp of
+/// the pins skips it next time.
+fn pip_target(python: &Path, dir: &Path, packages: &[String], extra: &[&std::ffi::OsStr]) -> Result<PathBuf, String> {
+    let stamp = dir.join(".specdec-pins");
+    let pins = packages.join(" ");
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == pins) {
+        return Ok(dir.to_path_buf());
+    }
     let status = Command::new(python)
-        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps", "--upgrade", "--find-links"])
-        .arg(&wheels)
+        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-cache-dir", "--no-deps", "--upgrade"])
+        .args(extra)
         .arg("--target")
-        .arg(&dir)
-        .arg(LLAMA_CPP)
-        .args(LLAMA_CPP_DEPS)
+        .arg(dir)
+        .args(packages)
         .status()
         .map_err(|e| format!("cannot run pip: {e}"))?;
     if !status.success() {
-        return Err(format!("pip could not install {LLAMA_CPP}: {status}"));
+        return Err(format!("pip could not install {pins}: {status}"));
     }
     std::fs::write(&stamp, &pins).map_err(|e| format!("cannot write {}: {e}", stamp.display()))?;
-    Ok(dir)
+    Ok(dir.to_path_buf())
 }
 
 /// A historical transformers release in `.cache/engines-hist/transformers-VERSION`
 /// (installed once, stamped with its pins), imported before the peers' own.
 fn historical(root: &Path, python: &Path, version: &str) -> Result<PathBuf, String> {
-    let dir = root.join(format!(".cache/engines-hist/transformers-{version}"));
-    let stamp = dir.join(".specdec-pins");
-    let pins = format!("transformers=={version} {}", HF_HISTORICAL_DEPS.join(" "));
-    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == pins) {
-        return Ok(dir);
-    }
-    let status = Command::new(python)
-        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-cache-dir", "--no-deps", "--upgrade", "--target"])
-        .arg(&dir)
-        .arg(format!("transformers=={version}"))
-        .args(HF_HISTORICAL_DEPS)
-        .status()
-        .map_err(|e| format!("cannot run pip: {e}"))?;
-    if !status.success() {
-        return Err(format!("pip could not install transformers {version}: {status}"));
-    }
-    std::fs::write(&stamp, &pins).map_err(|e| format!("cannot write {}: {e}", stamp.display()))?;
-    Ok(dir)
+    let packages: Vec<String> = std::iter::once(format!("transformers=={version}")).chain(HF_HISTORICAL_DEPS.iter().map(|d| d.to_string())).collect();
+    pip_target(python, &root.join(format!(".cache/engines-hist/transformers-{version}")), &packages, &[])
 }
 
 /// One line per engine (its checks passed or not, and time), then every check that did
