@@ -284,20 +284,26 @@ fn streams_match_whole_answers_and_disconnects_free_slots() {
     assert_eq!(ids(&after), ids(&whole), "the slot a client left serves the next request as if fresh");
 }
 
-/// SIGTERM while a request runs: the request finishes (drain), the server
-/// exits 0.
+/// SIGTERM while a request streams: the server stops accepting, the
+/// request (accepted: its first chunk came) is answered to its end (drain),
+/// and the server exits 0.
 #[test]
 fn sigterm_drains_and_exits_cleanly() {
     let server = Server::start(&["--drain-seconds", "20"]);
-    let addr = server.addr.clone();
-    let body = completion(PROMPTS[0], 40, 0.0, 0, false).to_string();
-    let mut s = TcpStream::connect(&addr).unwrap();
+    let mut req = completion(PROMPTS[0], 40, 0.0, 0, false);
+    req["stream"] = json!(true);
+    let body = req.to_string();
+    let mut s = TcpStream::connect(&server.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     write!(s, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut first = [0u8; 12];
+    s.read_exact(&mut first).expect("the response starts");
+    assert_eq!(&first, b"HTTP/1.1 200", "the request was accepted");
     let status = server.terminate();
     assert!(status.success(), "exit status {status}");
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    assert!(out.starts_with("HTTP/1.1 200"), "the running request was answered: {out}");
+    let mut rest = String::new();
+    let _ = s.read_to_string(&mut rest);
+    assert!(rest.contains("data: [DONE]"), "the running request was answered to its end: {rest}");
 }
 
 /// The official OpenAI Python client, unmodified, against the server.

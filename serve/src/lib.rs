@@ -149,12 +149,15 @@ pub fn serve_until(config: ServeConfig, listening: &mut dyn FnMut(SocketAddr), s
     let served = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port)).await.map_err(|e| format!("cannot bind {}:{}: {e}", config.host, config.port))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        // The handlers are installed before anyone is told the address: a SIGTERM
+        // that arrives right after must drain, not kill.
+        let signals = Signals::install().map_err(|e| format!("cannot install the signal handlers: {e}"))?;
         listening(addr);
         let drain = config.drain;
         let cancel = tx.clone();
         let shutdown = async move {
             tokio::select! {
-                _ = shutdown_signal() => {}
+                _ = signals.received() => {}
                 _ = stopped(stop) => {}
             }
             eprintln!("specdec serve: shutting down; running requests have {} s to finish", drain.as_secs_f64());
@@ -182,17 +185,22 @@ async fn stopped(stop: Option<Arc<AtomicBool>>) {
     }
 }
 
-async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+/// SIGTERM and SIGINT, registered when installed (not when first awaited).
+struct Signals {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals { terminate: signal(SignalKind::terminate())?, interrupt: signal(SignalKind::interrupt())? })
+    }
+
+    async fn received(mut self) {
+        tokio::select! {
+            _ = self.terminate.recv() => {}
+            _ = self.interrupt.recv() => {}
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate => {}
     }
 }
