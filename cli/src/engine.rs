@@ -28,6 +28,17 @@ pub enum EngineSpec {
     Http(String),
 }
 
+impl EngineSpec {
+    /// The label in check names: the proposer, or the transport.
+    fn label(&self) -> &str {
+        match self {
+            EngineSpec::Decoder { proposer, .. } => proposer,
+            EngineSpec::Exec(_) => "exec",
+            EngineSpec::Http(_) => "http",
+        }
+    }
+}
+
 impl std::str::FromStr for EngineSpec {
     type Err = String;
 
@@ -51,17 +62,44 @@ fn tiny() -> Result<Arc<LlamaWeights>, String> {
     spec.weights().map(Arc::new).map_err(|e| e.to_string())
 }
 
+/// How `specdec engine-check` reaches and judges an engine.
+pub struct CheckOptions {
+    /// An exec engine's time for one batch; an HTTP engine's for one request.
+    pub timeout: Duration,
+    /// The model checks on this model instead of the tiny model's section.
+    pub model: Option<PathBuf>,
+    /// An HTTP engine's statement, where its server publishes none.
+    pub statement: Option<PathBuf>,
+}
+
+impl CheckOptions {
+    /// Reaches an engine that is not specdec's in-process decoder.
+    fn connect(&self, spec: &EngineSpec) -> Result<Box<dyn GenerationEngine>, String> {
+        match spec {
+            EngineSpec::Exec(command) => Ok(Box::new(ExecEngine::spawn(command, self.timeout).map_err(|e| e.to_string())?)),
+            EngineSpec::Http(url) => {
+                let statement = match &self.statement {
+                    Some(p) => Some(serde_json::from_str(&std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?).map_err(|e| format!("{}: not a statement: {e}", p.display()))?),
+                    None => None,
+                };
+                Ok(Box::new(HttpEngine::connect(url, statement, self.timeout).map_err(|e| e.to_string())?))
+            }
+            EngineSpec::Decoder { .. } => Err("specdec's decoder runs in process".into()),
+        }
+    }
+}
+
 /// Runs the engine section on `engine` (on the tiny model, or the model
-/// checks on `model`); writes reports; `Ok(false)` when a check failed.
-pub fn check(engine: &str, cfg: &SuiteConfig, reports: &[PathBuf], timeout: Duration, model: Option<&Path>) -> Result<bool, String> {
+/// checks on `--model`); writes reports; `Ok(false)` when a check failed.
+pub fn check(engine: &str, cfg: &SuiteConfig, reports: &[PathBuf], options: &CheckOptions) -> Result<bool, String> {
     let spec: EngineSpec = engine.parse()?;
-    let report = match model {
-        Some(path) => check_large(&spec, &large_model(path)?, cfg, timeout)?,
-        None => check_tiny(&spec, cfg, timeout)?,
+    let report = match &options.model {
+        Some(path) => check_large(&spec, &large_model(path)?, cfg, options)?,
+        None => check_tiny(&spec, cfg, options)?,
     };
     let mut report = report;
     for r in &mut report.results {
-        let model = model.map_or(String::new(), |m| format!(" --model '{}'", m.display()));
+        let model = options.model.as_ref().map_or(String::new(), |m| format!(" --model '{}'", m.display()));
         r.repro = format!("specdec engine-check --engine '{engine}'{model} --seed {} --filter '{}'", cfg.seed, r.name);
     }
     crate::print_report(&report);
@@ -88,15 +126,14 @@ fn large_model(path: &Path) -> Result<LargeModel, String> {
     Ok(LargeModel { name, weights: Arc::new(loaded.weights), greedy_prompts, sampled_prompt: encode(capital)? })
 }
 
-fn check_large(spec: &EngineSpec, model: &LargeModel, cfg: &SuiteConfig, timeout: Duration) -> Result<Report, String> {
+fn check_large(spec: &EngineSpec, model: &LargeModel, cfg: &SuiteConfig, options: &CheckOptions) -> Result<Report, String> {
     let run = |e: &mut dyn GenerationEngine, label: &str| {
         let info = e.info().clone();
         let results = engine_section::run_large(e, label, model, cfg, &mut |_| {});
         Report::for_engine(&info.name, &info.version, info.greedy_epsilon, cfg.seed, results)
     };
     Ok(match spec {
-        EngineSpec::Exec(command) => run(&mut ExecEngine::spawn(command, timeout).map_err(|e| e.to_string())?, "exec"),
-        EngineSpec::Http(url) => run(&mut HttpEngine::connect(url, None, timeout).map_err(|e| e.to_string())?, "http"),
+        EngineSpec::Exec(_) | EngineSpec::Http(_) => run(options.connect(spec)?.as_mut(), spec.label()),
         EngineSpec::Decoder { backend, proposer } => {
             struct Large<'a, F> {
                 proposer: &'a str,
@@ -118,17 +155,10 @@ fn check_large(spec: &EngineSpec, model: &LargeModel, cfg: &SuiteConfig, timeout
     })
 }
 
-fn check_tiny(spec: &EngineSpec, cfg: &SuiteConfig, timeout: Duration) -> Result<Report, String> {
+fn check_tiny(spec: &EngineSpec, cfg: &SuiteConfig, options: &CheckOptions) -> Result<Report, String> {
     let w = tiny()?;
     Ok(match spec {
-        EngineSpec::Exec(command) => {
-            let mut e = ExecEngine::spawn(command, timeout).map_err(|e| e.to_string())?;
-            run(&mut e, "exec", &w, cfg)
-        }
-        EngineSpec::Http(url) => {
-            let mut e = HttpEngine::connect(url, None, timeout).map_err(|e| e.to_string())?;
-            run(&mut e, "http", &w, cfg)
-        }
+        EngineSpec::Exec(_) | EngineSpec::Http(_) => run(options.connect(spec)?.as_mut(), spec.label(), &w, cfg),
         EngineSpec::Decoder { backend, proposer } => with_backend(backend, &mut CheckDecoder { proposer, w: &w, cfg })??,
     })
 }

@@ -177,6 +177,11 @@ enum Command {
         /// HTTP engine must run the same weights).
         #[arg(long)]
         model: Option<PathBuf>,
+        /// For an `http://` engine that publishes no statement on `/v1/models`:
+        /// a JSON file of ENGINE-1's statement (name, version, speculation,
+        /// vocab, greedy_epsilon, batch_invariant, stop_strings).
+        #[arg(long)]
+        statement: Option<PathBuf>,
     },
     /// Serves specdec's own decoder on the engine checks' tiny model as an
     /// exec engine (PROTO-9) on stdin/stdout.
@@ -312,8 +317,10 @@ fn main() -> ExitCode {
         }),
         Command::Check { cases, backend, filter, case_id, report } => check(&cases, &backend, filter, case_id.as_deref(), &report),
         Command::Bless { check, fixtures } => bless::run(&fixtures, check),
-        Command::EngineCheck { engine, filter, seed, report, timeout, model } => suite_config(filter, None, seed, specdec_conformance::diff::DEFAULT_CASES_PER_OP, true)
-            .and_then(|cfg| engine::check(&engine, &cfg, &report, std::time::Duration::from_secs(timeout), model.as_deref())),
+        Command::EngineCheck { engine, filter, seed, report, timeout, model, statement } => {
+            let options = engine::CheckOptions { timeout: std::time::Duration::from_secs(timeout), model, statement };
+            suite_config(filter, None, seed, specdec_conformance::diff::DEFAULT_CASES_PER_OP, true).and_then(|cfg| engine::check(&engine, &cfg, &report, &options))
+        }
         Command::EngineAdapter { backend, proposer, k } => engine::adapter(&backend, &proposer, k),
         Command::Load { url, concurrency, requests, max_tokens, temperature, prompts, speculation, json } => {
             serve::load(&url, &concurrency, requests, max_tokens, temperature, prompts.as_deref(), &speculation, json.as_deref())

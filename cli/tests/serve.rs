@@ -343,4 +343,18 @@ fn the_engine_checks_over_http_fail_a_server_of_another_model() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}");
     assert!(stdout.contains("1 fail") && stdout.contains("vocabulary"), "fails on the statement: {stdout}");
+    // A statement given for a server (`--statement`) is the one judged: one that
+    // would excuse anything fails every check.
+    let server = Server::start(&[]);
+    let file = std::env::temp_dir().join(format!("specdec-statement-{}.json", std::process::id()));
+    let lax = json!({"name": "lax", "version": "0", "speculation": "ngram", "vocab": 12, "greedy_epsilon": 1e9, "batch_invariant": true, "stop_strings": true});
+    std::fs::write(&file, lax.to_string()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_specdec"))
+        .args(["engine-check", "--engine", &format!("http://{}", server.addr), "--filter", "greedy-identity", "--statement"])
+        .arg(&file)
+        .output()
+        .expect("engine-check runs");
+    let _ = std::fs::remove_file(&file);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.code() == Some(1) && stdout.contains("greedy epsilon"), "ENGINE-1: {stdout}");
 }
