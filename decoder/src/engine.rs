@@ -8,7 +8,7 @@
 //!    device, downloading only the emitted tokens and accepted counts;
 //! 4. commit (`commit.rs`): emit up to a stop, roll the cache back, count.
 //!
-//! The loop itself is a [`Session`] (`session.rs`): [`Engine::run`] admits
+//! The loop itself is a [`Session`](crate::Session) (`session.rs`): [`Engine::run`] admits
 //! a batch and steps it to the end; a server admits requests between steps.
 //!
 //! Invariants: a sequence's last token is never in the target cache before
@@ -27,7 +27,6 @@ use crate::config::EngineConfig;
 pub use crate::config::MAX_K;
 use crate::proposer::Proposer;
 use crate::request::{Acceptance, Request, RunOutput, Timings};
-pub use crate::session::Session;
 use crate::sink::Sink;
 use crate::stop::Detokenize;
 
@@ -81,14 +80,6 @@ impl<'a, B: ModelBackend> Engine<'a, B> {
         }
         let outputs = slots.into_iter().map(|slot| session.take(slot).ok_or_else(|| DecodeError::Internal(format!("slot {slot} has no finished output")))).collect::<Result<Vec<_>, _>>()?;
         Ok(session.finish(outputs))
-    }
-
-    /// A session of `slots` request slots whose contexts fit `capacity`
-    /// positions: requests join it ([`Session::admit`]) and leave it
-    /// ([`Session::take`], [`Session::cancel`]) between steps, so a server
-    /// batches continuously. [`Engine::run`] is one session.
-    pub fn session<'s>(&'s self, slots: usize, capacity: usize, proposer: &'s mut dyn Proposer<B>) -> Result<Session<'s, B>, DecodeError> {
-        Session::new(self, slots, capacity, proposer)
     }
 
     /// One request against the model and a context of `capacity` positions (ERR-1).

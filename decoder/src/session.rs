@@ -54,8 +54,18 @@ pub struct Session<'s, B: ModelBackend> {
     proposer_errors: u64,
 }
 
+impl<'a, B: ModelBackend> Engine<'a, B> {
+    /// A session of `slots` request slots whose contexts fit `capacity`
+    /// positions: requests join it ([`Session::admit`]) and leave it
+    /// ([`Session::take`], [`Session::cancel`]) between steps, so a server
+    /// batches continuously. [`Engine::run`] is one session.
+    pub fn session<'s>(&'s self, slots: usize, capacity: usize, proposer: &'s mut dyn Proposer<B>) -> Result<Session<'s, B>, DecodeError> {
+        Session::new(self, slots, capacity, proposer)
+    }
+}
+
 impl<'s, B: ModelBackend> Session<'s, B> {
-    pub(crate) fn new(engine: &'s Engine<'s, B>, slots: usize, capacity: usize, proposer: &'s mut dyn Proposer<B>) -> Result<Self, DecodeError> {
+    fn new(engine: &'s Engine<'s, B>, slots: usize, capacity: usize, proposer: &'s mut dyn Proposer<B>) -> Result<Self, DecodeError> {
         if slots == 0 {
             return Err(DecodeError::Config("a session needs at least one slot".into()));
         }
