@@ -343,12 +343,7 @@ impl Tokenizer {
     /// system turn first when the conversation has none, then
     /// `<|im_start|>assistant\n`. ChatML only, as [`Tokenizer::chat_prompt`].
     pub fn chat_conversation(&self, turns: &[(&str, &str)]) -> Result<String> {
-        let Some(template) = &self.chat_template else {
-            return Err(ModelError::MissingField { file: self.source.clone(), field: "chat_template".to_string() });
-        };
-        if !template.contains(IM_START) {
-            return Err(tok_err(&self.source, "the chat template is not ChatML; other templates would need a Jinja engine"));
-        }
+        let template = self.chatml_template()?;
         let mut out = String::new();
         if turns.first().is_none_or(|(role, _)| *role != "system")
             && let Some(system) = chatml_default_system(template)
@@ -365,17 +360,23 @@ impl Tokenizer {
         Ok(out)
     }
 
-    /// The text before a user message's content:
-    /// `<|im_start|>system\n{default}<|im_end|>\n<|im_start|>user\n` (the system
-    /// turn as in [`Tokenizer::chat_prompt`]). A model continuing it writes a
-    /// user message of its own, ended by `<|im_end|>`.
-    pub fn chat_user_prefix(&self) -> Result<String> {
+    /// The chat template, when it is ChatML (the only kind rendered here).
+    fn chatml_template(&self) -> Result<&str> {
         let Some(template) = &self.chat_template else {
             return Err(ModelError::MissingField { file: self.source.clone(), field: "chat_template".to_string() });
         };
         if !template.contains(IM_START) {
             return Err(tok_err(&self.source, "the chat template is not ChatML; other templates would need a Jinja engine"));
         }
+        Ok(template)
+    }
+
+    /// The text before a user message's content:
+    /// `<|im_start|>system\n{default}<|im_end|>\n<|im_start|>user\n` (the system
+    /// turn as in [`Tokenizer::chat_prompt`]). A model continuing it writes a
+    /// user message of its own, ended by `<|im_end|>`.
+    pub fn chat_user_prefix(&self) -> Result<String> {
+        let template = self.chatml_template()?;
         let mut out = String::new();
         if let Some(system) = chatml_default_system(template) {
             out.push_str(&format!("{IM_START}system\n{system}{IM_END}\n"));

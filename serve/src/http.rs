@@ -31,7 +31,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use crate::api::{self, ApiError, ChatBody, CompletionBody, Prompt, Sampling};
 use crate::metrics::Metrics;
 use crate::scheduler::{Event, Job, Msg};
-use crate::text::{Codec, cut_at_stop, sendable};
+use crate::text::{Codec, cut_at_stop, first_stop, sendable};
 
 /// What every handler shares.
 pub struct AppState {
@@ -247,24 +247,37 @@ fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-/// OpenAI's finish reason and vLLM's `stop_reason` (the eos id or the stop string that ended it).
-fn finish_fields(finish: FinishReason, tokens: &[u32], text: &str, stops: &[String]) -> (&'static str, Value) {
-    match finish {
+/// A finished output as a client sees it: its text (no eos token's text,
+/// nothing from a stop string on), OpenAI's finish reason and vLLM's
+/// `stop_reason` (the eos id or the stop string that ended it); the tokens
+/// are decoded once.
+fn finished(codec: &Codec, tokens: &[u32], finish: FinishReason, eos: &[u32], stops: &[String]) -> (String, &'static str, Value) {
+    let mut text = codec.decode(without_eos(tokens, eos));
+    let stop = first_stop(&text, stops).map(|(at, s)| (at, s.clone()));
+    if let Some((at, _)) = stop {
+        text.truncate(at);
+    }
+    let (reason, stop_reason) = match finish {
         FinishReason::Eos => ("stop", tokens.last().map_or(Value::Null, |&t| json!(t))),
-        FinishReason::Stop => ("stop", stops.iter().filter_map(|s| text.find(s.as_str()).map(|at| (at, s))).min().map_or(Value::Null, |(_, s)| json!(s))),
+        FinishReason::Stop => ("stop", stop.map_or(Value::Null, |(_, s)| json!(s))),
         FinishReason::Length | FinishReason::Capacity => ("length", Value::Null),
+    };
+    (text, reason, stop_reason)
+}
+
+/// The tokens whose text a client sees: all but a final eos.
+fn without_eos<'t>(tokens: &'t [u32], eos: &[u32]) -> &'t [u32] {
+    match tokens.split_last() {
+        Some((last, rest)) if eos.contains(last) => rest,
+        _ => tokens,
     }
 }
 
-/// The text a client sees: no eos token's text, nothing from a stop string
-/// on. A stop string in the text always ends the output there (the decoder
-/// checks every token), so the cut holds before the output is finished too.
+/// The text of a growing output a client may see: [`finished`]'s text. A
+/// stop string in the text always ends the output there (the decoder checks
+/// every token), so the cut holds before the output is finished too.
 fn visible_text(codec: &Codec, tokens: &[u32], eos: &[u32], stops: &[String]) -> String {
-    let ids = match tokens.split_last() {
-        Some((last, rest)) if eos.contains(last) => rest,
-        _ => tokens,
-    };
-    cut_at_stop(&codec.decode(ids), stops)
+    cut_at_stop(&codec.decode(without_eos(tokens, eos)), stops)
 }
 
 fn usage(prompt: usize, completion: usize) -> Value {
@@ -282,9 +295,7 @@ async fn whole(s: &AppState, head: &Head, request: &Request, p: &Sampling, mut r
         match rx.recv().await {
             Some(Event::Tokens(ids)) => tokens.extend(ids),
             Some(Event::Done { finish, acceptance }) => {
-                let text = visible_text(&s.codec, &tokens, &request.eos, &request.stop_strings);
-                let full = s.codec.decode(&tokens);
-                let (reason, stop_reason) = finish_fields(finish, &tokens, &full, &request.stop_strings);
+                let (text, reason, stop_reason) = finished(&s.codec, &tokens, finish, &request.eos, &request.stop_strings);
                 let mut choice = match head.kind {
                     Kind::Completion => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason, "stop_reason": stop_reason}),
                     Kind::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": reason, "stop_reason": stop_reason}),
@@ -350,10 +361,9 @@ fn stream(s: Arc<AppState>, head: Head, request: Request, p: Sampling, mut rx: U
                     }
                 }
                 Some(Event::Done { finish, .. }) => {
-                    let text = visible_text(&s.codec, &tokens, &request.eos, &request.stop_strings);
+                    let (text, reason, stop_reason) = finished(&s.codec, &tokens, finish, &request.eos, &request.stop_strings);
                     let rest = if text.len() > sent && text.is_char_boundary(sent) { &text[sent..] } else { "" };
-                    let full = s.codec.decode(&tokens);
-                    if !send(chunk(rest, &[], Some(finish_fields(finish, &tokens, &full, &request.stop_strings)), first)).await {
+                    if !send(chunk(rest, &[], Some((reason, stop_reason)), first)).await {
                         return;
                     }
                     if p.include_usage {

@@ -54,11 +54,16 @@ pub fn sendable(text: &str, hold: usize) -> usize {
     end
 }
 
+/// Where the first stop string in `text` starts, and which one it is.
+pub fn first_stop<'s>(text: &str, stops: &'s [String]) -> Option<(usize, &'s String)> {
+    stops.iter().filter_map(|s| text.find(s.as_str()).map(|at| (at, s))).min()
+}
+
 /// The output text as a client sees it: cut before the first stop string
 /// when the output stopped on one (OpenAI's convention).
 pub fn cut_at_stop(text: &str, stops: &[String]) -> String {
-    match stops.iter().filter_map(|s| text.find(s.as_str())).min() {
-        Some(at) => text[..at].to_string(),
+    match first_stop(text, stops) {
+        Some((at, _)) => text[..at].to_string(),
         None => text.to_string(),
     }
 }
