@@ -20,11 +20,14 @@ What is HF's own code, called unchanged:
   path, which has no draft logits and so takes ``_assisted_decoding``'s other
   branch (one target sample per position, kept while it matches the drafts):
   the same law, different per-draw decisions, and inline code, not a function.
-* ``process_logits`` runs HF's ``TemperatureLogitsWarper``,
-  ``TopKLogitsWarper`` and ``TopPLogitsWarper`` in the order and under the
-  conditions of ``GenerationMixin._get_logits_processor`` (temperature when
-  not 1, top-k when not 0, top-p when below 1), then softmax, on float32 logits
-  as ``generate`` does. Temperature 0 is HF's greedy decoding: a one-hot at
+* ``process_logits`` runs HF's ``SequenceBiasLogitsProcessor`` (logit bias),
+  ``RepetitionPenaltyLogitsProcessor``, ``TemperatureLogitsWarper``,
+  ``TopKLogitsWarper``, ``TopPLogitsWarper`` and ``MinPLogitsWarper`` in the
+  order and under the conditions of ``GenerationMixin._get_logits_processor``
+  (bias and repetition outside ``do_sample``; temperature when not 1, top-k
+  when not 0, top-p when below 1, min-p when above 0), then softmax, on
+  float32 logits as ``generate`` does. HF has no presence or frequency
+  penalty: such a row is answered NotSupported. Temperature 0 is HF's greedy decoding: a one-hot at
   ``torch.argmax``. A ``ValueError`` a warper raises is answered as the spec's
   ``InvalidParameter`` naming that parameter: HF validated it.
 
@@ -50,10 +53,17 @@ import contextlib
 import numpy as np
 import torch
 import transformers
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers.generation.logits_process import (
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    SequenceBiasLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 from transformers.generation.utils import _speculative_sampling
 
-from peer_glue import F32_PRECISION, SpecError, case_noise, draw_from, serve, verify_inputs, verify_outputs
+from peer_glue import F32_PRECISION, NotSupported, SpecError, case_noise, draw_from, serve, verify_inputs, verify_outputs
 
 
 @contextlib.contextmanager
@@ -120,36 +130,61 @@ class HfTransformers:
         return verify_outputs(rows, d.shape[1])
 
     def process_logits(self, inputs, params):
+        """HF `generate`'s own processors in its own order: SequenceBias (logit
+        bias), RepetitionPenalty (outside `do_sample`, so greedy rows get them
+        too), then Temperature, TopK, TopP, MinP. HF has no presence or
+        frequency penalty: a row that asks for one is NotSupported."""
         z = torch.from_numpy(np.asarray(inputs["logits"], dtype=np.float64)).to(torch.float32)
         temps, top_ks, top_ps = inputs["temperature"], inputs["top_k"], inputs["top_p"]
+        rows = z.shape[0]
+        min_ps = inputs.get("min_p", np.zeros(rows))
+        counts, bias = inputs.get("penalty_counts"), inputs.get("logit_bias")
+        reps = inputs.get("repetition_penalty", np.ones(rows))
+        for name in ("presence_penalty", "frequency_penalty"):
+            if name in inputs and np.any(np.asarray(inputs[name]) != 0.0):
+                raise NotSupported(f"{name}: HF transformers has no presence or frequency penalty")
         out = []
-        for r in range(z.shape[0]):
+        for r in range(rows):
             scores = z[r : r + 1].clone()
-            t, k, tp = float(temps[r]), int(top_ks[r]), float(top_ps[r])
+            t, k, tp, mp = float(temps[r]), int(top_ks[r]), float(top_ps[r]), float(min_ps[r])
+            processors = []
+            try:
+                if bias is not None and np.any(bias[r] != 0.0):
+                    processors.append(SequenceBiasLogitsProcessor([[[int(i)], float(bias[r][i])] for i in np.nonzero(bias[r])[0]]))
+                if counts is not None and float(reps[r]) != 1.0:
+                    processors.append(RepetitionPenaltyLogitsProcessor(penalty=float(reps[r])))
+                if t != 0.0:
+                    if t != 1.0:
+                        processors.append(TemperatureLogitsWarper(t))
+                    if k != 0:
+                        processors.append(TopKLogitsWarper(top_k=k))
+                    if tp < 1.0:
+                        processors.append(TopPLogitsWarper(top_p=tp))
+                    if mp > 0.0:
+                        processors.append(MinPLogitsWarper(min_p=mp))
+            except ValueError as e:
+                raise SpecError("InvalidParameter", _named_parameter(str(e)), str(e)) from e
+            # The ids the penalty counts, as HF reads them: the context's tokens.
+            seen = [] if counts is None else [int(i) for i in np.nonzero(counts[r])[0]]
+            input_ids = torch.tensor([seen or [0]], dtype=torch.long)
+            for process in processors:
+                if isinstance(process, RepetitionPenaltyLogitsProcessor) and not seen:
+                    continue
+                scores = process(input_ids, scores)
             if t == 0.0:
                 one_hot = torch.zeros_like(scores)
                 one_hot[0, torch.argmax(scores, dim=-1)] = 1.0
                 out.append(one_hot[0])
                 continue
-            warpers = []
-            try:
-                if t != 1.0:
-                    warpers.append(TemperatureLogitsWarper(t))
-                if k != 0:
-                    warpers.append(TopKLogitsWarper(top_k=k))
-                if tp < 1.0:
-                    warpers.append(TopPLogitsWarper(top_p=tp))
-            except ValueError as e:
-                raise SpecError("InvalidParameter", _named_parameter(str(e)), str(e)) from e
-            for warp in warpers:
-                scores = warp(None, scores)
             out.append(scores.softmax(dim=-1)[0])
         return {"probs": torch.stack(out).to(torch.float64).numpy()}
 
 
 def _named_parameter(message):
-    for name in ("temperature", "top_k", "top_p"):
+    for name in ("temperature", "top_k", "top_p", "min_p", "penalty"):
         if f"`{name}`" in message:
+            if name == "penalty":
+                return "repetition_penalty"
             return name
     return None
 
@@ -158,7 +193,7 @@ if __name__ == "__main__":
     serve(
         HfTransformers(),
         f"hf-transformers-{transformers.__version__}",
-        ["rejection_verify", "rejection_verify_seeded", "process_logits"],
+        ["rejection_verify", "rejection_verify_seeded", "process_logits", "logits_processors"],
         F32_PRECISION,
         device="cpu",
     )

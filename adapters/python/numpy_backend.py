@@ -104,11 +104,15 @@ def _uniforms(arg, t):
         raise SpecError("UniformOutOfRange", arg, "outside [0, 1)", index=[int(x) for x in np.unravel_index(i, t.shape)], value=t.reshape(-1)[i])
 
 
+# SAMPLE-2's noise domain: the binary32 normal range [2^-126, 2^126].
+MIN_EXPONENTIAL, MAX_EXPONENTIAL = 2.0**-126, 2.0**126
+
+
 def _exponentials(arg, t):
-    ok = np.isfinite(t) & (t > 0)
+    ok = (t >= MIN_EXPONENTIAL) & (t <= MAX_EXPONENTIAL)
     if not ok.all():
         i = int(np.argmax(~ok.reshape(-1)))
-        raise SpecError("InvalidNoise", arg, "must be finite and > 0", index=[int(x) for x in np.unravel_index(i, t.shape)], value=t.reshape(-1)[i])
+        raise SpecError("InvalidNoise", arg, "must be in [2^-126, 2^126]", index=[int(x) for x in np.unravel_index(i, t.shape)], value=t.reshape(-1)[i])
 
 
 def _token(arg, index, t, vocab):
@@ -372,10 +376,15 @@ class NumpyBackend:
         return {"residual": w / total[:, None]}
 
     def process_logits(self, inputs, params):
+        """LOGITS-1..13: bias, repetition, presence and frequency, then
+        temperature, top-k, top-p and min-p (LOGITS-11's order)."""
         z = _float(inputs, "logits")
         t, k, tp = _float(inputs, "temperature"), _int(inputs, "top_k"), _float(inputs, "top_p")
         rows = z.shape[0] if z.ndim > 0 else 0
-        for arg, a in (("temperature", t), ("top_k", k), ("top_p", tp)):
+        opt = {name: _float(inputs, name) for name in PROCESSOR_INPUTS if name in inputs}
+        per_row = [("temperature", t), ("top_k", k), ("top_p", tp)]
+        per_row += [(n, opt[n]) for n in ("min_p", "repetition_penalty", "presence_penalty", "frequency_penalty") if n in opt]
+        for arg, a in per_row:
             if tuple(a.shape) != (rows,):
                 raise SpecError("ShapeMismatch", arg, f"[R] = [{rows}]", actual=list(a.shape))
         for i in range(rows):
@@ -386,18 +395,53 @@ class NumpyBackend:
             raise SpecError("EmptyBatch", "logits", "the batch is empty")
         if vocab == 0:
             raise SpecError("EmptyVocab", "logits", "the vocabulary is empty")
+        ones, zeros = np.ones(rows), np.zeros(rows)
+        min_p = opt.get("min_p", zeros)
+        rep = opt.get("repetition_penalty", ones)
+        pres, freq = opt.get("presence_penalty", zeros), opt.get("frequency_penalty", zeros)
         for i in range(rows):
             if not (np.isfinite(t[i]) and t[i] >= 0):
                 raise SpecError("InvalidParameter", "temperature", "must be finite and >= 0", value=repr(float(t[i])))
             if not (tp[i] > 0 and tp[i] <= 1):
                 raise SpecError("InvalidParameter", "top_p", "must be in (0, 1]", value=repr(float(tp[i])))
+            if not (0 <= min_p[i] <= 1):
+                raise SpecError("InvalidParameter", "min_p", "must be in [0, 1]", value=repr(float(min_p[i])))
+            if not (np.isfinite(rep[i]) and rep[i] > 0):
+                raise SpecError("InvalidParameter", "repetition_penalty", "must be finite and > 0", value=repr(float(rep[i])))
+            for name, a in (("presence_penalty", pres), ("frequency_penalty", freq)):
+                if not np.isfinite(a[i]):
+                    raise SpecError("InvalidParameter", name, "must be finite", value=repr(float(a[i])))
         for r in range(rows):
             _score_row("logits", [r], z[r])
-        return {"probs": np.stack([self._logits_row(z[r], float(t[r]), int(k[r]), float(tp[r])) for r in range(rows)])}
+        counts, bias = opt.get("penalty_counts"), opt.get("logit_bias")
+        if counts is not None:
+            _shape("penalty_counts", counts.shape, (rows, vocab), "[R, V]")
+            bad = ~np.isfinite(counts) | (counts < 0) | (np.nan_to_num(counts) != np.floor(np.nan_to_num(counts)))
+            if bad.any():
+                raise SpecError("InvalidParameter", "penalty_counts", "must be finite non-negative integers")
+        if bias is not None:
+            _shape("logit_bias", bias.shape, (rows, vocab), "[R, V]")
+            bad = ~np.isfinite(bias)
+            if bad.any():
+                r, i = (int(x) for x in np.argwhere(bad)[0])
+                raise SpecError("NonFinite", "logit_bias", "bad bias", index=[r, i], value=bias[r, i])
+        out = []
+        for r in range(rows):
+            row = z[r].copy()
+            if bias is not None:
+                row = row + bias[r]
+            if counts is not None:
+                c = counts[r] > 0
+                with np.errstate(invalid="ignore", over="ignore"):
+                    repeated = np.where(row > 0, row / rep[r], row * rep[r])
+                    row = np.where(c, repeated - (counts[r] * freq[r] + pres[r]), row)
+            _score_row("processed_logits", [r], row)
+            out.append(row)
+        return {"probs": np.stack([self._logits_row(out[r], float(t[r]), int(k[r]), float(tp[r]), float(min_p[r])) for r in range(rows)])}
 
     @staticmethod
-    def _logits_row(logits, temperature, top_k, top_p):
-        """LOGITS-2..6."""
+    def _logits_row(logits, temperature, top_k, top_p, min_p=0.0):
+        """LOGITS-2..6 and LOGITS-10."""
         vocab = logits.size
         top = int(np.argmax(logits))
         if temperature == 0.0:
@@ -422,7 +466,10 @@ class NumpyBackend:
             for i in order:
                 keep[i] = before < top_p
                 before += probs[i]
-            return weights(keep)
+            probs = weights(keep)
+        if min_p > 0.0:
+            keep &= probs >= min_p * probs[top]
+            probs = weights(keep)
         return probs
 
     def draw(self, inputs, params):
@@ -564,10 +611,14 @@ OPS = [
     "rejection_verify_seeded",
     "residual",
     "process_logits",
+    "logits_processors",
     "draw",
     "ngram_propose",
     "paged_gather",
 ]
+
+# process_logits inputs beyond LOGITS-1..6 (handshake entry `logits_processors`).
+PROCESSOR_INPUTS = ("min_p", "penalty_counts", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias")
 
 PRECISION = {
     "float_dtype": "f64",

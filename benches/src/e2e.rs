@@ -183,7 +183,7 @@ impl<B: ModelBackend> Runner<'_, B> {
     fn run(&self, prompt: &[u32], k: usize, proposer: &ProposerChoice) -> Result<RunOutput, String> {
         let mut p = proposer.build(self.b, self.w, k.max(1)).map_err(|e| e.to_string())?;
         let engine = Engine::new(self.b, &self.model, &self.w.config, EngineConfig { k, ..EngineConfig::default() }).map_err(|e| e.to_string())?;
-        let sampling = SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0 };
+        let sampling = SamplingParams::new(0.0, 0, 1.0);
         let request = Request { sampling, eos: self.w.config.eos_ids(), ..Request::greedy(prompt.to_vec(), self.max_tokens) };
         engine.generate(std::slice::from_ref(&request), p.as_mut(), None, &mut NoSink).map_err(|e| e.to_string())
     }

@@ -11,7 +11,7 @@ use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use specdec_backend::model::ModelBackend;
-use specdec_backend::{Comparator, DrawNoiseArg, HostTensor, LogitsParams, RejectionArgs, RejectionNoise};
+use specdec_backend::{Comparator, DrawNoiseArg, HostTensor, LogitsParams, Penalties, RejectionArgs, RejectionNoise};
 
 use crate::machine::Machine;
 
@@ -44,8 +44,12 @@ impl Shape {
 /// batches at a Llama-size V.
 pub const SHAPES: [Shape; 3] = [Shape { batch: 1, k: 8, vocab: 151_936 }, Shape { batch: 8, k: 4, vocab: 32_768 }, Shape { batch: 32, k: 4, vocab: 32_768 }];
 
-/// The two kernels timed.
-pub const OPS: [&str; 2] = ["verify_from_logits", "greedy_verify"];
+/// The kernels timed: verify from logits without and with every sampling
+/// processor (LOGITS-7 .. LOGITS-13, as the decoder feeds them), and greedy.
+pub const OPS: [&str; 3] = ["verify_from_logits", "verify_from_logits_processed", "greedy_verify"];
+
+/// Context tokens whose counts the processed verify's penalties read.
+pub const PENALTY_CONTEXT: usize = 512;
 
 /// Host inputs of one shape, generated once from a fixed seed so every
 /// backend (and the peer script) times the same work.
@@ -128,8 +132,41 @@ pub fn bench<B: ModelBackend>(c: &mut Criterion, name: &str, b: &B, inputs: &Inp
     let (kt, kd) = (up_i(&HostTensor::from_vec(vec![0; batch * (k + 1)])), up_i(&HostTensor::from_vec(vec![0; batch * k])));
     let target_3d = b.reshape(&zt, &[batch, k + 1, vocab]).expect("reshape");
     let verify_from_logits = || {
-        let p = b.process_logits(&zt, LogitsParams { temperature: &ones_t, top_k: &kt, top_p: &ones_t }).expect("valid logits");
-        let q = b.process_logits(&zd, LogitsParams { temperature: &ones_d, top_k: &kd, top_p: &ones_d }).expect("valid logits");
+        let p = b.process_logits(&zt, LogitsParams::new(&ones_t, &kt, &ones_t)).expect("valid logits");
+        let q = b.process_logits(&zd, LogitsParams::new(&ones_d, &kd, &ones_d)).expect("valid logits");
+        let (p, q) = (b.reshape(&p, &[batch, k + 1, vocab]).expect("reshape"), b.reshape(&q, &[batch, k, vocab]).expect("reshape"));
+        let args = RejectionArgs { target_probs: &p, draft_probs: Some(&q), draft_tokens: &drafts, proposal_lens: &lens };
+        let out = b.rejection_verify_unchecked(args, RejectionNoise { accept_uniforms: &u, draw: DrawNoiseArg::InverseCdf(&v) }, Comparator::Strict).expect("valid batch");
+        (b.download_i64(&out.tokens).expect("download"), b.download_i64(&out.num_accepted).expect("download"))
+    };
+    // Every processor on, as the decoder runs them: each row's penalty counts
+    // (a context of PENALTY_CONTEXT tokens plus the drafts before the row) and
+    // a sparse bias built on the host and uploaded per call, then min-p.
+    let context: Vec<u32> = (0..PENALTY_CONTEXT).map(|i| ((i * 7919) % vocab) as u32).collect();
+    let base = specdec_reference::penalty_counts(&context, vocab);
+    let window_rows = |rows_per_seq: usize| -> Vec<f64> {
+        (0..batch)
+            .flat_map(|s| {
+                let d: Vec<u32> = inputs.draft_tokens.data()[s * k..(s + 1) * k].iter().map(|&t| t.max(0) as u32).collect();
+                specdec_reference::window_counts(&base, &d).into_iter().take(rows_per_seq).flatten().collect::<Vec<f64>>()
+            })
+            .collect()
+    };
+    let bias_rows = |rows: usize| -> Vec<f64> { (0..rows * vocab).map(|i| if i % 4099 == 0 { 1.5 } else { 0.0 }).collect() };
+    let processed = |z: &B::Tensor, rows_per_seq: usize| {
+        let rows = batch * rows_per_seq;
+        let col = |x: f64| up_f(&HostTensor::from_vec(vec![x; rows]));
+        let (t, kk, p, m, rep, pres, freq) = (col(1.0), up_i(&HostTensor::from_vec(vec![0; rows])), col(1.0), col(0.05), col(1.2), col(0.3), col(0.2));
+        let counts = up_f(&HostTensor::new(vec![rows, vocab], window_rows(rows_per_seq)).expect("shape"));
+        let bias = up_f(&HostTensor::new(vec![rows, vocab], bias_rows(rows)).expect("shape"));
+        let mut params = LogitsParams::new(&t, &kk, &p);
+        params.min_p = Some(&m);
+        params.penalties = Some(Penalties { counts: &counts, repetition: &rep, presence: &pres, frequency: &freq });
+        params.logit_bias = Some(&bias);
+        b.process_logits(z, params).expect("valid logits")
+    };
+    let verify_processed = || {
+        let (p, q) = (processed(&zt, k + 1), processed(&zd, k));
         let (p, q) = (b.reshape(&p, &[batch, k + 1, vocab]).expect("reshape"), b.reshape(&q, &[batch, k, vocab]).expect("reshape"));
         let args = RejectionArgs { target_probs: &p, draft_probs: Some(&q), draft_tokens: &drafts, proposal_lens: &lens };
         let out = b.rejection_verify_unchecked(args, RejectionNoise { accept_uniforms: &u, draw: DrawNoiseArg::InverseCdf(&v) }, Comparator::Strict).expect("valid batch");
@@ -140,12 +177,13 @@ pub fn bench<B: ModelBackend>(c: &mut Criterion, name: &str, b: &B, inputs: &Inp
         (b.download_i64(&out.tokens).expect("download"), b.download_i64(&out.num_accepted).expect("download"))
     };
     c.benchmark_group(group(OPS[0], &inputs.shape)).bench_function(name, |bench| bench.iter(verify_from_logits));
-    c.benchmark_group(group(OPS[1], &inputs.shape)).bench_function(name, |bench| bench.iter(greedy));
+    c.benchmark_group(group(OPS[1], &inputs.shape)).bench_function(name, |bench| bench.iter(verify_processed));
+    c.benchmark_group(group(OPS[2], &inputs.shape)).bench_function(name, |bench| bench.iter(greedy));
 
     let dtype = b.precision().float_dtype;
     let host = crate::on_host(&b.device());
     let width = dtype_bytes(dtype) as f64;
-    [(OPS[0], inputs.shape.verify_values()), (OPS[1], inputs.shape.greedy_values())]
+    [(OPS[0], inputs.shape.verify_values()), (OPS[1], inputs.shape.verify_values()), (OPS[2], inputs.shape.greedy_values())]
         .into_iter()
         .filter_map(|(op, values)| {
             let mean_s = crate::mean_ns(criterion_dir, &group(op, &inputs.shape), name)? / 1e9;

@@ -148,7 +148,7 @@ impl Report {
         let _ = writeln!(md, "## Kernels\n");
         let _ = writeln!(
             md,
-            "As the decoder calls them, inputs resident, accepted tokens and counts downloaded (criterion means). `verify_from_logits`: `process_logits` (temperature 1, no top-k/top-p) on the target's `[B, k+1, V]` and the draft's `[B, k, V]` f32 logits, then the unchecked `rejection_verify` with explicit noise. `greedy_verify`: the unchecked `greedy_verify` on the target's logits. Limit: the logits in the backend's float dtype, read once.\n"
+            "As the decoder calls them, inputs resident, accepted tokens and counts downloaded (criterion means). `verify_from_logits`: `process_logits` (temperature 1, no top-k/top-p) on the target's `[B, k+1, V]` and the draft's `[B, k, V]` f32 logits, then the unchecked `rejection_verify` with explicit noise. `verify_from_logits_processed`: the same with every sampling processor on, as the decoder runs them (each row's penalty counts over a context of 512 tokens plus the drafts before the row, and a sparse logit bias, built on the host and uploaded per call; repetition 1.2, presence 0.3, frequency 0.2, min-p 0.05): its ratio to `verify_from_logits` is what the processors cost. `greedy_verify`: the unchecked `greedy_verify` on the target's logits. Limit: the logits in the backend's float dtype, read once.\n"
         );
         let peer = self.peer.as_ref().ok();
         match &self.peer {
@@ -176,6 +176,17 @@ impl Report {
                     let vs_peer = peer.and_then(|p| p.get(op, &shape)).map_or("-".into(), |p| format!("{:.2}", k.mean_s / p));
                     let limit = k.times_limit.map_or("-".into(), |x| format!("{x:.1}"));
                     let _ = writeln!(md, "| {op} | {} | {} | {} | {} | {limit} | {vs_ref} | {vs_peer} |", shape.label(), k.backend, k.float_dtype, ms(k.mean_s));
+                }
+            }
+        }
+        let _ = writeln!(
+            md,
+            "\nWhat the processors cost, `verify_from_logits_processed` over `verify_from_logits`, same run:\n\n| shape | backend | plain (ms) | processed (ms) | ratio |\n|---|---|---|---|---|"
+        );
+        for shape in SHAPES {
+            for plain in self.kernels.iter().filter(|k| k.op == OPS[0] && k.shape == shape) {
+                if let Some(processed) = self.kernels.iter().find(|k| k.op == OPS[1] && k.shape == shape && k.backend == plain.backend) {
+                    let _ = writeln!(md, "| {} | {} | {} | {} | {:.2} |", shape.label(), plain.backend, ms(plain.mean_s), ms(processed.mean_s), processed.mean_s / plain.mean_s);
                 }
             }
         }

@@ -58,7 +58,7 @@ fn synthesize_prompts<B: ModelBackend>(
     bar: &ProgressBar,
 ) -> Result<Vec<DraftPrompt>, String> {
     let prefix = tok.encode(&tok.chat_user_prefix().map_err(|e| e.to_string())?, false).map_err(|e| e.to_string())?;
-    let sampling = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0 };
+    let sampling = SamplingParams::new(1.0, 0, 1.0);
     let mut seen = std::collections::HashSet::new();
     let mut prompts = Vec::new();
     for start in (0..n).step_by(batch) {

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::json;
-use specdec_backend::SamplingParams;
 use specdec_backend::model::ModelBackend;
+use specdec_backend::{PenaltyScope, SamplingParams};
 use specdec_decoder::{Engine, EngineConfig, ProposerChoice, Request, RunOutput};
 use specdec_models::{LlamaWeights, Tokenizer};
 
@@ -26,9 +26,8 @@ pub struct Generate {
     pub prompt: String,
     pub chat: bool,
     pub max_tokens: usize,
-    pub temperature: f64,
-    pub top_k: usize,
-    pub top_p: f64,
+    pub sampling: SamplingParams,
+    pub logit_bias: Vec<(u32, f64)>,
     pub seed: u64,
     pub json: bool,
     pub proposer: ProposerChoice,
@@ -37,14 +36,9 @@ pub struct Generate {
 }
 
 impl Generate {
-    /// Checks the sampling parameters before any work (ERR-1: no silent clamping).
+    /// Checks the request before any work (ERR-1: no silent clamping); the
+    /// sampling parameters were checked when they were read.
     pub fn validate(&self) -> Result<(), String> {
-        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            return Err(format!("--temperature {} must be a finite number >= 0", self.temperature));
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(format!("--top-p {} must be in (0, 1]", self.top_p));
-        }
         if self.max_tokens == 0 {
             return Err("--max-tokens must be at least 1".into());
         }
@@ -52,6 +46,73 @@ impl Generate {
             return Err(format!("--k {} must be in [1, {}]", self.k, specdec_decoder::engine::MAX_K));
         }
         Ok(())
+    }
+}
+
+/// The sampling flags of `specdec generate` (LOGITS-1 .. LOGITS-12).
+#[derive(Debug, Clone, clap::Args)]
+pub struct SamplingArgs {
+    /// 0 is greedy (ties to the lowest id).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f64,
+    /// 0 disables top-k.
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f64,
+    /// Keep ids at least this fraction of the most likely one (after
+    /// temperature, top-k and top-p); 0 disables.
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f64,
+    /// Divides positive and multiplies negative logits of counted ids (HF,
+    /// llama.cpp); 1 disables.
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f64,
+    /// Subtracted once from the logit of every counted id (OpenAI).
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f64,
+    /// Subtracted per occurrence from the logit of every counted id (OpenAI).
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f64,
+    /// What the penalties count: `context` (prompt and generated) or `generated`.
+    #[arg(long, default_value = "context")]
+    pub penalty_scope: String,
+    /// `ID:BIAS`, added to that id's logit before everything; repeatable.
+    #[arg(long = "logit-bias", value_name = "ID:BIAS")]
+    pub logit_bias: Vec<String>,
+}
+
+impl SamplingArgs {
+    /// The parameters, checked (LOGITS-1), named by their flags.
+    pub fn params(&self) -> Result<SamplingParams, String> {
+        let penalty_scope = PenaltyScope::from_name(&self.penalty_scope).ok_or_else(|| format!("--penalty-scope {:?} must be `context` or `generated`", self.penalty_scope))?;
+        let params = SamplingParams {
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            penalty_scope,
+            ..SamplingParams::new(self.temperature, self.top_k, self.top_p)
+        };
+        params.validate().map_err(|e| match e {
+            specdec_backend::SpecError::InvalidParameter { name, value, reason } => format!("--{} {value} {reason}", name.replace('_', "-")),
+            other => other.to_string(),
+        })?;
+        Ok(params)
+    }
+
+    /// `--logit-bias ID:BIAS` pairs, parsed (the model checks the ids and
+    /// repeats, LOGITS-7, before it runs).
+    pub fn logit_bias(&self) -> Result<Vec<(u32, f64)>, String> {
+        self.logit_bias
+            .iter()
+            .map(|pair| {
+                let bad = || format!("--logit-bias {pair:?} must be ID:BIAS, an id and a finite number");
+                let (id, bias) = pair.split_once(':').ok_or_else(bad)?;
+                let (id, bias) = (id.trim().parse::<u32>().map_err(|_| bad())?, bias.trim().parse::<f64>().map_err(|_| bad())?);
+                if bias.is_finite() { Ok((id, bias)) } else { Err(bad()) }
+            })
+            .collect()
     }
 }
 
@@ -101,12 +162,7 @@ impl Job for Generate {
         let load_ms = load_start.elapsed().as_secs_f64() * 1e3;
         let k = if self.proposer == ProposerChoice::None { 0 } else { self.k };
         let engine = Engine::new(b, &model, cfg, EngineConfig { k, ..EngineConfig::default() }).map_err(|e| e.to_string())?;
-        let request = Request {
-            sampling: SamplingParams { temperature: self.temperature, top_k: self.top_k, top_p: self.top_p },
-            seed: self.seed,
-            eos: cfg.eos_ids(),
-            ..Request::greedy(prompt_ids.clone(), self.max_tokens)
-        };
+        let request = Request { sampling: self.sampling, logit_bias: self.logit_bias.clone(), seed: self.seed, eos: cfg.eos_ids(), ..Request::greedy(prompt_ids.clone(), self.max_tokens) };
         let stdout = std::io::stdout();
         let (mut streamed, mut printed) = (Vec::<u32>::new(), String::new());
         let mut sink = |_: usize, ids: &[u32]| {
@@ -187,7 +243,7 @@ impl Job for Generate {
             }
         }
         match comparison {
-            Some((false, _, _)) if self.temperature == 0.0 => Err("speculative and plain greedy tokens differ".into()),
+            Some((false, _, _)) if self.sampling.temperature == 0.0 => Err("speculative and plain greedy tokens differ".into()),
             _ => Ok(()),
         }
     }

@@ -88,14 +88,8 @@ enum Command {
         chat: bool,
         #[arg(long, default_value_t = 64)]
         max_tokens: usize,
-        /// 0 is greedy (ties to the lowest id).
-        #[arg(long, default_value_t = 0.0)]
-        temperature: f64,
-        /// 0 disables top-k.
-        #[arg(long, default_value_t = 0)]
-        top_k: usize,
-        #[arg(long, default_value_t = 1.0)]
-        top_p: f64,
+        #[command(flatten)]
+        sampling: generate::SamplingArgs,
         #[arg(long, default_value_t = 0)]
         seed: u64,
         /// Print one JSON object (prompt_ids, token_ids, text, finish_reason,
@@ -290,27 +284,24 @@ fn main() -> ExitCode {
             suite_config(filter, xfails.as_deref(), seed, diff_cases, !no_stat).and_then(|cfg| conform(&backend, &cfg, &report, &files))
         }
         Command::Model { command } => model::run(command),
-        Command::Generate { model, backend, prompt, chat, max_tokens, temperature, top_k, top_p, seed, json, proposer, k, compare } => {
-            specdec_models::load(&model).map_err(|e| e.to_string()).and_then(|loaded| {
-                let mut job = generate::Generate {
-                    weights: std::sync::Arc::new(loaded.weights),
-                    tokenizer: loaded.tokenizer,
-                    prompt,
-                    chat,
-                    max_tokens,
-                    temperature,
-                    top_k,
-                    top_p,
-                    seed,
-                    json,
-                    proposer,
-                    k,
-                    compare,
-                };
-                job.validate()?;
-                with_backend(&backend, &mut job)?.map(|()| true)
-            })
-        }
+        Command::Generate { model, backend, prompt, chat, max_tokens, sampling, seed, json, proposer, k, compare } => specdec_models::load(&model).map_err(|e| e.to_string()).and_then(|loaded| {
+            let mut job = generate::Generate {
+                weights: std::sync::Arc::new(loaded.weights),
+                tokenizer: loaded.tokenizer,
+                prompt,
+                chat,
+                max_tokens,
+                sampling: sampling.params()?,
+                logit_bias: sampling.logit_bias()?,
+                seed,
+                json,
+                proposer,
+                k,
+                compare,
+            };
+            job.validate()?;
+            with_backend(&backend, &mut job)?.map(|()| true)
+        }),
         Command::DraftData { model, backend, prompts, split, layers, max_tokens, batch, synthesize, seed, out } => specdec_models::load(&model).map_err(|e| e.to_string()).and_then(|loaded| {
             let mut job = draft_data::DraftDataJob { model: loaded, prompts, split, layers, max_tokens, batch, synthesize, seed, out };
             with_backend(&backend, &mut job)?.map(|()| true)

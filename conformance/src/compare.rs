@@ -50,25 +50,41 @@ pub fn reference_margins(case: &Case) -> Result<Option<Vec<f64>>, CaseError> {
         }
         "process_logits" => {
             let (z, t, k, p) = (case.input_f("logits")?, case.input_f("temperature")?, case.input_i("top_k")?, case.input_f("top_p")?);
-            logits_margins(&z, &t, &k, &p)
+            let extra = crate::execute::ProcessorInputs::of(case, t.shape())?;
+            logits_margins(&z, &t, &k, &p, &extra)
         }
         _ => None,
     };
     Ok(margins)
 }
 
-/// SAMPLE-3 margins of LOGITS decisions: for top-k, the gap between the k-th
+/// SAMPLE-3 margins of LOGITS decisions, on the logits after bias and
+/// penalties (LOGITS-7 .. LOGITS-9): for top-k, the gap between the k-th
 /// logit and the largest logit below it; for top-p, the distance of every
-/// survivor's preceding mass from `top_p`; for T = 0, the argmax gap.
-fn logits_margins(z: &HostTensor<f64>, t: &HostTensor<f64>, k: &HostTensor<i64>, p: &HostTensor<f64>) -> Option<Vec<f64>> {
+/// survivor's preceding mass from `top_p`; for min-p, the distance of every
+/// survivor's ratio to the largest probability from `min_p` (LOGITS-10); for
+/// T = 0, the argmax gap.
+fn logits_margins(z: &HostTensor<f64>, t: &HostTensor<f64>, k: &HostTensor<i64>, p: &HostTensor<f64>, extra: &crate::execute::ProcessorInputs) -> Option<Vec<f64>> {
     let [rows, vocab] = z.shape() else { return None };
     if *vocab == 0 {
         return None; // an error case: no decision to protect
     }
+    let at = |x: &Option<HostTensor<f64>>, row: usize| x.as_ref().map(|x| x.get(&[row]).copied()).unwrap_or(Some(0.0));
+    fn lane(x: Option<&HostTensor<f64>>, row: usize) -> Option<&[f64]> {
+        x.and_then(|x| x.lane(&[row]))
+    }
     let mut out = Vec::with_capacity(*rows);
     for row in 0..*rows {
-        let logits = z.lane(&[row])?;
-        let params = SamplingParams { temperature: *t.get(&[row])?, top_k: usize::try_from(*k.get(&[row])?).ok()?, top_p: *p.get(&[row])? };
+        let mut params = SamplingParams::new(*t.get(&[row])?, usize::try_from(*k.get(&[row])?).ok()?, *p.get(&[row])?);
+        params.min_p = at(&extra.min_p, row)?;
+        let pen = extra.penalties.as_ref();
+        if let Some([_, rep, pres, freq]) = pen {
+            (params.repetition_penalty, params.presence_penalty, params.frequency_penalty) = (*rep.get(&[row])?, *pres.get(&[row])?, *freq.get(&[row])?);
+        }
+        let inputs = r::RowInputs { counts: lane(pen.map(|x| &x[0]), row), bias: lane(extra.logit_bias.as_ref(), row) };
+        // Invalid input is an error case: no decision to protect.
+        r::process_logits_with(z.lane(&[row])?, params, inputs).ok()?;
+        let logits = &r::logits::pre_process(z.lane(&[row])?, &params, inputs);
         let mut sorted = logits.to_vec();
         sorted.sort_by(|a, b| b.total_cmp(a));
         let scale = sorted[0].abs().max(1.0);
@@ -83,15 +99,24 @@ fn logits_margins(z: &HostTensor<f64>, t: &HostTensor<f64>, k: &HostTensor<i64>,
                     margin = margin.min((kth - below) / scale);
                 }
             }
+            let basic = SamplingParams::new(params.temperature, params.top_k, params.top_p);
             if params.top_p < 1.0 {
                 // Survivors of top-k in descending probability order.
-                let full = r::process_logits(logits, SamplingParams { top_p: 1.0, ..params }).ok()?;
+                let full = r::process_logits(logits, SamplingParams { top_p: 1.0, ..basic }).ok()?;
                 let mut order: Vec<usize> = (0..*vocab).filter(|&i| full[i] > 0.0).collect();
                 order.sort_by(|&a, &b| full[b].total_cmp(&full[a]).then(a.cmp(&b)));
                 let mut before = 0.0;
                 for &i in &order {
                     margin = margin.min((before - params.top_p).abs());
                     before += full[i];
+                }
+            }
+            if params.min_p > 0.0 {
+                // Survivors of top-k and top-p: each one's ratio to the largest.
+                let cut = r::process_logits(logits, basic).ok()?;
+                let largest = cut.iter().fold(0.0f64, |m, &x| m.max(x));
+                for &x in cut.iter().filter(|&&x| x > 0.0) {
+                    margin = margin.min((x / largest - params.min_p).abs());
                 }
             }
         }

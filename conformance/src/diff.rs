@@ -279,7 +279,24 @@ fn logits(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {
         k.push([0, 1, 2, v.saturating_sub(1), v][g.int(0, 4)] as i64);
         p.push([1.0, 0.95, 0.7, 0.3][g.int(0, 3)]);
     }
-    (Map::new(), obj(vec![("logits", f(vec![rows, v], z)), ("temperature", f(vec![rows], t)), ("top_k", i(vec![rows], k)), ("top_p", f(vec![rows], p))]))
+    let mut inputs = obj(vec![("logits", f(vec![rows, v], z)), ("temperature", f(vec![rows], t)), ("top_k", i(vec![rows], k)), ("top_p", f(vec![rows], p))]);
+    // LOGITS-7 .. LOGITS-10 on about half the cases, each processor alone or together.
+    let pick = |g: &mut Gen, xs: &[f64]| -> Vec<f64> { (0..rows).map(|_| xs[g.int(0, xs.len() - 1)]).collect() };
+    if g.chance(0.4) {
+        inputs.insert("min_p".into(), f(vec![rows], pick(g, &[0.0, 0.05, 0.2, 0.5])));
+    }
+    if g.chance(0.4) {
+        let counts: Vec<f64> = (0..rows * v).map(|_| [0.0, 0.0, 1.0, 3.0][g.int(0, 3)]).collect();
+        inputs.insert("penalty_counts".into(), f(vec![rows, v], counts));
+        inputs.insert("repetition_penalty".into(), f(vec![rows], pick(g, &[1.0, 1.3, 0.8])));
+        inputs.insert("presence_penalty".into(), f(vec![rows], pick(g, &[0.0, 0.5, -0.5])));
+        inputs.insert("frequency_penalty".into(), f(vec![rows], pick(g, &[0.0, 0.3])));
+    }
+    if g.chance(0.3) {
+        let bias: Vec<f64> = (0..rows * v).map(|_| if g.chance(0.3) { g.int(0, 6) as f64 - 3.0 } else { 0.0 }).collect();
+        inputs.insert("logit_bias".into(), f(vec![rows, v], bias));
+    }
+    (Map::new(), inputs)
 }
 
 fn draw(g: &mut Gen) -> (Map<String, Value>, Map<String, Value>) {

@@ -59,7 +59,7 @@ use specdec_stats::TestReport;
 
 use crate::check::{CheckResult, Kind, SuiteConfig, catch, settle};
 use crate::compare::Verdict;
-use crate::e2e_section::{E2E_BETA, E2E_DELTA, K, TINY_TOKENS, build_proposer, cuts, engine_config, exact_law_with, sampled_setup, tiny_eos, tiny_prompts, tiny_text};
+use crate::e2e_section::{E2E_BETA, E2E_DELTA, K, Setting, TINY_TOKENS, build_proposer, cuts, engine_config, exact_law_with, sampled_setup, tiny_eos, tiny_prompts, tiny_text};
 use crate::model_section::{self, Divergence, GreedyRun};
 use crate::section::Section;
 use crate::stat;
@@ -69,7 +69,7 @@ pub const ENGINE_MODEL: &str = crate::e2e_section::TINY;
 /// Tokens of a sampled generation in the `sampled` checks.
 pub const SAMPLED_TOKENS: usize = 3;
 /// The settings of the `sampled` checks.
-pub const SETTINGS: [(&str, SamplingParams); 2] = [("t1-topk4", SamplingParams { temperature: 1.0, top_k: 4, top_p: 1.0 }), ("t07-topp09", SamplingParams { temperature: 0.7, top_k: 0, top_p: 0.9 })];
+pub const SETTINGS: [(&str, SamplingParams); 2] = [("t1-topk4", SamplingParams::new(1.0, 4, 1.0)), ("t07-topp09", SamplingParams::new(0.7, 0, 0.9))];
 /// Requests per `generate` call in the statistical checks (an engine's
 /// per-step cost is mostly fixed on the tiny model: large batches amortise it).
 const BATCH: usize = 1024;
@@ -402,7 +402,7 @@ fn copied_eos(context: &[u32], out: &[u32]) -> Option<(u32, usize)> {
 /// ENGINE-6, exact: the same sampled request alone, in a batch, and again.
 fn batch_check(engine: &mut dyn GenerationEngine) -> Result<Verdict, Verdict> {
     let invariant = engine.info().batch_invariant;
-    let params = SamplingParams { temperature: 0.9, top_k: 0, top_p: 0.95 };
+    let params = SamplingParams::new(0.9, 0, 0.95);
     let sampled = |prompt: Vec<u32>, seed: u64, on: bool| GenerationRequest::sampled(prompt, params, seed, 12, on);
     for on in [true, false] {
         let me = sampled(vec![1, 2, 3, 1, 2, 3], 42, on);
@@ -479,7 +479,7 @@ fn statistical_check(engine: &mut dyn GenerationEngine, w: &LlamaWeights, item: 
     }
     if let Some((setting, on)) = item.sampled {
         let (label, params) = SETTINGS[setting];
-        let law = exact_law_with(w, &prompt, eos, params, SAMPLED_TOKENS).map_err(fail)?;
+        let law = exact_law_with(w, &prompt, eos, &Setting::plain(params), SAMPLED_TOKENS).map_err(fail)?;
         let cells: BTreeMap<&Vec<u32>, usize> = law.keys().enumerate().map(|(i, k)| (k, i)).collect();
         let mut expected: Vec<f64> = law.values().copied().collect();
         expected.push(0.0); // any sequence outside the law's support
@@ -492,7 +492,7 @@ fn statistical_check(engine: &mut dyn GenerationEngine, w: &LlamaWeights, item: 
         return stat::test_counts(&format!("{} ({label}, n = {n})", item.name), &counts, &expected, family).map_err(fail);
     }
     // seed-pairs: first tokens of two requests of one batch, seeds apart.
-    let (params, first) = (SETTINGS[0].1, exact_law_with(w, &prompt, eos, SETTINGS[0].1, 1).map_err(fail)?);
+    let (params, first) = (SETTINGS[0].1, exact_law_with(w, &prompt, eos, &Setting::plain(SETTINGS[0].1), 1).map_err(fail)?);
     let vocab = w.config.vocab_size;
     let mut marginal = vec![0.0; vocab];
     for (seq, p) in &first {
@@ -528,7 +528,7 @@ pub const LARGE_GREEDY_TOKENS: usize = 24;
 /// The two-sample check on a large model: its setting, and the total
 /// variation between the hashed laws it is planned to detect (a large
 /// model's generations cost what the tiny model's do not: 0.1, not 0.05).
-pub const LARGE_SETTING: (&str, SamplingParams) = ("t1-topk4", SamplingParams { temperature: 1.0, top_k: 4, top_p: 1.0 });
+pub const LARGE_SETTING: (&str, SamplingParams) = ("t1-topk4", SamplingParams::new(1.0, 4, 1.0));
 pub const LARGE_TWO_SAMPLE_DELTA: f64 = 0.1;
 
 /// The model checks' items, `engine/<label>/<model>/<check>`.

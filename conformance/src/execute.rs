@@ -6,7 +6,7 @@
 //! returns.
 
 use serde_json::Value;
-use specdec_backend::{Backend, BackendError, Comparator, DrawNoiseArg, HostTensor, LogitsParams, NgramConfig, Op, RejectionArgs, RejectionNoise, TrimMode};
+use specdec_backend::{Backend, BackendError, Comparator, DrawNoiseArg, HostTensor, LogitsParams, NgramConfig, Op, Penalties, RejectionArgs, RejectionNoise, TrimMode};
 
 use crate::format::{Case, CaseError};
 use crate::ops::case_op;
@@ -93,9 +93,17 @@ pub fn execute_with<B: Backend>(backend: &B, case: &Case, checked: Checked) -> R
         }
         Op::ProcessLogits => {
             let (z, t, k, p) = (case.input_f("logits")?, case.input_f("temperature")?, case.input_i("top_k")?, case.input_f("top_p")?);
+            let extra = ProcessorInputs::of(case, t.shape())?;
             run(&mut obs, || {
                 let (t, k, p) = (backend.upload_f64(&t)?, backend.upload_i64(&k)?, backend.upload_f64(&p)?);
-                let probs = backend.process_logits(&backend.upload_f64(&z)?, LogitsParams { temperature: &t, top_k: &k, top_p: &p })?;
+                let up = |x: &Option<HostTensor<f64>>| x.as_ref().map(|x| backend.upload_f64(x)).transpose();
+                let (min_p, bias) = (up(&extra.min_p)?, up(&extra.logit_bias)?);
+                let pen = extra.penalties.as_ref().map(|ps| ps.iter().map(|x| backend.upload_f64(x)).collect::<Result<Vec<_>, _>>()).transpose()?;
+                let mut params = LogitsParams::new(&t, &k, &p);
+                params.min_p = min_p.as_ref();
+                params.logit_bias = bias.as_ref();
+                params.penalties = pen.as_ref().map(|x| Penalties { counts: &x[0], repetition: &x[1], presence: &x[2], frequency: &x[3] });
+                let probs = backend.process_logits(&backend.upload_f64(&z)?, params)?;
                 Ok(vec![("probs", floats(backend, &probs)?)])
             })
         }
@@ -397,5 +405,33 @@ impl<T: Default + Copy, const N: usize> TryMapCompat<T, N> for [Result<T, CaseEr
             *slot = r?;
         }
         Ok(out)
+    }
+}
+
+/// A `process_logits` case's optional processor inputs (LOGITS-7 .. LOGITS-10).
+/// Penalties are present iff `penalty_counts` is; a penalty parameter a case
+/// omits is off (repetition 1, presence and frequency 0), one given without
+/// counts is a case-file error rather than silently unused.
+pub(crate) struct ProcessorInputs {
+    pub min_p: Option<HostTensor<f64>>,
+    pub logit_bias: Option<HostTensor<f64>>,
+    /// counts, repetition, presence, frequency.
+    pub penalties: Option<[HostTensor<f64>; 4]>,
+}
+
+impl ProcessorInputs {
+    pub(crate) fn of(case: &Case, rows: &[usize]) -> Result<Self, CaseError> {
+        let neutral = |v: f64| HostTensor::new(rows.to_vec(), vec![v; rows.iter().product()]).map_err(|e| case.error("inputs", "temperature", e.to_string()));
+        let param = |name: &str, off: f64| -> Result<HostTensor<f64>, CaseError> { case.opt_input_f(name)?.map_or_else(|| neutral(off), Ok) };
+        let penalties = match case.opt_input_f("penalty_counts")? {
+            Some(c) => Some([c, param("repetition_penalty", 1.0)?, param("presence_penalty", 0.0)?, param("frequency_penalty", 0.0)?]),
+            None => {
+                if let Some(name) = ["repetition_penalty", "presence_penalty", "frequency_penalty"].into_iter().find(|n| case.inputs.contains_key(*n)) {
+                    return Err(case.error("inputs", name, "is given without `penalty_counts`".to_string()));
+                }
+                None
+            }
+        };
+        Ok(ProcessorInputs { min_p: case.opt_input_f("min_p")?, logit_bias: case.opt_input_f("logit_bias")?, penalties })
     }
 }

@@ -188,7 +188,7 @@ fn uniform(rng: &mut Pcg64, coarse: bool) -> f64 {
 /// `q` at temperature 0.5: the square of `q`, renormalised (LOGITS-3).
 fn sharpen(q: &[f64]) -> Vec<f64> {
     let logits: Vec<f64> = q.iter().map(|&x| if x > 0.0 { x.ln() } else { f64::NEG_INFINITY }).collect();
-    specdec_reference::process_logits(&logits, SamplingParams { temperature: 0.5, top_k: 0, top_p: 1.0 }).expect("valid row")
+    specdec_reference::process_logits(&logits, SamplingParams::new(0.5, 0, 1.0)).expect("valid row")
 }
 
 /// One verify step per row, each row with a random proposal length in

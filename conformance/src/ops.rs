@@ -89,7 +89,7 @@ pub fn op_fields(op: Op) -> OpFields {
         Op::DflashAccept => f(&["vocab"], &["candidates", "target_predict"], &["accept_len", "bonus"]),
         Op::RejectionVerify => f(&["comparator"], &["target_probs", "draft_probs", "draft_tokens", "proposal_lens", "accept_uniforms", "draw_uniforms", "draw_exponentials"], VERIFY_OUT),
         Op::Residual => f(&[], &["target_probs", "draft_probs", "drafted"], &["residual"]),
-        Op::ProcessLogits => f(&[], &["logits", "temperature", "top_k", "top_p"], &["probs"]),
+        Op::ProcessLogits => f(&[], &["logits", "temperature", "top_k", "top_p", "min_p", "penalty_counts", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias"], &["probs"]),
         Op::Draw => f(&[], &["weights", "draw_uniforms", "draw_exponentials"], &["tokens"]),
         Op::NgramPropose => f(&["vocab", "config"], &["contexts", "context_lens"], &["drafts", "proposal_lens"]),
         Op::PagedGather => f(&[], &["pages", "block_table", "context_lens"], &["gathered"]),

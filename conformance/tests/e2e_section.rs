@@ -5,7 +5,7 @@
 
 use specdec_backend::ReferenceBackend;
 use specdec_backend::model::ModelBackend;
-use specdec_conformance::e2e_section::{self, GreedyPrompts, TINY, engine_config, run_with, sampled_law_check};
+use specdec_conformance::e2e_section::{self, GreedyPrompts, PENALISED, SAMPLED_PARAMS, Setting, TINY, engine_config, run_with, sampled_law_check};
 use specdec_conformance::model_section::ModelFiles;
 use specdec_conformance::stat::FAMILY_ALPHA;
 use specdec_conformance::suite::{Selection, Status, SuiteConfig};
@@ -21,9 +21,19 @@ fn tiny_section(engine: &EngineConfig) -> Vec<(String, Status)> {
     tiny_checks(engine, &format!("e2e/{TINY}/"))
 }
 
-/// The tiny model's checks whose names match `filter`.
+/// The tiny model's checks whose names match `filter`; the penalised
+/// checks only where a control is about them ([`with_penalties`]).
 fn tiny_checks(engine: &EngineConfig, filter: &str) -> Vec<(String, Status)> {
-    let selection = Selection { exclude: vec!["e2e/*dflash*/sampled".into()], ..Selection::default() };
+    tiny_checks_excluding(engine, filter, &["e2e/*dflash*/sampled*", "e2e/*/sampled-penalised"])
+}
+
+/// The tiny model's checks with the penalised ones (DFlash's host drafter included).
+fn with_penalties(engine: &EngineConfig) -> Vec<(String, Status)> {
+    tiny_checks_excluding(engine, &format!("e2e/{TINY}/"), &["e2e/*dflash*/sampled"])
+}
+
+fn tiny_checks_excluding(engine: &EngineConfig, filter: &str, exclude: &[&str]) -> Vec<(String, Status)> {
+    let selection = Selection { exclude: exclude.iter().map(|x| x.to_string()).collect(), ..Selection::default() };
     let cfg = SuiteConfig { filter: Some(filter.into()), selection, ..SuiteConfig::default() };
     run_with(&ReferenceBackend, &cfg, &ModelFiles::default(), engine, &mut |_| {}).into_iter().filter(|r| r.status != Status::Skipped).map(|r| (r.name, r.status)).collect()
 }
@@ -72,11 +82,45 @@ fn draft_q_at_another_temperature_is_rejected() {
     let m = b.load_model(&w).unwrap();
     for (name, draft) in [("early-exit:1", w.truncated(1).unwrap()), ("draft:seeded", e2e_section::seeded_draft(&w).unwrap())] {
         let mut p = DraftModelProposer::new(&b, name, &draft, w.config.vocab_size).unwrap().with_wrong_q_temperature(0.5);
-        let mut report = sampled_law_check(&b, &w, &m, &mut p, &engine_config(), specdec_conformance::suite::DEFAULT_SEED).unwrap();
-        let family = e2e_section::e2e_items().iter().filter(|i| i.check == "sampled").count();
-        report.judge(FAMILY_ALPHA / family as f64).unwrap();
+        let mut report = sampled_law_check(&b, &w, &m, &mut p, &engine_config(), specdec_conformance::suite::DEFAULT_SEED, &Setting::plain(SAMPLED_PARAMS)).unwrap();
+        report.judge(FAMILY_ALPHA / sampled_family() as f64).unwrap();
         assert_eq!(report.decision, Decision::Reject, "{name}: {report}");
     }
+}
+
+/// The Holm family of the section's statistical checks.
+fn sampled_family() -> usize {
+    e2e_section::e2e_items().iter().filter(|i| i.check.starts_with("sampled")).count()
+}
+
+/// LOGITS-13, HF transformers #47932's penalty form: drafts drawn with the
+/// request's penalties and bias, `q` reported without them. The
+/// penalised sampled check rejects it; the unpenalised one cannot see it.
+#[test]
+fn draft_q_without_penalties_is_rejected() {
+    let w = TinySpec::preset(TINY).unwrap().weights().unwrap();
+    let b = ReferenceBackend;
+    let m = b.load_model(&w).unwrap();
+    for (name, draft) in [("early-exit:1", w.truncated(1).unwrap()), ("draft:seeded", e2e_section::seeded_draft(&w).unwrap())] {
+        let mut p = DraftModelProposer::new(&b, name, &draft, w.config.vocab_size).unwrap().with_unpenalised_q();
+        let mut report = sampled_law_check(&b, &w, &m, &mut p, &engine_config(), specdec_conformance::suite::DEFAULT_SEED, &PENALISED).unwrap();
+        report.judge(FAMILY_ALPHA / sampled_family() as f64).unwrap();
+        assert_eq!(report.decision, Decision::Reject, "{name}: {report}");
+    }
+}
+
+/// LOGITS-13: every verify row's penalties count the context alone, so a
+/// draft that repeats an earlier draft of its window goes unpenalised. The
+/// exact step law (with the drafts given) fails it for every proposer, the
+/// penalised sampled check too; the checks without penalties pass.
+#[test]
+fn penalties_that_ignore_the_window_drafts_are_rejected() {
+    let r = with_penalties(&with_fault(Fault::PenaltyIgnoresDrafts));
+    let proposers_with_step_law = r.iter().filter(|(n, _)| n.ends_with("/step-law")).count();
+    assert!(proposers_with_step_law > 0, "{r:?}");
+    assert_eq!(failed(&r, "/step-law").len(), proposers_with_step_law, "{r:?}");
+    assert!(!failed(&r, "/sampled-penalised").is_empty(), "{r:?}");
+    assert!(failed(&r, "/sampled").is_empty() && failed(&r, "/greedy").is_empty(), "{r:?}");
 }
 
 /// DECODE-6: drafts emitted past `max_tokens` inside an accepted run. The

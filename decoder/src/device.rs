@@ -5,7 +5,8 @@
 use rand::RngExt;
 use rand_pcg::Pcg64;
 use specdec_backend::model::ModelBackend;
-use specdec_backend::{DrawNoiseArg, HostTensor, LogitsParams, SamplingParams};
+use specdec_backend::{DrawNoiseArg, HostTensor, LogitsParams, Penalties, SamplingParams};
+use specdec_reference::penalty_counts;
 
 use crate::DecodeError;
 
@@ -17,13 +18,82 @@ pub(crate) fn upload_i64<B: ModelBackend>(b: &B, shape: Vec<usize>, data: Vec<i6
     Ok(b.upload_i64(&HostTensor::new(shape, data).map_err(|e| DecodeError::Internal(e.to_string()))?)?)
 }
 
-/// `logits [R, V]` processed row by row with `params[r]` (LOGITS-1 .. LOGITS-6).
-pub(crate) fn process<B: ModelBackend>(b: &B, logits: &B::Tensor, params: &[SamplingParams]) -> Result<B::Tensor, DecodeError> {
-    let r = params.len();
-    let temperature = upload_f64(b, vec![r], params.iter().map(|p| p.temperature).collect())?;
-    let top_k = upload_i64(b, vec![r], params.iter().map(|p| p.top_k as i64).collect())?;
-    let top_p = upload_f64(b, vec![r], params.iter().map(|p| p.top_p).collect())?;
-    Ok(b.process_logits(logits, LogitsParams { temperature: &temperature, top_k: &top_k, top_p: &top_p })?)
+/// The processor inputs of one row (LOGITS-7 .. LOGITS-13).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Row<'a> {
+    pub(crate) params: SamplingParams,
+    /// The tokens the penalties count: the request's scope of its context (LOGITS-12) ...
+    pub(crate) counted: &'a [u32],
+    /// ... plus the drafts before this row (LOGITS-13).
+    pub(crate) drafts: &'a [u32],
+    /// `(id, bias)` pairs, validated with the request (LOGITS-7).
+    pub(crate) bias: &'a [(u32, f64)],
+}
+
+impl<'a> Row<'a> {
+    /// The row after `drafts` of a request whose context (prompt, then
+    /// generated tokens) is `context`, its prompt the first `prompt_len`.
+    pub(crate) fn after(params: SamplingParams, context: &'a [u32], prompt_len: usize, bias: &'a [(u32, f64)], drafts: &'a [u32]) -> Self {
+        Row { params, counted: params.penalty_scope.counted(context, prompt_len), drafts, bias }
+    }
+
+    /// A row with no penalty context and no bias: LOGITS-1 .. LOGITS-6 and min-p.
+    pub(crate) fn plain(params: SamplingParams) -> Self {
+        Row { params, counted: &[], drafts: &[], bias: &[] }
+    }
+}
+
+/// `logits [R, V]` processed row by row with `rows[r]` (LOGITS-1 .. LOGITS-13).
+///
+/// The penalty counts and the bias are built on the host from tokens the
+/// decoder already holds (each step's emitted ids come back for the stop
+/// checks; drafts are host ids) and uploaded once per call as `[R, V]`, only
+/// when some row uses them: nothing is downloaded for them (BACKEND-1).
+pub(crate) fn process<B: ModelBackend>(b: &B, logits: &B::Tensor, rows: &[Row<'_>], vocab: usize) -> Result<B::Tensor, DecodeError> {
+    let r = rows.len();
+    let column = |f: &dyn Fn(&SamplingParams) -> f64| upload_f64(b, vec![r], rows.iter().map(|x| f(&x.params)).collect());
+    let temperature = column(&|p| p.temperature)?;
+    let top_k = upload_i64(b, vec![r], rows.iter().map(|x| x.params.top_k as i64).collect())?;
+    let top_p = column(&|p| p.top_p)?;
+    let min_p = rows.iter().any(|x| x.params.min_p > 0.0).then(|| column(&|p| p.min_p)).transpose()?;
+    let penalised = rows.iter().any(|x| x.params.penalised());
+    let penalties = penalised
+        .then(|| {
+            let mut counts = Vec::with_capacity(r * vocab);
+            for x in rows {
+                let mut row = penalty_counts(x.counted, vocab);
+                for &d in x.drafts {
+                    row[d as usize] += 1.0;
+                }
+                counts.extend(row);
+            }
+            Ok::<_, DecodeError>([upload_f64(b, vec![r, vocab], counts)?, column(&|p| p.repetition_penalty)?, column(&|p| p.presence_penalty)?, column(&|p| p.frequency_penalty)?])
+        })
+        .transpose()?;
+    let bias = rows
+        .iter()
+        .any(|x| !x.bias.is_empty())
+        .then(|| {
+            let mut data = vec![0.0; r * vocab];
+            for (i, x) in rows.iter().enumerate() {
+                for &(id, v) in x.bias {
+                    data[i * vocab + id as usize] = v;
+                }
+            }
+            upload_f64(b, vec![r, vocab], data)
+        })
+        .transpose()?;
+    let mut params = LogitsParams::new(&temperature, &top_k, &top_p);
+    params.min_p = min_p.as_ref();
+    params.penalties = penalties.as_ref().map(|[c, rep, pres, freq]| Penalties { counts: c, repetition: rep, presence: pres, frequency: freq });
+    params.logit_bias = bias.as_ref();
+    Ok(b.process_logits(logits, params)?)
+}
+
+/// Whether a row's greedy argmax differs from the raw logits' (bias or
+/// penalties move it, LOGITS-2).
+pub(crate) fn moves_argmax(rows: &[Row<'_>]) -> bool {
+    rows.iter().any(|x| !x.bias.is_empty() || x.params.penalised())
 }
 
 /// One id per row of `probs [R, V]` by inverse CDF, row `r` with the next

@@ -36,6 +36,10 @@ pub enum Fault {
     /// A slot a request left is handed to the next one without clearing
     /// its target cache: the new prompt lands after the old positions.
     SlotNotCleared,
+    /// The penalties of every verify row count the context alone, not the
+    /// drafts before the row (breaks LOGITS-13: a drafted token that repeats
+    /// an earlier draft of the same window goes unpenalised).
+    PenaltyIgnoresDrafts,
 }
 
 /// The fault of a run, if any.
@@ -46,6 +50,11 @@ impl Faults {
     /// The logit row read for window position `j` of a sequence with `len` drafts.
     pub(crate) fn window_row(self, j: usize, len: usize) -> usize {
         if j == len && len > 0 && self.0 == Some(Fault::BonusFromWrongRow) { j - 1 } else { j }
+    }
+
+    /// How many of the drafts before verify row `j` its penalties count.
+    pub(crate) fn penalty_window(self, j: usize) -> usize {
+        if self.0 == Some(Fault::PenaltyIgnoresDrafts) { 0 } else { j }
     }
 
     /// Positions trimmed beyond the rejected drafts.

@@ -34,6 +34,18 @@ pub struct SeqView<'a> {
     /// At most this many drafts (the step's `k`, less where the cache is nearly full).
     pub max_drafts: usize,
     pub sampling: SamplingParams,
+    /// The first `prompt_len` tokens of `context` are the prompt (LOGITS-12).
+    pub prompt_len: usize,
+    /// The request's logit bias (LOGITS-7).
+    pub logit_bias: &'a [(u32, f64)],
+}
+
+impl<'a> SeqView<'a> {
+    /// The processor inputs of this sequence's row after `drafts`: a draft's
+    /// `q` counts the context plus the drafts before it (LOGITS-13).
+    pub(crate) fn row(&self, drafts: &'a [u32]) -> crate::device::Row<'a> {
+        crate::device::Row::after(self.sampling, self.context, self.prompt_len, self.logit_bias, drafts)
+    }
 }
 
 /// How the target checks a proposal.

@@ -12,8 +12,12 @@ use crate::DecodeError;
 pub struct Request {
     /// Prompt token ids; at least one.
     pub prompt: Vec<u32>,
-    /// Temperature 0 is greedy (ties to the lowest id, LOGITS-2).
+    /// Temperature 0 is greedy (ties to the lowest id, LOGITS-2); min-p and
+    /// the penalties with their scope (LOGITS-8 .. LOGITS-12) are here too.
     pub sampling: SamplingParams,
+    /// `(id, bias)` pairs added to the logits before everything (LOGITS-7):
+    /// ids in the vocabulary, none twice, biases finite.
+    pub logit_bias: Vec<(u32, f64)>,
     /// Seeds this request's own noise streams (DECODE-3): its output does
     /// not depend on the other requests of the batch.
     pub seed: u64,
@@ -38,7 +42,7 @@ pub struct Request {
 impl Request {
     /// A greedy request with no stop condition but `max_tokens`.
     pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Self {
-        Request { prompt, sampling: SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0 }, seed: 0, max_tokens, eos: Vec::new(), stop_strings: Vec::new(), verify_uniforms: None, speculate: true }
+        Request { prompt, sampling: SamplingParams::greedy(), logit_bias: Vec::new(), seed: 0, max_tokens, eos: Vec::new(), stop_strings: Vec::new(), verify_uniforms: None, speculate: true }
     }
 
     /// Checks the request against the model's vocabulary (ERR-1: typed, named, no clamping).
@@ -60,6 +64,9 @@ impl Request {
             return bad("a stop string is empty".into());
         }
         if let Err(e) = self.sampling.validate() {
+            return bad(e.to_string());
+        }
+        if let Err(e) = specdec_reference::bias_row(&self.logit_bias, vocab) {
             return bad(e.to_string());
         }
         if let Some((i, u)) = self.verify_uniforms.iter().flatten().enumerate().find(|(_, u)| !(0.0..1.0).contains(*u)) {

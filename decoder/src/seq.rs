@@ -4,6 +4,7 @@
 use rand::RngExt;
 use rand_pcg::Pcg64;
 
+use crate::device::Row;
 use crate::request::{Acceptance, FinishReason, Request};
 use crate::stop::StopState;
 
@@ -49,6 +50,11 @@ pub fn noise_streams(seed: u64) -> (Pcg64, Pcg64) {
 }
 
 impl Seq {
+    /// The processor inputs of this sequence's row after `drafts` (LOGITS-13).
+    pub(crate) fn row<'a>(&'a self, drafts: &'a [u32]) -> Row<'a> {
+        Row::after(self.req.sampling, &self.context, self.req.prompt.len(), &self.req.logit_bias, drafts)
+    }
+
     /// A request's state; its noise streams are `seed`'s (the request's own
     /// seed but in a negative control).
     pub(crate) fn new(req: Request, seed: u64) -> Self {

@@ -274,7 +274,11 @@ impl<'s, B: ModelBackend> Session<'s, B> {
         let seqs = &self.seqs;
         let views: Vec<SeqView<'_>> = active
             .iter()
-            .map(|&i| SeqView { slot: i, context: &seqs[i].context, max_drafts: if seqs[i].req.speculate { k.min(self.capacity - lens[i] - 1) } else { 0 }, sampling: seqs[i].req.sampling })
+            .map(|&i| {
+                let req = &seqs[i].req;
+                let max_drafts = if req.speculate { k.min(self.capacity - lens[i] - 1) } else { 0 };
+                SeqView { slot: i, context: &seqs[i].context, max_drafts, sampling: req.sampling, prompt_len: req.prompt.len(), logit_bias: &req.logit_bias }
+            })
             .collect();
         let mut rngs: Vec<Pcg64> = active.iter().map(|&i| seqs[i].draft_rng.clone()).collect();
         let name = self.proposer.name();

@@ -27,16 +27,25 @@ pub(crate) fn verify<B: ModelBackend>(b: &B, vocab: usize, config: &EngineConfig
     let (checked, faults) = (config.checked, config.faults());
     let (a, width) = (active.len(), w.width);
     let greedy = active.iter().all(|&i| seqs[i].req.sampling.temperature == 0.0);
+    // Row `j` of a sequence counts its context plus its drafts before `j`
+    // (LOGITS-13); rows past its drafts are padding, never read (CONV-7).
+    let mut rows = Vec::with_capacity(a * (width + 1));
+    for (pos, &i) in active.iter().enumerate() {
+        let drafts = &p.drafts[pos];
+        rows.extend((0..=width).map(|j| seqs[i].row(&drafts[..faults.penalty_window(j.min(drafts.len()))])));
+    }
     if greedy && p.rule == VerifyRule::DflashBlock && p.drafts.iter().all(|d| d.len() == width) {
-        return dflash(b, vocab, w, seqs, active, p);
+        return dflash(b, vocab, w, seqs, active, p, &rows);
     }
     if greedy {
-        let scores = b.reshape(&w.rows, &[a, width + 1, vocab])?;
+        // Bias and penalties move the argmax (LOGITS-2): verify against the
+        // processed one-hot rows, whose argmax is the processed logits'.
+        let scores = if device::moves_argmax(&rows) { device::process(b, &w.rows, &rows, vocab)? } else { w.rows.clone() };
+        let scores = b.reshape(&scores, &[a, width + 1, vocab])?;
         let v = if checked { b.greedy_verify(&scores, &w.drafts, &w.lens)? } else { b.greedy_verify_unchecked(&scores, &w.drafts, &w.lens)? };
         return download(b, &v, a, width);
     }
-    let params: Vec<_> = active.iter().flat_map(|&i| std::iter::repeat_n(seqs[i].req.sampling, width + 1)).collect();
-    let probs = device::process(b, &w.rows, &params)?;
+    let probs = device::process(b, &w.rows, &rows, vocab)?;
     let probs = b.reshape(&probs, &[a, width + 1, vocab])?;
     let q = match &p.draft_probs {
         Some((q, qw)) if *qw == width => Some(q.clone()),
@@ -84,10 +93,9 @@ fn step_uniforms(noise: &mut VerifyNoise, len: usize, faults: Faults) -> Option<
 }
 
 /// DFLASH-1 .. DFLASH-3 on full blocks `[last, drafts..]` at temperature 0.
-fn dflash<B: ModelBackend>(b: &B, vocab: usize, w: &Window<B::Tensor>, seqs: &[Seq], active: &[usize], p: &Proposal<B::Tensor>) -> Result<Verdict, DecodeError> {
+fn dflash<B: ModelBackend>(b: &B, vocab: usize, w: &Window<B::Tensor>, seqs: &[Seq], active: &[usize], p: &Proposal<B::Tensor>, rows: &[device::Row<'_>]) -> Result<Verdict, DecodeError> {
     let (a, width) = (active.len(), w.width);
-    let greedy = vec![seqs[active[0]].req.sampling; a * (width + 1)];
-    let one_hot = device::process(b, &w.rows, &greedy)?;
+    let one_hot = device::process(b, &w.rows, rows, vocab)?;
     let half = device::upload_f64(b, vec![a * (width + 1)], vec![0.5; a * (width + 1)])?;
     let predict = b.draw(&one_hot, DrawNoiseArg::InverseCdf(&half))?;
     let predict = b.reshape(&predict, &[a, width + 1])?;

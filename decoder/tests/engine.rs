@@ -5,7 +5,7 @@
 
 use rand_pcg::Pcg64;
 use specdec_backend::model::{ForwardRequest, LlamaWeights, ModelBackend, RefModel};
-use specdec_backend::{NgramConfig, ReferenceBackend, SamplingParams};
+use specdec_backend::{NgramConfig, PenaltyScope, ReferenceBackend, SamplingParams};
 use specdec_decoder::proposer::{Observed, SeqView};
 use specdec_decoder::{DecodeError, DraftModelProposer, Engine, EngineConfig, FinishReason, NgramProposer, NoProposer, NoSink, OnProposerError, Proposal, Proposer, Request, Rollback, RunOutput};
 use specdec_decoder::{DflashMode, DflashProposer};
@@ -95,6 +95,63 @@ fn greedy_output_equals_plain_greedy_for_every_proposer() {
                 for (i, o) in out.outputs.iter().enumerate() {
                     assert_eq!(o.tokens, want[i], "DECODE-2, DECODE-4: {model} {name} k={kk} request {i}");
                     assert_eq!(o.finish, FinishReason::Length);
+                }
+            }
+        }
+    }
+}
+
+/// Plain greedy decoding with bias and penalties (LOGITS-2, LOGITS-7 ..
+/// LOGITS-9, LOGITS-12), written independently of the engine: the counts of
+/// the whole context (or of the generated tokens alone) kept by hand, the
+/// processors applied one by one, argmax with ties to the lowest id.
+fn plain_penalised_greedy(w: &LlamaWeights, prompt: &[u32], n: usize, p: &SamplingParams, bias: &[(u32, f64)]) -> Vec<u32> {
+    let model = RefModel::new(w.clone());
+    let mut cache = model.new_cache(1, prompt.len() + n + 1).unwrap();
+    let mut counts = vec![0.0f64; w.config.vocab_size];
+    if p.penalty_scope == PenaltyScope::Context {
+        prompt.iter().for_each(|&t| counts[t as usize] += 1.0);
+    }
+    let (mut input, mut out) = (prompt.to_vec(), Vec::new());
+    while out.len() < n {
+        let o = model.forward(&mut cache, &ForwardRequest::last_logits(std::slice::from_ref(&input))).unwrap();
+        let mut z = o.logits.clone();
+        for &(id, b) in bias {
+            z[id as usize] += b;
+        }
+        for (i, l) in z.iter_mut().enumerate() {
+            if counts[i] > 0.0 {
+                *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                *l -= counts[i] * p.frequency_penalty + p.presence_penalty;
+            }
+        }
+        let best = (0..z.len()).fold(0, |best, i| if z[i] > z[best] { i } else { best }) as u32;
+        out.push(best);
+        counts[best as usize] += 1.0;
+        input = vec![best];
+    }
+    out
+}
+
+/// DECODE-2, LOGITS-13: greedy with bias and penalties, every proposer and
+/// k: the tokens of the hand-written penalised loop. A window row that
+/// forgot the drafts before it would pick another argmax where a draft
+/// repeats one before it (the repetitive prompts make n-gram drafts do so).
+#[test]
+fn penalised_greedy_equals_the_penalised_loop_for_every_proposer() {
+    let w = tiny("tiny-v12-l2");
+    let bias: &[(u32, f64)] = &[(3, 0.7), (5, -0.4)];
+    for scope in [PenaltyScope::Context, PenaltyScope::Generated] {
+        let p = SamplingParams { repetition_penalty: 1.6, presence_penalty: 0.3, frequency_penalty: 0.2, penalty_scope: scope, min_p: 0.5, ..SamplingParams::greedy() };
+        let reqs: Vec<Request> = PROMPTS.iter().map(|pr| Request { sampling: p, logit_bias: bias.to_vec(), ..Request::greedy(pr.to_vec(), 12) }).collect();
+        let want: Vec<Vec<u32>> = reqs.iter().map(|r| plain_penalised_greedy(&w, &r.prompt, 12, &p, bias)).collect();
+        let unpenalised: Vec<Vec<u32>> = reqs.iter().map(|r| plain_greedy(&w, &r.prompt, 12, &[])).collect();
+        assert_ne!(want, unpenalised, "the penalties must change the output for this test to mean anything");
+        for name in ["none", "ngram", "draft", "self", "early-exit:1", "dflash", "dflash-iter"] {
+            for kk in [1, 4] {
+                let out = run(&w, k(kk), &reqs, proposer(name, &w).as_mut());
+                for (i, o) in out.outputs.iter().enumerate() {
+                    assert_eq!(o.tokens, want[i], "{scope:?} {name} k={kk} request {i}");
                 }
             }
         }
@@ -357,7 +414,7 @@ fn stop_string_straddling_tokens_ends_the_output() {
 #[test]
 fn a_request_is_the_same_alone_and_in_a_batch() {
     let w = tiny("tiny-v16-l1");
-    let sampled = |prompt: Vec<u32>, seed| Request { sampling: SamplingParams { temperature: 0.9, top_k: 0, top_p: 0.95 }, seed, ..Request::greedy(prompt, 10) };
+    let sampled = |prompt: Vec<u32>, seed| Request { sampling: SamplingParams::new(0.9, 0, 0.95), seed, ..Request::greedy(prompt, 10) };
     let me = sampled(vec![1, 2, 3], 42);
     let others = [sampled(vec![4], 1), sampled(vec![5, 5, 5, 5, 5], 2), Request::greedy(vec![7, 8], 6)];
     for name in ["none", "ngram", "draft", "self", "dflash", "dflash-iter"] {
@@ -375,7 +432,7 @@ fn a_request_is_the_same_alone_and_in_a_batch() {
 fn explicit_verify_uniforms_are_read_in_the_streams_order() {
     use rand::RngExt;
     let w = tiny("tiny-v12-l2");
-    let sampled = |seed| Request { sampling: SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0 }, seed, ..Request::greedy(vec![3, 1, 4, 1, 5, 3, 1, 4], 12) };
+    let sampled = |seed| Request { sampling: SamplingParams::new(1.0, 0, 1.0), seed, ..Request::greedy(vec![3, 1, 4, 1, 5, 3, 1, 4], 12) };
     let mut changed = 0;
     for name in ["none", "ngram", "draft", "self"] {
         for seed in [1, 2, 3] {
@@ -407,12 +464,18 @@ fn bad_requests_are_typed_errors() {
         Request::greedy(vec![], 3),
         Request::greedy(vec![12], 3),
         Request::greedy(vec![1], 0),
-        Request { sampling: SamplingParams { temperature: f64::NAN, top_k: 0, top_p: 1.0 }, ..Request::greedy(vec![1], 3) },
+        Request { sampling: SamplingParams::new(f64::NAN, 0, 1.0), ..Request::greedy(vec![1], 3) },
         Request { eos: vec![99], ..Request::greedy(vec![1], 3) },
         Request { stop_strings: vec!["x".into()], ..Request::greedy(vec![1], 3) },
         Request { verify_uniforms: Some(vec![0.5, 1.0]), ..Request::greedy(vec![1], 3) },
         Request { verify_uniforms: Some(vec![f64::NAN]), ..Request::greedy(vec![1], 3) },
         Request { verify_uniforms: Some(vec![0.1, -1e-300]), ..Request::greedy(vec![1], 3) },
+        Request { sampling: SamplingParams { min_p: 1.5, ..SamplingParams::greedy() }, ..Request::greedy(vec![1], 3) },
+        Request { sampling: SamplingParams { repetition_penalty: 0.0, ..SamplingParams::greedy() }, ..Request::greedy(vec![1], 3) },
+        Request { sampling: SamplingParams { frequency_penalty: f64::INFINITY, ..SamplingParams::greedy() }, ..Request::greedy(vec![1], 3) },
+        Request { logit_bias: vec![(12, 1.0)], ..Request::greedy(vec![1], 3) },
+        Request { logit_bias: vec![(2, 1.0), (2, -1.0)], ..Request::greedy(vec![1], 3) },
+        Request { logit_bias: vec![(2, f64::NAN)], ..Request::greedy(vec![1], 3) },
     ];
     for (i, r) in bad.into_iter().enumerate() {
         let err = engine.generate(&[Request::greedy(vec![1], 2), r], &mut NoProposer, None, &mut NoSink).unwrap_err();

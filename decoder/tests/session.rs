@@ -31,7 +31,7 @@ fn requests() -> Vec<Request> {
     let prompts: [&[u32]; 4] = [&[1, 2, 3, 1, 2, 3, 1, 2], &[4, 5, 4, 5], &[7], &[2, 9, 2, 9, 2]];
     (0..8usize)
         .map(|i| {
-            let sampling = if i.is_multiple_of(2) { SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0 } } else { SamplingParams { temperature: 0.9, top_k: 6, top_p: 0.95 } };
+            let sampling = if i.is_multiple_of(2) { SamplingParams::new(0.0, 0, 1.0) } else { SamplingParams::new(0.9, 6, 0.95) };
             Request { sampling, seed: 100 + i as u64, speculate: i != 5, ..Request::greedy(prompts[i % 4].to_vec(), 8 + i) }
         })
         .collect()

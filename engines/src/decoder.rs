@@ -75,13 +75,7 @@ fn backend_error(e: BackendError) -> EngineError {
 }
 
 fn to_request(r: &GenerationRequest) -> Request {
-    Request {
-        sampling: SamplingParams { temperature: r.temperature, top_k: r.top_k, top_p: r.top_p },
-        seed: r.seed,
-        eos: r.eos.clone(),
-        stop_strings: r.stop.clone(),
-        ..Request::greedy(r.prompt.clone(), r.max_new_tokens)
-    }
+    Request { sampling: SamplingParams::new(r.temperature, r.top_k, r.top_p), seed: r.seed, eos: r.eos.clone(), stop_strings: r.stop.clone(), ..Request::greedy(r.prompt.clone(), r.max_new_tokens) }
 }
 
 impl<B: ModelBackend> GenerationEngine for DecoderEngine<'_, B> {

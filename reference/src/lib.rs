@@ -29,11 +29,11 @@ pub(crate) mod validate;
 pub use accept::{Comparator, accept_test, speculative_accept};
 pub use error::{ErrorKind, Result, SpecError};
 pub use greedy::{DflashOutput, VerifyOutput, dflash_accept, greedy_verify};
-pub use logits::{SamplingParams, process_logits, process_logits_batch};
+pub use logits::{BatchInputs, PenaltyScope, RowInputs, SamplingParams, bias_row, penalty_counts, process_logits, process_logits_batch, process_logits_batch_with, process_logits_with, window_counts};
 pub use rejection::{RejectionInputs, rejection_verify, residual_distribution};
 pub use sampling::{DrawMethod, DrawNoise, Drawn};
 pub use tensor::Tensor;
-pub use validate::SUM_TOLERANCE;
+pub use validate::{MAX_EXPONENTIAL, MIN_EXPONENTIAL, SUM_TOLERANCE};
 
 /// The token id that marks an unused slot in padded token tensors (CONV-1).
 pub const PAD: i64 = -1;

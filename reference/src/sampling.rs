@@ -63,7 +63,7 @@ pub fn sample_exponential_race(w: &[f64], e: &[f64]) -> Result<Drawn> {
     weights("weights", &[], w)?;
     validate::shape("exponentials", &[e.len()], &[w.len()], "[V]")?;
     for (i, &x) in e.iter().enumerate() {
-        if !(x.is_finite() && x > 0.0) {
+        if !(validate::MIN_EXPONENTIAL..=validate::MAX_EXPONENTIAL).contains(&x) {
             return Err(SpecError::InvalidNoise { arg: "exponentials", index: vec![i], value: x });
         }
     }

@@ -85,10 +85,17 @@ pub(crate) fn uniform(arg: &'static str, index: impl FnOnce() -> Vec<usize>, u: 
     if (0.0..1.0).contains(&u) { Ok(()) } else { Err(SpecError::UniformOutOfRange { arg, index: index(), value: u }) }
 }
 
-/// Validates exponential race noise: finite and strictly positive (SAMPLE-2).
+/// The smallest exponential race noise value SAMPLE-2 admits: 2^-126, the
+/// smallest binary32 normal, so an f32 port never flushes a value to zero
+/// (or to a subnormal with fewer bits) and turns a strict order into a tie.
+pub const MIN_EXPONENTIAL: f64 = f32::MIN_POSITIVE as f64;
+/// The largest: 2^126, so `1 / e` and `e` itself stay binary32 normals.
+pub const MAX_EXPONENTIAL: f64 = 8.507059173023462e37;
+
+/// Validates exponential race noise: within `[2^-126, 2^126]` (SAMPLE-2).
 pub(crate) fn exponentials(arg: &'static str, t: &Tensor<f64>) -> Result<()> {
     for (i, &e) in t.data().iter().enumerate() {
-        if !(e.is_finite() && e > 0.0) {
+        if !(MIN_EXPONENTIAL..=MAX_EXPONENTIAL).contains(&e) {
             return Err(SpecError::InvalidNoise { arg, index: unravel(t.shape(), i), value: e });
         }
     }

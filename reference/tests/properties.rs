@@ -208,8 +208,8 @@ proptest! {
     /// reaching top_p, and the output is a distribution.
     #[test]
     fn top_p_keeps_the_minimal_prefix(logits in prop::collection::vec(-5.0f64..5.0, 2..9), top_p in 0.05f64..1.0, t in 0.2f64..3.0) {
-        let full = process_logits(&logits, SamplingParams { temperature: t, top_k: 0, top_p: 1.0 }).unwrap();
-        let cut = process_logits(&logits, SamplingParams { temperature: t, top_k: 0, top_p }).unwrap();
+        let full = process_logits(&logits, SamplingParams::new(t, 0, 1.0)).unwrap();
+        let cut = process_logits(&logits, SamplingParams::new(t, 0, top_p)).unwrap();
         prop_assert!((cut.iter().sum::<f64>() - 1.0).abs() < 1e-12);
         let kept_mass: f64 = full.iter().zip(&cut).filter(|&(_, &c)| c > 0.0).map(|(f, _)| f).sum();
         let smallest_kept = full.iter().zip(&cut).filter(|&(_, &c)| c > 0.0).map(|(f, _)| *f).fold(f64::INFINITY, f64::min);

@@ -64,7 +64,7 @@ proptest! {
             }
         }
         let rows = a.shape().first().copied().unwrap_or(0);
-        let params = vec![SamplingParams { temperature: temp, top_k, top_p }; rows];
+        let params = vec![SamplingParams::new(temp, top_k, top_p); rows];
         let _ = process_logits_batch(&a, &params);
         let _ = residual_distribution(&a, Some(&b), &t);
         let _ = residual_distribution(&a, None, &t);
@@ -137,14 +137,40 @@ fn overflowing_sizes_are_errors() {
     assert!(theory::expected_tokens_geometric(0.5, usize::MAX).unwrap().is_finite());
 }
 
-/// SAMPLE-2: subnormal exponentials make w / e overflow; the race must still
-/// pick the largest ratio (0.75 / e over 0.25 / e).
+/// SAMPLE-2: huge weights over tiny exponentials make w / e overflow; the
+/// race must still pick the largest ratio (0.75 / e over 0.25 / e).
 #[test]
 fn exponential_race_survives_overflowing_ratios() {
     use specdec_reference::sampling::sample_exponential_race;
-    let d = sample_exponential_race(&[0.25, 0.75], &[1e-310, 1e-310]).unwrap();
+    let d = sample_exponential_race(&[0.25e308, 0.75e308], &[1e-30, 1e-30]).unwrap();
     assert_eq!(d.token, 1);
     assert!((d.margin - 2.0 / 3.0).abs() < 1e-12, "{}", d.margin);
     let d = sample_exponential_race(&[1e308, 1.0], &[0.5, 1.0]).unwrap();
     assert_eq!(d.token, 0);
+}
+
+/// SAMPLE-2's domain: noise outside the binary32 normal range is rejected
+/// (an f32 port would flush it and turn a strict order into a tie), its
+/// bounds are admitted.
+#[test]
+fn exponential_noise_outside_the_binary32_normals_is_rejected() {
+    use specdec_reference::sampling::sample_exponential_race;
+    use specdec_reference::{ErrorKind, MAX_EXPONENTIAL, MIN_EXPONENTIAL};
+    for bad in [1e-40, 1e-310, 1e39, f64::MAX] {
+        assert_eq!(sample_exponential_race(&[0.5, 0.5], &[bad, 1.0]).unwrap_err().kind(), ErrorKind::InvalidNoise, "{bad:e}");
+    }
+    assert_eq!(sample_exponential_race(&[0.5, 0.5], &[MAX_EXPONENTIAL, MIN_EXPONENTIAL]).unwrap().token, 1);
+}
+
+/// LOGITS-1: a bias or penalty that overflows a logit to `+inf` leaves no
+/// score row; the error names the processed logits (no f32 port can hold
+/// these inputs, so this lives here rather than in the shared cases).
+#[test]
+fn processed_logits_that_overflow_are_named() {
+    use specdec_reference::{ErrorKind, RowInputs, SamplingParams, process_logits_with};
+    let e = process_logits_with(&[1e308, 0.0], SamplingParams::default(), RowInputs { bias: Some(&[1e308, 0.0]), counts: None }).unwrap_err();
+    assert_eq!((e.kind(), e.arg()), (ErrorKind::NonFinite, Some("processed_logits")), "{e}");
+    let params = SamplingParams { presence_penalty: -1e308, ..SamplingParams::default() };
+    let e = process_logits_with(&[1e308, 0.0], params, RowInputs { counts: Some(&[1.0, 0.0]), bias: None }).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NonFinite, "{e}");
 }

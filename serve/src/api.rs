@@ -4,8 +4,10 @@
 //! Unknown fields are errors (a misspelt `top_p` silently ignored would
 //! change what the user asked for). Extensions are named as vLLM names them
 //! where it has one: `top_k`, `return_token_ids` (the prompt's and the
-//! output's ids in each choice), `stop_token_ids`, `ignore_eos`; and one of
-//! ours, `speculation` (`false` decodes the request plainly).
+//! output's ids in each choice), `stop_token_ids`, `ignore_eos`, `min_p`,
+//! `repetition_penalty`; and ours, `speculation` (`false` decodes the
+//! request plainly) and `penalty_scope` (what the penalties count:
+//! `generated`, OpenAI's definition and the default here, or `context`).
 
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -86,6 +88,12 @@ pub struct Common {
     pub user: Option<String>,
     pub presence_penalty: Option<f64>,
     pub frequency_penalty: Option<f64>,
+    /// OpenAI's map from a token id (as a string) to a bias in [-100, 100].
+    pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
+    pub min_p: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    /// Ours: `generated` (the default, OpenAI's) or `context`.
+    pub penalty_scope: Option<String>,
     #[serde(default)]
     pub return_token_ids: bool,
     pub stop_token_ids: Option<Vec<i64>>,
@@ -168,9 +176,10 @@ pub const MAX_STOP_TOKEN_IDS: usize = 64;
 pub struct Sampling {
     /// `None`: as many as the context leaves (chat), or 16 (completions, OpenAI's default).
     pub max_tokens: Option<usize>,
-    pub temperature: f64,
-    pub top_p: f64,
-    pub top_k: usize,
+    /// Temperature, top-k, top-p, min-p and the penalties (LOGITS-1 .. LOGITS-12).
+    pub params: specdec_backend::SamplingParams,
+    /// `(id, bias)` pairs (LOGITS-7).
+    pub logit_bias: Vec<(u32, f64)>,
     /// `None`: the server draws one (each request its own).
     pub seed: Option<u64>,
     pub stop: Vec<String>,
@@ -197,10 +206,34 @@ pub fn validate(c: &Common, model_id: &str, vocab: usize) -> Result<Sampling, Ap
     }
     for (name, v) in [("presence_penalty", c.presence_penalty), ("frequency_penalty", c.frequency_penalty)] {
         if let Some(v) = v
-            && v != 0.0
+            && !(-2.0..=2.0).contains(&v)
         {
-            return Err(ApiError::bad(name, format!("{name} = {v}: penalties are not supported yet (only 0)")));
+            return Err(ApiError::bad(name, format!("{name} = {v} must be in [-2, 2]")));
         }
+    }
+    let min_p = c.min_p.unwrap_or(0.0);
+    if !(0.0..=1.0).contains(&min_p) {
+        return Err(ApiError::bad("min_p", format!("min_p = {min_p} must be in [0, 1]")));
+    }
+    let repetition_penalty = c.repetition_penalty.unwrap_or(1.0);
+    if !(repetition_penalty.is_finite() && repetition_penalty > 0.0) {
+        return Err(ApiError::bad("repetition_penalty", format!("repetition_penalty = {repetition_penalty} must be a finite number > 0")));
+    }
+    let penalty_scope = match c.penalty_scope.as_deref() {
+        None => specdec_backend::PenaltyScope::Generated,
+        Some(name) => specdec_backend::PenaltyScope::from_name(name).ok_or_else(|| ApiError::bad("penalty_scope", format!("penalty_scope = {name:?} must be \"generated\" or \"context\"")))?,
+    };
+    let mut logit_bias = Vec::new();
+    for (id, &bias) in c.logit_bias.iter().flatten() {
+        let parsed = id.parse::<i64>().map_err(|_| ApiError::bad("logit_bias", format!("logit_bias key {id:?} is not a token id")))?;
+        let id = ids(&[parsed], vocab, "logit_bias")?[0];
+        if !(-100.0..=100.0).contains(&bias) {
+            return Err(ApiError::bad("logit_bias", format!("logit_bias[{id}] = {bias} must be in [-100, 100]")));
+        }
+        if logit_bias.iter().any(|&(seen, _)| seen == id) {
+            return Err(ApiError::bad("logit_bias", format!("logit_bias names id {id} twice")));
+        }
+        logit_bias.push((id, bias));
     }
     let max_tokens = match c.max_tokens {
         None => None,
@@ -236,11 +269,18 @@ pub fn validate(c: &Common, model_id: &str, vocab: usize) -> Result<Sampling, Ap
     if stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
         return Err(ApiError::bad("stop_token_ids", format!("{} stop token ids; at most {MAX_STOP_TOKEN_IDS}", stop_token_ids.len())));
     }
+    let params = specdec_backend::SamplingParams {
+        min_p,
+        repetition_penalty,
+        presence_penalty: c.presence_penalty.unwrap_or(0.0),
+        frequency_penalty: c.frequency_penalty.unwrap_or(0.0),
+        penalty_scope,
+        ..specdec_backend::SamplingParams::new(temperature, top_k, top_p)
+    };
     Ok(Sampling {
         max_tokens,
-        temperature,
-        top_p,
-        top_k,
+        params,
+        logit_bias,
         seed,
         stop,
         stop_token_ids,

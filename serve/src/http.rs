@@ -24,7 +24,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use rand::{RngExt, SeedableRng};
 use serde_json::{Value, json};
-use specdec_backend::SamplingParams;
 use specdec_decoder::{Acceptance, FinishReason, Request};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
@@ -55,7 +54,7 @@ pub struct AppState {
 impl AppState {
     fn send(&self, job: Job) -> Result<(), ApiError> {
         let tx = self.engine.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        tx.send(Msg::Job(job)).map_err(|_| ApiError::status(503, "the engine has stopped"))
+        tx.send(Msg::Job(Box::new(job))).map_err(|_| ApiError::status(503, "the engine has stopped"))
     }
 
     fn seed(&self) -> u64 {
@@ -228,7 +227,8 @@ fn request(s: &AppState, kind: Kind, prompt: Vec<u32>, p: &Sampling) -> Result<R
     eos.extend(p.stop_token_ids.iter().filter(|t| !s.eos.contains(t) || p.ignore_eos));
     eos.dedup();
     Ok(Request {
-        sampling: SamplingParams { temperature: p.temperature, top_k: p.top_k, top_p: p.top_p },
+        sampling: p.params,
+        logit_bias: p.logit_bias.clone(),
         seed: p.seed.unwrap_or_else(|| s.seed()),
         eos,
         stop_strings: p.stop.clone(),

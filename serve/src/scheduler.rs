@@ -44,7 +44,7 @@ pub enum Event {
 
 /// Messages to the engine thread.
 pub enum Msg {
-    Job(Job),
+    Job(Box<Job>),
     /// Fail every running and waiting request (a shutdown's drain ran out).
     CancelAll(String),
 }
@@ -144,7 +144,7 @@ impl<B: ModelBackend> Loop<'_, '_, B> {
 
     fn take(&mut self, m: Msg) {
         match m {
-            Msg::Job(j) => self.waiting.push_back(j),
+            Msg::Job(j) => self.waiting.push_back(*j),
             Msg::CancelAll(why) => {
                 for j in self.waiting.drain(..) {
                     let _ = j.events.send(Event::Failed { status: 503, message: why.clone() });

@@ -19,12 +19,13 @@
 
 pub mod glue;
 pub mod model;
+pub mod processors;
 mod reference;
 
 pub use model::{ForwardOutput, ModelBackend, ModelPrecision};
 pub use reference::{RefTensor, ReferenceBackend, seeded_noise};
 pub use specdec_reference::ngram::NgramConfig;
-pub use specdec_reference::{Comparator, DrawMethod, ErrorKind, PAD, SamplingParams, SpecError, Tensor as HostTensor};
+pub use specdec_reference::{Comparator, DrawMethod, ErrorKind, PAD, PenaltyScope, SamplingParams, SpecError, Tensor as HostTensor};
 
 use serde::{Deserialize, Serialize};
 
@@ -275,7 +276,7 @@ macro_rules! copy_without_bounds {
         impl<T> Copy for $t<'_, T> {}
     )*};
 }
-copy_without_bounds!(DrawNoiseArg, RejectionArgs, RejectionNoise, LogitsParams);
+copy_without_bounds!(DrawNoiseArg, RejectionArgs, RejectionNoise, LogitsParams, Penalties);
 
 /// Verify outputs, still on the device.
 #[derive(Debug, Clone)]
@@ -295,7 +296,8 @@ pub struct DflashAccepted<T> {
     pub bonus: T,
 }
 
-/// Per-row sampling parameters on the device (LOGITS-1).
+/// Per-row sampling parameters on the device (LOGITS-1). The processors
+/// beyond temperature, top-k and top-p are optional; `None` is off.
 #[derive(Debug)]
 pub struct LogitsParams<'a, T> {
     /// `[R]` float.
@@ -304,6 +306,43 @@ pub struct LogitsParams<'a, T> {
     pub top_k: &'a T,
     /// `[R]` float in (0, 1].
     pub top_p: &'a T,
+    /// `[R]` float in [0, 1] (LOGITS-10).
+    pub min_p: Option<&'a T>,
+    /// LOGITS-8/9 with each row's counts (LOGITS-12/13).
+    pub penalties: Option<Penalties<'a, T>>,
+    /// `[R, V]` float (LOGITS-7).
+    pub logit_bias: Option<&'a T>,
+}
+
+impl<'a, T> LogitsParams<'a, T> {
+    /// Temperature, top-k and top-p; every other processor off.
+    pub fn new(temperature: &'a T, top_k: &'a T, top_p: &'a T) -> Self {
+        LogitsParams { temperature, top_k, top_p, min_p: None, penalties: None, logit_bias: None }
+    }
+
+    /// Whether only LOGITS-1 .. LOGITS-6 are asked for.
+    pub fn is_basic(&self) -> bool {
+        self.min_p.is_none() && self.penalties.is_none() && self.logit_bias.is_none()
+    }
+
+    /// The same temperature, top-k and top-p, every other processor off.
+    pub fn basic(&self) -> Self {
+        LogitsParams::new(self.temperature, self.top_k, self.top_p)
+    }
+}
+
+/// Penalties on the device (LOGITS-8/9): each row's token counts `[R, V]`
+/// (float, non-negative integers: the row's penalty context plus its drafts
+/// before it, LOGITS-12/13) and three `[R]` float parameters.
+#[derive(Debug)]
+pub struct Penalties<'a, T> {
+    pub counts: &'a T,
+    /// Finite, `> 0`; 1 is off.
+    pub repetition: &'a T,
+    /// Finite; 0 is off.
+    pub presence: &'a T,
+    /// Finite; 0 is off.
+    pub frequency: &'a T,
 }
 
 /// How `kv_trim` treats amounts beyond a sequence's length.
@@ -413,7 +452,7 @@ pub trait Backend {
         Err(self.unsupported(Op::Residual))
     }
 
-    /// LOGITS-1 .. LOGITS-6 on `logits [R, V]`.
+    /// LOGITS-1 .. LOGITS-13 on `logits [R, V]`.
     fn process_logits(&self, _logits: &Self::Tensor, _params: LogitsParams<'_, Self::Tensor>) -> Result<Self::Tensor> {
         Err(self.unsupported(Op::ProcessLogits))
     }

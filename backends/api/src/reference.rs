@@ -169,8 +169,16 @@ impl Backend for ReferenceBackend {
     fn process_logits(&self, logits: &RefTensor, p: LogitsParams<'_, RefTensor>) -> Result<RefTensor> {
         let logits = float(logits, "logits")?;
         let (t, k, tp) = (float(p.temperature, "temperature")?, int(p.top_k, "top_k")?, float(p.top_p, "top_p")?);
+        let min_p = p.min_p.map(|m| float(m, "min_p")).transpose()?;
+        let pen =
+            p.penalties.map(|x| Ok::<_, BackendError>([float(x.repetition, "repetition_penalty")?, float(x.presence, "presence_penalty")?, float(x.frequency, "frequency_penalty")?])).transpose()?;
         let rows = logits.shape().first().copied().unwrap_or(0);
-        for (arg, shape) in [("temperature", t.shape()), ("top_k", k.shape()), ("top_p", tp.shape())] {
+        let mut per_row = vec![("temperature", t.shape()), ("top_k", k.shape()), ("top_p", tp.shape())];
+        per_row.extend(min_p.map(|m| ("min_p", m.shape())));
+        if let Some([r, pr, f]) = pen {
+            per_row.extend([("repetition_penalty", r.shape()), ("presence_penalty", pr.shape()), ("frequency_penalty", f.shape())]);
+        }
+        for (arg, shape) in per_row {
             if shape != [rows] {
                 let expected = format!("[R] = [{rows}]");
                 return Err(r::SpecError::ShapeMismatch { arg, expected, actual: shape.to_vec() }.into());
@@ -182,9 +190,18 @@ impl Backend for ReferenceBackend {
             if top_k < 0 {
                 return Err(r::SpecError::InvalidParameter { name: "top_k", value: top_k.to_string(), reason: "must be >= 0" }.into());
             }
-            params.push(SamplingParams { temperature: t.data()[i], top_k: top_k as usize, top_p: tp.data()[i] });
+            let mut row = SamplingParams::new(t.data()[i], top_k as usize, tp.data()[i]);
+            if let Some(m) = min_p {
+                row.min_p = m.data()[i];
+            }
+            if let Some([r, pr, f]) = pen {
+                (row.repetition_penalty, row.presence_penalty, row.frequency_penalty) = (r.data()[i], pr.data()[i], f.data()[i]);
+            }
+            params.push(row);
         }
-        Ok(RefTensor::F64(r::process_logits_batch(logits, &params)?))
+        let counts = p.penalties.map(|x| float(x.counts, "penalty_counts")).transpose()?;
+        let bias = p.logit_bias.map(|b| float(b, "logit_bias")).transpose()?;
+        Ok(RefTensor::F64(r::process_logits_batch_with(logits, &params, r::BatchInputs { counts, bias })?))
     }
 
     fn draw(&self, weights: &RefTensor, n: DrawNoiseArg<'_, RefTensor>) -> Result<RefTensor> {

@@ -3,11 +3,13 @@
 //! flag, and calls a kernel (`verify`, `sampling`, `kv`, `ngram`, `noise`).
 
 use candle_core::{DType, Device, Tensor};
+use specdec_backend::processors::{self, ProcessorKernels};
 use specdec_backend::{
-    Backend, BackendError, Comparator, DflashAccepted, DrawMethod, DrawNoiseArg, HostTensor, LogitsParams, NgramConfig, Precision, RefTensor, ReferenceBackend, RejectionArgs, RejectionNoise, Result,
-    TrimMode, Verified,
+    Backend, BackendError, Comparator, DflashAccepted, DrawMethod, DrawNoiseArg, HostTensor, LogitsParams, NgramConfig, Penalties, Precision, RefTensor, ReferenceBackend, RejectionArgs,
+    RejectionNoise, Result, TrimMode, Verified,
 };
 use specdec_reference::kvcache::BatchKvCache;
+use specdec_reference::{MAX_EXPONENTIAL, MIN_EXPONENTIAL};
 
 use crate::kernels::{any_of, read_flags};
 use crate::verify::{Draw, RejectInputs};
@@ -149,9 +151,10 @@ impl CandleBackend {
 
 /// f64 -> f32 rounding to nearest, except that it never crosses 0 or 1: a
 /// nonzero value below the f32 range becomes the smallest subnormal (so
-/// `1e-300` stays a valid exponential and `-1e-300` a negative probability),
-/// and a value below 1 that would round up to 1 becomes the largest f32
-/// below 1 (so a valid uniform such as `1 - 2^-53` stays valid). A finite
+/// `1e-300` stays positive and `-1e-300` a negative probability), a value
+/// below 1 that would round up to 1 becomes the largest f32 below 1 (so a
+/// valid uniform such as `1 - 2^-53` stays valid), and a value just outside
+/// SAMPLE-2's noise range `[2^-126, 2^126]` stays outside it. A finite
 /// value beyond the f32 range becomes infinite (as in the tch port): this
 /// backend cannot represent it, the device check flags it, and the
 /// reference then names the defect (or, for a value the reference accepts,
@@ -162,6 +165,11 @@ fn to_f32(x: f64) -> f32 {
         f32::from_bits(1).copysign(y)
     } else if x < 1.0 && y >= 1.0 {
         f32::from_bits(1f32.to_bits() - 1)
+    } else if x < MIN_EXPONENTIAL && f64::from(y) >= MIN_EXPONENTIAL {
+        // SAMPLE-2's noise bounds: a value outside stays outside.
+        f32::from_bits(f32::MIN_POSITIVE.to_bits() - 1)
+    } else if x > MAX_EXPONENTIAL && f64::from(y) <= MAX_EXPONENTIAL {
+        f32::from_bits((MAX_EXPONENTIAL as f32).to_bits() + 1)
     } else {
         y
     }
@@ -316,28 +324,7 @@ impl Backend for CandleBackend {
     }
 
     fn process_logits(&self, logits: &Tensor, params: LogitsParams<'_, Tensor>) -> Result<Tensor> {
-        let z = self.float(logits, "logits")?;
-        let (t, k, p) = (self.float(params.temperature, "temperature")?, self.int(params.top_k, "top_k")?, self.float(params.top_p, "top_p")?);
-        let dims_ok = match *z.dims() {
-            [r, v] => r >= 1 && v >= 1 && [&t, &k, &p].iter().all(|x| x.dims() == [r]),
-            _ => false,
-        };
-        let params = sampling::Params { temperature: &t, top_k: &k, top_p: &p };
-        // One read: [invalid, any row uses top-k, any row uses top-p].
-        let flags = dims_ok
-            .then(|| {
-                let [need_k, need_p] = params.needs(z.dim(1)?)?;
-                read_flags(&[any_of(&check::logits_masks(&z, &t, &k, &p)?)?, need_k, need_p])
-            })
-            .transpose();
-        match self.dev(flags)? {
-            Some(f) if !f[0] => self.dev(sampling::process_logits(&z, &params, f[1], f[2])),
-            _ => {
-                let (ht, hk, hp) = (self.host(&t)?, self.host(&k)?, self.host(&p)?);
-                let host_params = LogitsParams { temperature: &ht, top_k: &hk, top_p: &hp };
-                Err(BackendError::named_by_reference(self.name, ReferenceBackend.process_logits(&self.host(&z)?, host_params)))
-            }
-        }
+        processors::process_with_processors(self, logits, params)
     }
 
     fn draw(&self, weights: &Tensor, noise: DrawNoiseArg<'_, Tensor>) -> Result<Tensor> {
@@ -465,6 +452,90 @@ impl Backend for CandleBackend {
     }
 }
 
+/// LOGITS-7 .. LOGITS-10 as f32 tensor ops on the device; one flag read for the checks.
+impl ProcessorKernels for CandleBackend {
+    fn processor_inputs_ok(&self, logits: &Tensor, p: &LogitsParams<'_, Tensor>) -> Result<bool> {
+        let z = self.float(logits, "logits")?;
+        let [rows, vocab] = *z.dims() else { return Ok(false) };
+        let mut masks = Vec::new();
+        let mut shapes_ok = true;
+        let mut per = |t: &Tensor, arg: &str, dims: &[usize], bad: &dyn Fn(&Tensor) -> candle_core::Result<Tensor>| -> Result<()> {
+            let t = self.float(t, arg)?;
+            shapes_ok &= t.dims() == dims;
+            if shapes_ok {
+                masks.push(self.dev(bad(&t))?);
+            }
+            Ok(())
+        };
+        if let Some(m) = p.min_p {
+            per(m, "min_p", &[rows], &|m| kernels::not(&kernels::and(&m.ge(0.0)?, &m.le(1.0)?)?))?;
+        }
+        if let Some(x) = p.penalties {
+            per(x.counts, "penalty_counts", &[rows, vocab], &|c| kernels::or(&kernels::or(&kernels::non_finite(c)?, &c.lt(0.0)?)?, &c.ne(&c.floor()?)?))?;
+            per(x.repetition, "repetition_penalty", &[rows], &|r| kernels::or(&kernels::non_finite(r)?, &r.le(0.0)?))?;
+            per(x.presence, "presence_penalty", &[rows], &kernels::non_finite)?;
+            per(x.frequency, "frequency_penalty", &[rows], &kernels::non_finite)?;
+        }
+        if let Some(b) = p.logit_bias {
+            per(b, "logit_bias", &[rows, vocab], &kernels::non_finite)?;
+        }
+        Ok(shapes_ok && !self.invalid(Ok(masks))?)
+    }
+
+    fn bias_and_penalties(&self, logits: &Tensor, penalties: Option<Penalties<'_, Tensor>>, bias: Option<&Tensor>) -> Result<Tensor> {
+        let mut z = self.float(logits, "logits")?;
+        if let Some(b) = bias {
+            z = self.dev(z.add(&self.float(b, "logit_bias")?))?;
+        }
+        if let Some(x) = penalties {
+            let c = self.float(x.counts, "penalty_counts")?;
+            let col = |t: &Tensor, arg: &str| self.float(t, arg).and_then(|t| self.dev(t.unsqueeze(1)));
+            let (rep, pres, freq) = (col(x.repetition, "repetition_penalty")?, col(x.presence, "presence_penalty")?, col(x.frequency, "frequency_penalty")?);
+            z = self.dev((|| {
+                // LOGITS-8 then LOGITS-9, only where the id was counted.
+                let repeated = kernels::select(&z.gt(0.0)?, &z.broadcast_div(&rep)?, &z.broadcast_mul(&rep)?)?;
+                let penalised = repeated.sub(&c.broadcast_mul(&freq)?.broadcast_add(&pres)?)?;
+                kernels::select(&c.gt(0.0)?, &penalised, &z)
+            })())?;
+        }
+        Ok(z)
+    }
+
+    fn min_p_cut(&self, _logits: &Tensor, _params: LogitsParams<'_, Tensor>, probs: &Tensor, min_p: &Tensor) -> Result<Tensor> {
+        let (p, m) = (self.float(probs, "probs")?, self.float(min_p, "min_p")?);
+        self.dev((|| {
+            let threshold = p.max_keepdim(1)?.broadcast_mul(&m.unsqueeze(1)?)?;
+            let kept = kernels::select(&p.broadcast_ge(&threshold)?, &p, &p.zeros_like()?)?;
+            kept.broadcast_div(&kept.sum_keepdim(1)?)
+        })())
+    }
+
+    fn basic_process_logits(&self, logits: &Tensor, params: LogitsParams<'_, Tensor>) -> Result<Tensor> {
+        let z = self.float(logits, "logits")?;
+        let (t, k, p) = (self.float(params.temperature, "temperature")?, self.int(params.top_k, "top_k")?, self.float(params.top_p, "top_p")?);
+        let dims_ok = match *z.dims() {
+            [r, v] => r >= 1 && v >= 1 && [&t, &k, &p].iter().all(|x| x.dims() == [r]),
+            _ => false,
+        };
+        let params = sampling::Params { temperature: &t, top_k: &k, top_p: &p };
+        // One read: [invalid, any row uses top-k, any row uses top-p].
+        let flags = dims_ok
+            .then(|| {
+                let [need_k, need_p] = params.needs(z.dim(1)?)?;
+                read_flags(&[any_of(&check::logits_masks(&z, &t, &k, &p)?)?, need_k, need_p])
+            })
+            .transpose();
+        match self.dev(flags)? {
+            Some(f) if !f[0] => self.dev(sampling::process_logits(&z, &params, f[1], f[2])),
+            _ => {
+                let (ht, hk, hp) = (self.host(&t)?, self.host(&k)?, self.host(&p)?);
+                let host_params = LogitsParams::new(&ht, &hk, &hp);
+                Err(BackendError::named_by_reference(self.name, ReferenceBackend.process_logits(&self.host(&z)?, host_params)))
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -497,7 +568,7 @@ mod tests {
         let b = CandleBackend::cpu();
         let z = b.upload_f64(&host(&[1, 4], &[0.0, 0.0, 0.0, 0.0]))?;
         let (t, k, p) = (b.upload_f64(&host(&[1], &[1.0]))?, b.upload_i64(&host(&[1], &[0]))?, b.upload_f64(&host(&[1], &[0.5]))?);
-        let probs = b.download_f64(&b.process_logits(&z, LogitsParams { temperature: &t, top_k: &k, top_p: &p })?)?;
+        let probs = b.download_f64(&b.process_logits(&z, LogitsParams::new(&t, &k, &p))?)?;
         assert_eq!(probs.data(), [0.5, 0.5, 0.0, 0.0]);
         Ok(())
     }

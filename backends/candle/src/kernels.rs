@@ -153,7 +153,8 @@ pub fn bad_uniform(u: &Tensor) -> Result<Tensor> {
 
 /// 1 where exponential noise is not finite and > 0 (SAMPLE-2).
 pub fn bad_exponential(e: &Tensor) -> Result<Tensor> {
-    or(&non_finite(e)?, &e.le(0.0)?)
+    // `!(min <= e <= max)` also flags NaN.
+    not(&and(&e.ge(specdec_reference::MIN_EXPONENTIAL)?, &e.le(specdec_reference::MAX_EXPONENTIAL)?)?)
 }
 
 /// 1 where an id is outside [0, vocab) (CONV-1).

@@ -288,7 +288,22 @@ impl Backend for ExecBackend {
     }
 
     fn process_logits(&self, logits: &RefTensor, p: LogitsParams<'_, RefTensor>) -> Result<RefTensor> {
-        let i = inputs([("logits", Some(logits)), ("temperature", Some(p.temperature)), ("top_k", Some(p.top_k)), ("top_p", Some(p.top_p))]);
+        if !p.is_basic() && !self.hello.ops.iter().any(|o| o == protocol::LOGITS_PROCESSORS) {
+            return Err(self.unsupported(Op::ProcessLogits));
+        }
+        let pen = p.penalties;
+        let i = inputs([
+            ("logits", Some(logits)),
+            ("temperature", Some(p.temperature)),
+            ("top_k", Some(p.top_k)),
+            ("top_p", Some(p.top_p)),
+            ("min_p", p.min_p),
+            ("penalty_counts", pen.map(|x| x.counts)),
+            ("repetition_penalty", pen.map(|x| x.repetition)),
+            ("presence_penalty", pen.map(|x| x.presence)),
+            ("frequency_penalty", pen.map(|x| x.frequency)),
+            ("logit_bias", p.logit_bias),
+        ]);
         let out = self.call_op(Op::ProcessLogits, i, json!({}))?;
         self.output("process_logits", &out, "probs", Want::Float)
     }

@@ -234,6 +234,12 @@ fn field_tolerance(obj: &Map<String, Value>, key: &str) -> FieldResult<f64> {
     if v.is_finite() && v >= 0.0 { Ok(v) } else { Err(FieldError::new(format!("precision.{key}"), format!("{v} must be finite and >= 0"))) }
 }
 
+/// The handshake entry (PROTO-5) of an adapter whose `process_logits` takes
+/// the processor inputs of LOGITS-7 .. LOGITS-10. An adapter that does not
+/// list it is never sent them (it could ignore them and answer another law):
+/// such a call is `NotSupported`.
+pub const LOGITS_PROCESSORS: &str = "logits_processors";
+
 /// Reads the handshake reply (PROTO-2): protocol, name, device, ops, precision.
 pub fn parse_handshake(reply: &Map<String, Value>) -> FieldResult<Handshake> {
     let protocol = field_str(reply, "protocol", "")?;
@@ -244,7 +250,7 @@ pub fn parse_handshake(reply: &Map<String, Value>) -> FieldResult<Handshake> {
     let mut names = Vec::with_capacity(ops.len());
     for (i, op) in ops.iter().enumerate() {
         let name = op.as_str().ok_or_else(|| FieldError::new(format!("ops[{i}]"), "must be a string"))?;
-        if specdec_backend::Op::from_name(name).is_none() {
+        if specdec_backend::Op::from_name(name).is_none() && name != LOGITS_PROCESSORS {
             return Err(FieldError::new(format!("ops[{i}]"), format!("unknown operation {name:?}")));
         }
         names.push(name.to_string());

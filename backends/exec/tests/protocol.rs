@@ -229,6 +229,40 @@ fn a_shell_loop_speaking_json_lines_is_an_adapter() {
     assert_eq!(b.restarts(), 0, "PROTO-1: one process answered every line");
 }
 
+/// PROTO-3, PROTO-5: the processor inputs (LOGITS-7 .. LOGITS-10) reach only
+/// an adapter whose handshake lists `logits_processors`; one that lists
+/// `process_logits` alone answers the basic call, and a call with processors
+/// is NotSupported without a request (it could ignore them and answer another law).
+#[test]
+fn processor_inputs_go_only_to_an_adapter_that_claims_them() {
+    let probs = json!({"probs": {"shape": [1, 2], "dtype": "f64", "data": [0.5, 0.5]}});
+    let t = |v: Vec<f64>, shape: Vec<usize>| RefTensor::F64(HostTensor::new(shape, v).unwrap());
+    let (z, temp, top_p, min_p) = (t(vec![0.0, 0.0], vec![1, 2]), t(vec![1.0], vec![1]), t(vec![1.0], vec![1]), t(vec![0.1], vec![1]));
+    let top_k = RefTensor::I64(HostTensor::new(vec![1], vec![0]).unwrap());
+    let with_min_p = |b: &ExecBackend| {
+        let mut p = specdec_backend::LogitsParams::new(&temp, &top_k, &top_p);
+        p.min_p = Some(&min_p);
+        b.process_logits(&z, p)
+    };
+    for (ops, claims) in [(&["process_logits"][..], false), (&["process_logits", "logits_processors"][..], true)] {
+        let log = std::env::temp_dir().join(format!("specdec-exec-processors-{}-{claims}", std::process::id()));
+        let b = logging_adapter(&log, ops, &probs);
+        b.process_logits(&z, specdec_backend::LogitsParams::new(&temp, &top_k, &top_p)).expect("the basic call is answered");
+        let second = with_min_p(&b);
+        let requests = logged(&log);
+        let _ = std::fs::remove_file(&log);
+        if claims {
+            second.expect("an adapter that claims the processors is sent them");
+            assert_eq!(requests.len(), 2, "{requests:?}");
+            assert!(requests[1]["inputs"]["min_p"]["shape"].is_array(), "PROTO-5: min_p is sent: {}", requests[1]);
+        } else {
+            assert!(matches!(second, Err(BackendError::NotSupported { .. })), "{second:?}");
+            assert_eq!(requests.len(), 1, "no request for the unclaimed processors: {requests:?}");
+            assert!(requests[0]["inputs"].get("min_p").is_none(), "{}", requests[0]);
+        }
+    }
+}
+
 /// PROTO-8: `rejection_verify_seeded` sends the seed to the adapter, and no
 /// noise: the adapter's own generator draws it.
 #[test]

@@ -2,9 +2,10 @@
 //! its inputs in one pass (`check`, `verify`, `sampling`) and calls a kernel.
 
 use ndarray::{ArrayD, ArrayView, Dimension};
+use specdec_backend::processors::{self, ProcessorKernels};
 use specdec_backend::{
-    Backend, BackendError, Comparator, DflashAccepted, DrawMethod, DrawNoiseArg, HostTensor, LogitsParams, NgramConfig, Precision, RefTensor, ReferenceBackend, RejectionArgs, RejectionNoise, Result,
-    TrimMode, Verified,
+    Backend, BackendError, Comparator, DflashAccepted, DrawMethod, DrawNoiseArg, HostTensor, LogitsParams, NgramConfig, Penalties, Precision, RefTensor, ReferenceBackend, RejectionArgs,
+    RejectionNoise, Result, TrimMode, Verified,
 };
 
 use crate::check::{d1, d2, d3};
@@ -185,17 +186,7 @@ impl Backend for NdarrayBackend {
     }
 
     fn process_logits(&self, logits: &NdTensor, params: LogitsParams<'_, NdTensor>) -> Result<NdTensor> {
-        let input =
-            sampling::LogitsIn { logits: logits.floats("logits")?, temperature: params.temperature.floats("temperature")?, top_k: params.top_k.ints("top_k")?, top_p: params.top_p.floats("top_p")? };
-        let named = || {
-            let (t, k, p) = (params.temperature.to_ref(), params.top_k.to_ref(), params.top_p.to_ref());
-            BackendError::named_by_reference(NAME, ReferenceBackend.process_logits(&logits.to_ref(), LogitsParams { temperature: &t, top_k: &k, top_p: &p }))
-        };
-        if !sampling::logits_ok(&input) {
-            return Err(named());
-        }
-        let processed = sampling::process_logits(view(d2(input.logits), "logits")?, view(d1(input.temperature), "temperature")?, view(d1(input.top_k), "top_k")?, view(d1(input.top_p), "top_p")?);
-        processed.map(floats).ok_or_else(named)
+        processors::process_with_processors(self, logits, params)
     }
 
     fn draw(&self, weights: &NdTensor, noise: DrawNoiseArg<'_, NdTensor>) -> Result<NdTensor> {
@@ -271,5 +262,94 @@ impl Backend for NdarrayBackend {
 
     fn sub_i64(&self, a: &NdTensor, b: &NdTensor) -> Result<NdTensor> {
         self.glue_int_op(glue::IntOp::Sub, a, b)
+    }
+}
+
+/// LOGITS-7 .. LOGITS-10 as loops over the f64 arrays.
+impl ProcessorKernels for NdarrayBackend {
+    fn processor_inputs_ok(&self, logits: &NdTensor, p: &LogitsParams<'_, NdTensor>) -> Result<bool> {
+        let Some(z) = d2(logits.floats("logits")?) else { return Ok(false) };
+        let (rows, vocab) = z.dim();
+        let per_row = |t: &NdTensor, arg: &str, ok: &dyn Fn(f64) -> bool| -> Result<bool> {
+            let a = t.floats(arg)?;
+            Ok(a.shape() == [rows] && a.iter().all(|&x| ok(x)))
+        };
+        let per_id = |t: &NdTensor, arg: &str, ok: &dyn Fn(f64) -> bool| -> Result<bool> {
+            let a = t.floats(arg)?;
+            Ok(a.shape() == [rows, vocab] && a.iter().all(|&x| ok(x)))
+        };
+        let mut ok = true;
+        if let Some(m) = p.min_p {
+            ok &= per_row(m, "min_p", &|x| (0.0..=1.0).contains(&x))?;
+        }
+        if let Some(x) = p.penalties {
+            ok &= per_id(x.counts, "penalty_counts", &|c| c.is_finite() && c >= 0.0 && c.fract() == 0.0)?;
+            ok &= per_row(x.repetition, "repetition_penalty", &|r| r.is_finite() && r > 0.0)?;
+            ok &= per_row(x.presence, "presence_penalty", &f64::is_finite)?;
+            ok &= per_row(x.frequency, "frequency_penalty", &f64::is_finite)?;
+        }
+        if let Some(b) = p.logit_bias {
+            ok &= per_id(b, "logit_bias", &f64::is_finite)?;
+        }
+        Ok(ok)
+    }
+
+    fn bias_and_penalties(&self, logits: &NdTensor, penalties: Option<Penalties<'_, NdTensor>>, bias: Option<&NdTensor>) -> Result<NdTensor> {
+        let mut z = view(d2(logits.floats("logits")?), "logits")?.to_owned();
+        if let Some(b) = bias {
+            z += &view(d2(b.floats("logit_bias")?), "logit_bias")?;
+        }
+        if let Some(x) = penalties {
+            let counts = view(d2(x.counts.floats("penalty_counts")?), "penalty_counts")?;
+            let (rep, pres, freq) = (
+                view(d1(x.repetition.floats("repetition_penalty")?), "repetition_penalty")?,
+                view(d1(x.presence.floats("presence_penalty")?), "presence_penalty")?,
+                view(d1(x.frequency.floats("frequency_penalty")?), "frequency_penalty")?,
+            );
+            for (r, (mut row, c)) in z.outer_iter_mut().zip(counts.outer_iter()).enumerate() {
+                for (l, &c) in row.iter_mut().zip(c) {
+                    if c > 0.0 {
+                        *l = if *l > 0.0 { *l / rep[r] } else { *l * rep[r] };
+                        *l -= c * freq[r] + pres[r];
+                    }
+                }
+            }
+        }
+        Ok(floats(z))
+    }
+
+    fn min_p_cut(&self, logits: &NdTensor, params: LogitsParams<'_, NdTensor>, probs: &NdTensor, min_p: &NdTensor) -> Result<NdTensor> {
+        let mut p = view(d2(probs.floats("probs")?), "probs")?.to_owned();
+        let z = view(d2(logits.floats("logits")?), "logits")?;
+        let (m, t) = (view(d1(min_p.floats("min_p")?), "min_p")?, view(d1(params.temperature.floats("temperature")?), "temperature")?);
+        for (r, mut row) in p.outer_iter_mut().enumerate() {
+            if m[r] == 0.0 || t[r] == 0.0 {
+                continue; // off, or greedy (LOGITS-2)
+            }
+            // The reference's arithmetic, for bit equality: the kept ids'
+            // weights exp((l - max) / T), summed in index order.
+            let threshold = m[r] * row.fold(0.0f64, |a, &x| a.max(x));
+            let max = z.row(r).fold(f64::NEG_INFINITY, |a, &x| a.max(x));
+            let weights: Vec<f64> = row.iter().zip(z.row(r)).map(|(&x, &l)| if x > 0.0 && x >= threshold { ((l - max) / t[r]).exp() } else { 0.0 }).collect();
+            let total: f64 = weights.iter().sum();
+            for (x, w) in row.iter_mut().zip(weights) {
+                *x = w / total;
+            }
+        }
+        Ok(floats(p))
+    }
+
+    fn basic_process_logits(&self, logits: &NdTensor, params: LogitsParams<'_, NdTensor>) -> Result<NdTensor> {
+        let input =
+            sampling::LogitsIn { logits: logits.floats("logits")?, temperature: params.temperature.floats("temperature")?, top_k: params.top_k.ints("top_k")?, top_p: params.top_p.floats("top_p")? };
+        let named = || {
+            let (t, k, p) = (params.temperature.to_ref(), params.top_k.to_ref(), params.top_p.to_ref());
+            BackendError::named_by_reference(NAME, ReferenceBackend.process_logits(&logits.to_ref(), LogitsParams::new(&t, &k, &p)))
+        };
+        if !sampling::logits_ok(&input) {
+            return Err(named());
+        }
+        let processed = sampling::process_logits(view(d2(input.logits), "logits")?, view(d1(input.temperature), "temperature")?, view(d1(input.top_k), "top_k")?, view(d1(input.top_p), "top_p")?);
+        processed.map(floats).ok_or_else(named)
     }
 }

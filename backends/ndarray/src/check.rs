@@ -7,7 +7,7 @@
 
 use ndarray::{Array1, ArrayD, ArrayView1, ArrayView2, Axis, Ix1, Ix2, Ix3, Zip};
 use specdec_backend::PAD;
-use specdec_reference::SUM_TOLERANCE;
+use specdec_reference::{MAX_EXPONENTIAL, MIN_EXPONENTIAL, SUM_TOLERANCE};
 
 use crate::kernels::{below, sum_last};
 
@@ -80,9 +80,9 @@ pub(crate) fn uniforms_ok(u: &ArrayD<f64>) -> bool {
     Zip::from(u).all(|&x| (0.0..1.0).contains(&x))
 }
 
-/// SAMPLE-2: every value finite and `> 0`.
+/// SAMPLE-2: every value within `[2^-126, 2^126]`.
 pub(crate) fn exponentials_ok(e: &ArrayD<f64>) -> bool {
-    Zip::from(e).all(|&x| x.is_finite() && x > 0.0)
+    Zip::from(e).all(|x| (MIN_EXPONENTIAL..=MAX_EXPONENTIAL).contains(x))
 }
 
 pub(crate) fn all_finite(a: &ArrayD<f64>) -> bool {

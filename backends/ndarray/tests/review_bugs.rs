@@ -3,14 +3,14 @@
 use specdec_backend::{Backend, BackendError, DrawNoiseArg, ErrorKind, HostTensor, ReferenceBackend};
 use specdec_ndarray::NdarrayBackend;
 
-/// SAMPLE-2: with exponentials so small that `w / e` overflows to `+inf`
-/// for every id, the race must still pick the largest ratio (id 1: its
-/// exponential is 1e10 times smaller), as the reference does, not tie the
-/// infinities and hand the draw to id 0.
+/// SAMPLE-2: with weights so large and exponentials so small that `w / e`
+/// overflows to `+inf` for every id, the race must still pick the largest
+/// ratio (id 1: its exponential is 1e5 times smaller), as the reference
+/// does, not tie the infinities and hand the draw to id 0.
 #[test]
 fn exponential_race_survives_overflow() {
-    let w = HostTensor::new(vec![1, 2], vec![0.5, 0.5]).unwrap();
-    let e = HostTensor::new(vec![1, 2], vec![1e-310, 1e-320]).unwrap();
+    let w = HostTensor::new(vec![1, 2], vec![0.5e308, 0.5e308]).unwrap();
+    let e = HostTensor::new(vec![1, 2], vec![1e-30, 1e-35]).unwrap();
     let reference =
         ReferenceBackend.download_i64(&ReferenceBackend.draw(&ReferenceBackend.upload_f64(&w).unwrap(), DrawNoiseArg::ExponentialRace(&ReferenceBackend.upload_f64(&e).unwrap())).unwrap()).unwrap();
     assert_eq!(reference.data(), &[1]);

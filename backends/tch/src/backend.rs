@@ -3,9 +3,10 @@
 
 use std::sync::{Mutex, PoisonError};
 
+use specdec_backend::processors::{self, ProcessorKernels};
 use specdec_backend::{
-    Backend, BackendError, Comparator, DflashAccepted, DrawMethod, DrawNoiseArg, HostTensor, LogitsParams, NgramConfig, Precision, RefTensor, ReferenceBackend, RejectionArgs, RejectionNoise, Result,
-    TrimMode, Verified,
+    Backend, BackendError, Comparator, DflashAccepted, DrawMethod, DrawNoiseArg, HostTensor, LogitsParams, NgramConfig, Penalties, Precision, RefTensor, ReferenceBackend, RejectionArgs,
+    RejectionNoise, Result, TrimMode, Verified,
 };
 use specdec_reference::ngram::NgramPolicy;
 use tch::{Device, Kind, TchError, Tensor};
@@ -167,7 +168,8 @@ struct RejTensors {
 /// boundary the validators test: a nonzero value never becomes 0 (it becomes the smallest
 /// subnormal of its sign) and one below 1 never reaches 1 (it becomes `1 - 2^-24`), so
 /// signs, zero weights and uniform ranges are judged as the reference judges the f64
-/// input. Magnitudes beyond `f32::MAX` become infinite as IEEE rounding has it: no f32
+/// input; likewise a value just outside SAMPLE-2's noise range `[2^-126, 2^126]` stays
+/// outside it. Magnitudes beyond `f32::MAX` become infinite as IEEE rounding has it: no f32
 /// stands for them, and saturating would silently equate different values, so this
 /// backend rejects them as `NonFinite` wherever finiteness is checked.
 fn to_f32_same_side(x: Tensor) -> TResult<Tensor> {
@@ -176,6 +178,12 @@ fn to_f32_same_side(x: Tensor) -> TResult<Tensor> {
     let reached_one = back.f_ge(1.0)?.f_logical_and(&x.f_lt(1.0)?)?;
     let y = x.f_sign()?.f_mul_scalar(f64::from(f32::from_bits(1)))?.f_where_self(&vanished, &x)?;
     let y = y.f_where_scalarother(&reached_one.f_logical_not()?, f64::from(1.0 - f32::EPSILON / 2.0))?;
+    // SAMPLE-2's noise bounds: a value just outside stays outside.
+    let (lo, hi) = (specdec_reference::MIN_EXPONENTIAL, specdec_reference::MAX_EXPONENTIAL);
+    let rose_to_lo = back.f_ge(lo)?.f_logical_and(&x.f_lt(lo)?)?;
+    let fell_to_hi = back.f_le(hi)?.f_logical_and(&x.f_gt(hi)?)?;
+    let y = y.f_where_scalarother(&rose_to_lo.f_logical_not()?, f64::from(f32::from_bits(f32::MIN_POSITIVE.to_bits() - 1)))?;
+    let y = y.f_where_scalarother(&fell_to_hi.f_logical_not()?, f64::from(f32::from_bits((hi as f32).to_bits() + 1)))?;
     y.f_to_kind(Kind::Float)
 }
 
@@ -413,29 +421,7 @@ impl Backend for TchBackend {
     }
 
     fn process_logits(&self, logits: &TchTensor, params: LogitsParams<'_, TchTensor>) -> Result<TchTensor> {
-        let z = self.float(logits, "logits")?;
-        let t = self.float(params.temperature, "temperature")?;
-        let k = self.int(params.top_k, "top_k")?;
-        let p = self.float(params.top_p, "top_p")?;
-        let shapes_ok = match z.size()[..] {
-            [rows, v] => rows >= 1 && v >= 1 && [&t, &k, &p].iter().all(|x| x.size() == [rows]),
-            _ => false,
-        };
-        let ok = shapes_ok
-            && self.passes((|| {
-                // LOGITS-1: T finite and >= 0, top_k >= 0, top_p in (0, 1]; CONV-8 rows.
-                let t_ok = t.f_isfinite()?.f_logical_and(&t.f_ge(0.0)?)?;
-                let p_ok = p.f_gt(0.0)?.f_logical_and(&p.f_le(1.0)?)?;
-                Ok(vec![t_ok, k.f_ge(0)?, p_ok, check::score_rows(&z)?])
-            })())?;
-        if !ok {
-            let r = (|| {
-                let (t, k, p) = (self.ref_tensor(params.temperature)?, self.ref_tensor(params.top_k)?, self.ref_tensor(params.top_p)?);
-                ReferenceBackend.process_logits(&self.ref_tensor(logits)?, LogitsParams { temperature: &t, top_k: &k, top_p: &p })
-            })();
-            return Err(BackendError::named_by_reference(&self.name(), r));
-        }
-        self.dev(kernels::process_logits(&z, &Params { temperature: &t, top_k: &k, top_p: &p })).map(TchTensor)
+        processors::process_with_processors(self, logits, params)
     }
 
     fn draw(&self, weights: &TchTensor, noise: DrawNoiseArg<'_, TchTensor>) -> Result<TchTensor> {
@@ -568,4 +554,91 @@ fn ngram_config(cfg: &NgramConfig) -> Option<kernels::Ngram> {
             None => None,
         },
     })
+}
+
+/// LOGITS-7 .. LOGITS-10 as f32 libtorch ops on the tensors' device; one fused check.
+impl ProcessorKernels for TchBackend {
+    fn processor_inputs_ok(&self, logits: &TchTensor, p: &LogitsParams<'_, TchTensor>) -> Result<bool> {
+        let z = self.float(logits, "logits")?;
+        let [rows, vocab] = z.size()[..] else { return Ok(false) };
+        let mut checks = Vec::new();
+        let mut shapes_ok = true;
+        let mut per = |t: &TchTensor, arg: &str, dims: &[i64], ok: &dyn Fn(&Tensor) -> TResult<Tensor>| -> Result<()> {
+            let t = self.float(t, arg)?;
+            shapes_ok &= t.size() == dims;
+            if shapes_ok {
+                checks.push(self.dev(ok(&t))?);
+            }
+            Ok(())
+        };
+        if let Some(m) = p.min_p {
+            per(m, "min_p", &[rows], &|m| m.f_ge(0.0)?.f_logical_and(&m.f_le(1.0)?))?;
+        }
+        if let Some(x) = p.penalties {
+            per(x.counts, "penalty_counts", &[rows, vocab], &|c| c.f_isfinite()?.f_logical_and(&c.f_ge(0.0)?)?.f_logical_and(&c.f_eq_tensor(&c.f_floor()?)?))?;
+            per(x.repetition, "repetition_penalty", &[rows], &|r| r.f_isfinite()?.f_logical_and(&r.f_gt(0.0)?))?;
+            per(x.presence, "presence_penalty", &[rows], &|t| t.f_isfinite())?;
+            per(x.frequency, "frequency_penalty", &[rows], &|t| t.f_isfinite())?;
+        }
+        if let Some(b) = p.logit_bias {
+            per(b, "logit_bias", &[rows, vocab], &|t| t.f_isfinite())?;
+        }
+        Ok(shapes_ok && (checks.is_empty() || self.passes(Ok(checks))?))
+    }
+
+    fn bias_and_penalties(&self, logits: &TchTensor, penalties: Option<Penalties<'_, TchTensor>>, bias: Option<&TchTensor>) -> Result<TchTensor> {
+        let mut z = self.float(logits, "logits")?;
+        if let Some(b) = bias {
+            z = self.dev(z.f_add(&self.float(b, "logit_bias")?))?;
+        }
+        if let Some(x) = penalties {
+            let c = self.float(x.counts, "penalty_counts")?;
+            let col = |t: &TchTensor, arg: &str| self.float(t, arg).and_then(|t| self.dev(t.f_unsqueeze(1)));
+            let (rep, pres, freq) = (col(x.repetition, "repetition_penalty")?, col(x.presence, "presence_penalty")?, col(x.frequency, "frequency_penalty")?);
+            z = self.dev((|| {
+                // LOGITS-8 then LOGITS-9, only where the id was counted.
+                let repeated = z.f_div(&rep)?.f_where_self(&z.f_gt(0.0)?, &z.f_mul(&rep)?)?;
+                let penalised = repeated.f_sub(&c.f_mul(&freq)?.f_add(&pres)?)?;
+                penalised.f_where_self(&c.f_gt(0.0)?, &z)
+            })())?;
+        }
+        Ok(TchTensor(z))
+    }
+
+    fn min_p_cut(&self, _logits: &TchTensor, _params: LogitsParams<'_, TchTensor>, probs: &TchTensor, min_p: &TchTensor) -> Result<TchTensor> {
+        let (p, m) = (self.float(probs, "probs")?, self.float(min_p, "min_p")?);
+        self.dev((|| {
+            let (largest, _) = p.f_max_dim(1, true)?;
+            let threshold = largest.f_mul(&m.f_unsqueeze(1)?)?;
+            let kept = p.f_where_self(&p.f_ge_tensor(&threshold)?, &p.f_zeros_like()?)?;
+            kept.f_div(&kept.f_sum_dim_intlist(1, true, Kind::Float)?)
+        })())
+        .map(TchTensor)
+    }
+
+    fn basic_process_logits(&self, logits: &TchTensor, params: LogitsParams<'_, TchTensor>) -> Result<TchTensor> {
+        let z = self.float(logits, "logits")?;
+        let t = self.float(params.temperature, "temperature")?;
+        let k = self.int(params.top_k, "top_k")?;
+        let p = self.float(params.top_p, "top_p")?;
+        let shapes_ok = match z.size()[..] {
+            [rows, v] => rows >= 1 && v >= 1 && [&t, &k, &p].iter().all(|x| x.size() == [rows]),
+            _ => false,
+        };
+        let ok = shapes_ok
+            && self.passes((|| {
+                // LOGITS-1: T finite and >= 0, top_k >= 0, top_p in (0, 1]; CONV-8 rows.
+                let t_ok = t.f_isfinite()?.f_logical_and(&t.f_ge(0.0)?)?;
+                let p_ok = p.f_gt(0.0)?.f_logical_and(&p.f_le(1.0)?)?;
+                Ok(vec![t_ok, k.f_ge(0)?, p_ok, check::score_rows(&z)?])
+            })())?;
+        if !ok {
+            let r = (|| {
+                let (t, k, p) = (self.ref_tensor(params.temperature)?, self.ref_tensor(params.top_k)?, self.ref_tensor(params.top_p)?);
+                ReferenceBackend.process_logits(&self.ref_tensor(logits)?, LogitsParams::new(&t, &k, &p))
+            })();
+            return Err(BackendError::named_by_reference(&self.name(), r));
+        }
+        self.dev(kernels::process_logits(&z, &Params { temperature: &t, top_k: &k, top_p: &p })).map(TchTensor)
+    }
 }

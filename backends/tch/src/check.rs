@@ -59,9 +59,9 @@ pub(crate) fn uniforms(u: &Tensor) -> TResult<Tensor> {
     u.f_ge(0.0)?.f_logical_and(&u.f_lt(1.0)?)
 }
 
-/// SAMPLE-2: exponential noise finite and `> 0`.
+/// SAMPLE-2: exponential noise within `[2^-126, 2^126]` (NaN fails both).
 pub(crate) fn exponentials(e: &Tensor) -> TResult<Tensor> {
-    e.f_isfinite()?.f_logical_and(&e.f_gt(0.0)?)
+    e.f_ge(specdec_reference::MIN_EXPONENTIAL)?.f_logical_and(&e.f_le(specdec_reference::MAX_EXPONENTIAL)?)
 }
 
 /// CONV-2 per last-axis row: finite, `>= 0`, f64 sum within [`SUM_TOLERANCE`] of 1.

@@ -84,11 +84,12 @@ fn f32_upload_keeps_values_on_their_side_of_the_checks() {
         let back = be.download_f64(&t).expect("download").into_data();
         assert!(back[0] > 0.0 && back[1] < 0.0 && back[2] < 1.0 && back[4].is_infinite());
         assert_eq!(back[3], 0.25);
-        // So a 1e-300 exponential stays valid noise, as for the reference.
+        // A 1e-300 exponential is outside SAMPLE-2's domain (the binary32
+        // normals): rejected as the reference rejects it, never flushed into a tie.
         let w = f(&be, &[1, 2], &[0.0, 1.0]);
         let e = f(&be, &[1, 2], &[1e-300, 1.0]);
-        let drawn = be.draw(&w, specdec_backend::DrawNoiseArg::ExponentialRace(&e)).expect("valid");
-        assert_eq!(ints(&be, &drawn), [1]);
+        let err = be.draw(&w, specdec_backend::DrawNoiseArg::ExponentialRace(&e)).expect_err("outside the domain");
+        assert_eq!(err.kind(), Some(ErrorKind::InvalidNoise));
         // Beyond f32's range a weight is not finite here (the reference only rejects an
         // infinite f64 total); either way it is NonFinite, never a silently clipped value.
         let w = f(&be, &[1, 2], &[1e308, 1e308]);

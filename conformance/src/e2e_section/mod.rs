@@ -52,7 +52,7 @@ use specdec_backend::{NgramConfig, SamplingParams};
 use std::sync::Arc;
 
 use specdec_decoder::{DflashMode, DflashProposer, DraftModelProposer, Engine, EngineConfig, NgramProposer, NoSink, Proposer, ProposerChoice, Request};
-use specdec_reference::process_logits;
+use specdec_reference::{RowInputs, bias_row, penalty_counts, process_logits_with};
 use specdec_stats::TestReport;
 
 use crate::check::{CheckResult, Kind, SuiteConfig, catch, settle};
@@ -81,7 +81,43 @@ pub const SAMPLED_TOKENS: usize = 3;
 /// accepted first step emits a bonus token the law sees.
 pub const SAMPLED_K: usize = 2;
 /// The sampling parameters of the sampled check.
-pub const SAMPLED_PARAMS: SamplingParams = SamplingParams { temperature: 1.0, top_k: 4, top_p: 1.0 };
+pub const SAMPLED_PARAMS: SamplingParams = SamplingParams::new(1.0, 4, 1.0);
+
+/// What a request samples with: its parameters and its logit bias.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Setting {
+    pub params: SamplingParams,
+    pub bias: &'static [(u32, f64)],
+}
+
+impl Setting {
+    pub const fn plain(params: SamplingParams) -> Self {
+        Setting { params, bias: &[] }
+    }
+
+    /// A request of this setting.
+    pub fn request(&self, prompt: Vec<u32>, max_tokens: usize, seed: u64) -> Request {
+        Request { sampling: self.params, logit_bias: self.bias.to_vec(), seed, ..Request::greedy(prompt, max_tokens) }
+    }
+}
+
+/// The `sampled-penalised` check's setting: every processor on (LOGITS-7 ..
+/// LOGITS-12), strong enough that a window row that forgets the drafts
+/// before it, or a draft `q` without them, moves the law by far more than
+/// the check's `E2E_DELTA`.
+pub const PENALISED: Setting = Setting {
+    params: SamplingParams {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.02,
+        repetition_penalty: 1.8,
+        presence_penalty: 0.5,
+        frequency_penalty: 0.4,
+        penalty_scope: specdec_backend::PenaltyScope::Context,
+    },
+    bias: &[(2, 0.8), (9, -1.5)],
+};
 /// The total variation each sampled check detects ...
 pub const E2E_DELTA: f64 = 0.05;
 /// ... with this miss probability (stated before sampling).
@@ -115,6 +151,7 @@ pub fn e2e_items() -> Vec<E2eItem> {
             }
             if model == TINY {
                 checks.push(("sampled", &["DECODE-2", "DECODE-3", "REJECT-7", "STAT-3"]));
+                checks.push(("sampled-penalised", &["LOGITS-7", "LOGITS-8", "LOGITS-9", "LOGITS-10", "LOGITS-12", "LOGITS-13", "REJECT-7", "STAT-3"]));
                 if step_law::applies(p) {
                     checks.push(("step-law", step_law::rules(p)));
                 }
@@ -266,9 +303,10 @@ pub fn run_with<B: ModelBackend>(backend: &B, cfg: &SuiteConfig, files: &ModelFi
                 to_verdict(outcome)
             }
             "step-law" => catch(|| step_law::check(backend, subject, model, &item.proposer, engine, cfg.seed)).unwrap_or_else(Verdict::Fail),
-            "sampled" => {
+            "sampled" | "sampled-penalised" => {
                 // Judged with the family below (Holm, STAT-2).
-                let outcome = catch(|| sampled_counts(backend, subject, model, &item.proposer, engine, cfg.seed)).unwrap_or_else(|m| Err(Verdict::Fail(m)));
+                let setting = if item.check == "sampled" { Setting::plain(SAMPLED_PARAMS) } else { PENALISED };
+                let outcome = catch(|| sampled_counts(backend, subject, model, &item.proposer, engine, cfg.seed, &setting)).unwrap_or_else(|m| Err(Verdict::Fail(m)));
                 result.millis = start.elapsed().as_secs_f64() * 1e3;
                 sampled.push((results.len(), outcome));
                 results.push(result);
@@ -453,45 +491,52 @@ fn check_rollback<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, run: &Greed
 /// and the eos the law reaches: the second most likely first token.
 pub fn sampled_setup(w: &LlamaWeights) -> Result<(Vec<u32>, u32), String> {
     let prompt = vec![3, 1, 4, 1, 5, 3, 1, 4];
-    let p = next_law(w, &prompt, SAMPLED_PARAMS)?;
+    let p = next_law(w, &prompt, prompt.len(), &Setting::plain(SAMPLED_PARAMS))?;
     let mut order: Vec<usize> = (0..p.len()).collect();
     order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
     Ok((prompt, order[1] as u32))
 }
 
-/// The processed law of the token after `context` by the reference forward.
-fn next_law(w: &LlamaWeights, context: &[u32], params: SamplingParams) -> Result<Vec<f64>, String> {
-    let (mut rows, _) = processed_rows(&RefModel::new(w.clone()), &[context.to_vec()], params)?;
+/// The processed law of the token after `context` (whose first `prompt_len`
+/// tokens are the prompt) by the reference forward.
+fn next_law(w: &LlamaWeights, context: &[u32], prompt_len: usize, setting: &Setting) -> Result<Vec<f64>, String> {
+    let (mut rows, _) = processed_rows(&RefModel::new(w.clone()), &[context.to_vec()], prompt_len, setting)?;
     Ok(rows.remove(0))
 }
 
 /// The processed law of the token after each context, by the reference
-/// forward, and the largest `|logit|` seen.
-fn processed_rows(model: &RefModel, contexts: &[Vec<u32>], params: SamplingParams) -> Result<(Vec<Vec<f64>>, f64), String> {
+/// forward, and the largest `|logit|` seen. Each context's first
+/// `prompt_len` tokens are the prompt; the penalties count its scope of the
+/// whole context (LOGITS-12), drafts included (LOGITS-13).
+fn processed_rows(model: &RefModel, contexts: &[Vec<u32>], prompt_len: usize, setting: &Setting) -> Result<(Vec<Vec<f64>>, f64), String> {
     let mut rows = Vec::with_capacity(contexts.len());
     let mut scale = 0.0f64;
     for context in contexts {
         let mut cache = model.new_cache(1, context.len()).map_err(|e| e.to_string())?;
         let out = model.forward(&mut cache, &ForwardRequest::last_logits(std::slice::from_ref(context))).map_err(|e| e.to_string())?;
         scale = out.logits.iter().fold(scale, |m, x| m.max(x.abs()));
-        rows.push(process_logits(&out.logits, params).map_err(|e| e.to_string())?);
+        let vocab = out.logits.len();
+        let counts = setting.params.penalised().then(|| penalty_counts(setting.params.penalty_scope.counted(context, prompt_len), vocab));
+        let bias = if setting.bias.is_empty() { None } else { Some(bias_row(setting.bias, vocab).map_err(|e| e.to_string())?) };
+        let inputs = RowInputs { counts: counts.as_deref(), bias: bias.as_deref() };
+        rows.push(process_logits_with(&out.logits, setting.params, inputs).map_err(|e| e.to_string())?);
     }
     Ok((rows, scale))
 }
 
 /// The exact law of a sampled generation: sequences that end at eos or at
 /// [`SAMPLED_TOKENS`] tokens, by enumeration over the reference forward.
-pub fn exact_law(w: &LlamaWeights, prompt: &[u32], eos: u32) -> Result<BTreeMap<Vec<u32>, f64>, String> {
-    exact_law_with(w, prompt, eos, SAMPLED_PARAMS, SAMPLED_TOKENS)
+pub fn exact_law(w: &LlamaWeights, prompt: &[u32], eos: u32, setting: &Setting) -> Result<BTreeMap<Vec<u32>, f64>, String> {
+    exact_law_with(w, prompt, eos, setting, SAMPLED_TOKENS)
 }
 
-/// [`exact_law`] with given parameters and at most `m` tokens.
-pub fn exact_law_with(w: &LlamaWeights, prompt: &[u32], eos: u32, params: SamplingParams, m: usize) -> Result<BTreeMap<Vec<u32>, f64>, String> {
+/// [`exact_law`] with a given setting and at most `m` tokens.
+pub fn exact_law_with(w: &LlamaWeights, prompt: &[u32], eos: u32, setting: &Setting, m: usize) -> Result<BTreeMap<Vec<u32>, f64>, String> {
     let mut law = BTreeMap::new();
     let mut open = vec![(Vec::new(), 1.0)];
     while let Some((seq, prob)) = open.pop() {
         let context: Vec<u32> = prompt.iter().chain(&seq).copied().collect();
-        for (x, &px) in next_law(w, &context, params)?.iter().enumerate() {
+        for (x, &px) in next_law(w, &context, prompt.len(), setting)?.iter().enumerate() {
             if px == 0.0 {
                 continue;
             }
@@ -507,34 +552,35 @@ pub fn exact_law_with(w: &LlamaWeights, prompt: &[u32], eos: u32, params: Sampli
     Ok(law)
 }
 
-fn sampled_counts<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, proposer: &str, config: &EngineConfig, seed: u64) -> Result<TestReport, Verdict> {
+fn sampled_counts<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, proposer: &str, config: &EngineConfig, seed: u64, setting: &Setting) -> Result<TestReport, Verdict> {
     let mut p = build_proposer(b, proposer, &s.weights).map_err(Verdict::Fail)?;
-    sampled_law_check(b, &s.weights, m, p.as_mut(), config, seed)
+    sampled_law_check(b, &s.weights, m, p.as_mut(), config, seed, setting)
 }
 
-/// The `sampled` check with a given proposer: samples whole generations on
-/// `b` and counts them per cell of the exact law (one extra cell, expected
-/// 0, for any sequence outside the law's support); the report is judged by
-/// the caller (Holm over the family).
-pub fn sampled_law_check<B: ModelBackend>(b: &B, weights: &LlamaWeights, m: &B::Model, p: &mut dyn Proposer<B>, config: &EngineConfig, seed: u64) -> Result<TestReport, Verdict> {
+/// The `sampled` (or `sampled-penalised`) check with a given proposer and
+/// setting: samples whole generations on `b` and counts them per cell of
+/// the exact law (one extra cell, expected 0, for any sequence outside the
+/// law's support); the report is judged by the caller (Holm over the family
+/// of both checks).
+pub fn sampled_law_check<B: ModelBackend>(b: &B, weights: &LlamaWeights, m: &B::Model, p: &mut dyn Proposer<B>, config: &EngineConfig, seed: u64, setting: &Setting) -> Result<TestReport, Verdict> {
     let fail = Verdict::Fail;
     let proposer = p.name();
     let (prompt, eos) = sampled_setup(weights).map_err(fail)?;
-    let law = exact_law(weights, &prompt, eos).map_err(fail)?;
+    let law = exact_law(weights, &prompt, eos, setting).map_err(fail)?;
     let mut expected: Vec<f64> = law.values().copied().collect();
     expected.push(0.0);
-    let family = e2e_items().iter().filter(|i| i.check == "sampled").count();
+    let family = e2e_items().iter().filter(|i| is_sampled(i.check)).count();
+    let check = if setting.params.penalised() { "sampled-penalised" } else { "sampled" };
     let n = stat::planned_n_for(&expected, family, E2E_DELTA, E2E_BETA).map_err(fail)? as usize;
     let cells: BTreeMap<&Vec<u32>, usize> = law.keys().enumerate().map(|(i, k)| (k, i)).collect();
     let mut counts = vec![0u64; expected.len()];
     let config = EngineConfig { k: SAMPLED_K, ..config.clone() };
     let engine = Engine::new(b, m, &weights.config, config).map_err(|e| fail(e.to_string()))?;
-    let base = stat::stream_seed(seed, &format!("e2e/{proposer}"));
+    let base = stat::stream_seed(seed, &if check == "sampled" { format!("e2e/{proposer}") } else { format!("e2e/{proposer}/{check}") });
     let mut done = 0;
     while done < n {
         let batch = SAMPLED_BATCH.min(n - done);
-        let reqs: Vec<Request> =
-            (0..batch).map(|i| Request { sampling: SAMPLED_PARAMS, seed: base.wrapping_add((done + i) as u64), eos: vec![eos], ..Request::greedy(prompt.clone(), SAMPLED_TOKENS) }).collect();
+        let reqs: Vec<Request> = (0..batch).map(|i| Request { eos: vec![eos], ..setting.request(prompt.clone(), SAMPLED_TOKENS, base.wrapping_add((done + i) as u64)) }).collect();
         let out = engine.generate(&reqs, p, None, &mut NoSink).map_err(|e| match to_verdict(Err(err_of(&e))) {
             Verdict::Pass { .. } => fail(e.to_string()),
             v => v,
@@ -544,7 +590,12 @@ pub fn sampled_law_check<B: ModelBackend>(b: &B, weights: &LlamaWeights, m: &B::
         }
         done += batch;
     }
-    stat::test_counts(&format!("e2e/{proposer}/sampled (n = {n})"), &counts, &expected, family).map_err(fail)
+    stat::test_counts(&format!("e2e/{proposer}/{check} (n = {n})"), &counts, &expected, family).map_err(fail)
+}
+
+/// The statistical checks of the section: one Holm family (STAT-2).
+fn is_sampled(check: &str) -> bool {
+    check == "sampled" || check == "sampled-penalised"
 }
 
 /// The end-to-end section as a section of the runner, with its engine

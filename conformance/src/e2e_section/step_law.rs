@@ -35,14 +35,16 @@ use specdec_backend::{PAD, SamplingParams};
 use specdec_decoder::{EngineConfig, Request};
 
 use super::fidelity::Recording;
-use super::{build_proposer, engine, err_of, processed_rows, sampled_setup, seeded_draft, tiny_prompts};
+use super::{PENALISED, Setting, build_proposer, engine, err_of, processed_rows, sampled_setup, seeded_draft, tiny_prompts};
 use crate::compare::Verdict;
 use crate::exact::{Instance, Law, Probe, ProbeOut, max_abs_diff, step_law_of};
 use crate::model_section::Subject;
 use crate::stat;
 
-/// The settings of the check: drafts per step and sampling parameters.
-pub(super) const SETTINGS: [(usize, SamplingParams); 2] = [(2, SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0 }), (3, SamplingParams { temperature: 0.8, top_k: 6, top_p: 1.0 })];
+/// The settings of the check: drafts per step and sampling parameters (the
+/// third with every processor on: a window row that forgets the drafts
+/// before it, or a `q` computed without the penalties, moves this law).
+pub(super) const SETTINGS: [(usize, Setting); 3] = [(2, Setting::plain(SamplingParams::new(1.0, 0, 1.0))), (3, Setting::plain(SamplingParams::new(0.8, 6, 1.0))), (2, PENALISED)];
 
 /// Whether the check runs for a proposer of the tiny model.
 pub(super) fn applies(proposer: &str) -> bool {
@@ -78,8 +80,10 @@ fn reference_q(proposer: &str) -> Option<QSource> {
 /// Runs the check for `proposer` on the tiny model.
 pub(super) fn check<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, proposer: &str, config: &EngineConfig, seed: u64) -> Verdict {
     let mut worst = 0.0f64;
-    for (k, params) in SETTINGS {
-        match check_setting(b, s, m, proposer, config, stat::stream_seed(seed, &format!("step-law/{proposer}/{k}")), k, params) {
+    for (i, (k, setting)) in SETTINGS.iter().enumerate() {
+        // The first two settings keep the streams they always had.
+        let stream = if i < 2 { format!("step-law/{proposer}/{k}") } else { format!("step-law/{proposer}/{k}/penalised") };
+        match check_setting(b, s, m, proposer, config, stat::stream_seed(seed, &stream), *k, setting) {
             Ok(err) => worst = worst.max(err),
             Err(v) => return v,
         }
@@ -88,8 +92,9 @@ pub(super) fn check<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, proposer:
 }
 
 #[allow(clippy::too_many_arguments)]
-fn check_setting<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, proposer: &str, config: &EngineConfig, seed: u64, k: usize, params: SamplingParams) -> Result<f64, Verdict> {
-    let fail = |msg: String| Verdict::Fail(format!("k = {k}, {params:?}: {msg}"));
+fn check_setting<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, proposer: &str, config: &EngineConfig, seed: u64, k: usize, setting: &Setting) -> Result<f64, Verdict> {
+    let params = setting.params;
+    let fail = |msg: String| Verdict::Fail(format!("k = {k}, {setting:?}: {msg}"));
     let (sampled_prompt, _) = sampled_setup(&s.weights).map_err(fail)?;
     let prompts: Vec<Vec<u32>> = std::iter::once(sampled_prompt).chain(tiny_prompts()).collect();
     let config = EngineConfig { k, ..config.clone() };
@@ -102,14 +107,14 @@ fn check_setting<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, proposer: &s
     let always_accepted = matches!(reference_q(proposer), Some(QSource::Target));
     let mut found = None;
     for (prompt, t) in prompts.iter().flat_map(|p| (0..SEED_TRIES).map(move |t| (p, t))) {
-        let request = Request { sampling: params, seed: seed.wrapping_add(t), ..Request::greedy(prompt.clone(), k + 1) };
+        let request = setting.request(prompt.clone(), k + 1, seed.wrapping_add(t));
         let mut rec = Recording::new(p.as_mut());
         eng.generate(std::slice::from_ref(&request), &mut rec, None, &mut specdec_decoder::NoSink).map_err(|e| fail(err_of(&e)))?;
         let drafts = rec.first_drafts().ok_or_else(|| fail("the proposer was never asked to draft".into()))?;
         if drafts.len() < 2 {
             continue;
         }
-        let expected = expected_law(&s.weights, proposer, prompt, &drafts, params).map_err(fail)?;
+        let expected = expected_law(&s.weights, proposer, prompt, &drafts, setting).map_err(fail)?;
         // Drafts the step can reach (those before the first that is always
         // rejected) and that can go either way.
         let open = expected.accept.iter().take_while(|&&a| a > 0.0).filter(|&&a| a < 1.0).count();
@@ -191,11 +196,13 @@ struct Expected {
 
 /// The law of one step's emitted tokens given `drafts`, from the rules on
 /// the reference forward's rows.
-fn expected_law(w: &Arc<LlamaWeights>, proposer: &str, prompt: &[u32], drafts: &[u32], params: SamplingParams) -> Result<Expected, String> {
+fn expected_law(w: &Arc<LlamaWeights>, proposer: &str, prompt: &[u32], drafts: &[u32], setting: &Setting) -> Result<Expected, String> {
     let len = drafts.len();
     let contexts: Vec<Vec<u32>> = (0..=len).map(|j| prompt.iter().chain(&drafts[..j]).copied().collect()).collect();
     let target = RefModel::new((**w).clone());
-    let (p, mut scale) = processed_rows(&target, &contexts, params)?;
+    // Row j counts the prompt and the drafts before it (LOGITS-13), as the
+    // draft's q for draft j does.
+    let (p, mut scale) = processed_rows(&target, &contexts, prompt.len(), setting)?;
     let draft = match reference_q(proposer).ok_or_else(|| format!("no reference q for `{proposer}`"))? {
         QSource::None => None,
         QSource::Target => Some((**w).clone()),
@@ -204,7 +211,7 @@ fn expected_law(w: &Arc<LlamaWeights>, proposer: &str, prompt: &[u32], drafts: &
     };
     let q = match draft {
         Some(d) => {
-            let (q, s) = processed_rows(&RefModel::new(d), &contexts[..len], params)?;
+            let (q, s) = processed_rows(&RefModel::new(d), &contexts[..len], prompt.len(), setting)?;
             scale = scale.max(s);
             Some(q)
         }

@@ -28,8 +28,8 @@ use rand_pcg::Pcg64;
 use specdec_backend::model::{LlamaWeights, ModelBackend};
 use specdec_models::dflash::{DflashContext, DflashDraft, Schedule};
 use specdec_models::dflash_f32::{ContextF32, DflashF32};
-use specdec_reference::process_logits;
 use specdec_reference::sampling::sample_inverse_cdf;
+use specdec_reference::{RowInputs, bias_row, penalty_counts, process_logits_with};
 
 use super::{Observed, Proposal, Proposer, SeqView, VerifyRule};
 use crate::{DecodeError, device};
@@ -144,12 +144,20 @@ impl<B: ModelBackend> Proposer<B> for DflashProposer {
                     let tokens = self.fast.draft().block_input(verified).map_err(|e| self.err(e))?;
                     let logits = self.fast.block_logits(&self.target, ctx, &tokens).map_err(|e| self.err(e))?;
                     let mut d = Vec::with_capacity(block - 1);
+                    // Draft j's q counts the context plus the drafts before it (LOGITS-13).
+                    let penalised = s.sampling.penalised();
+                    let mut counts = if penalised { penalty_counts(s.sampling.penalty_scope.counted(s.context, s.prompt_len), vocab) } else { Vec::new() };
+                    let bias = if s.logit_bias.is_empty() { None } else { Some(bias_row(s.logit_bias, vocab).map_err(|e| self.err(e))?) };
                     for row in logits.chunks(vocab).skip(1) {
                         // Widening is exact: q is the law of exactly these logits.
                         let row: Vec<f64> = row.iter().map(|&v| f64::from(v)).collect();
-                        let p = process_logits(&row, s.sampling).map_err(|e| self.err(e))?;
+                        let inputs = RowInputs { counts: penalised.then_some(&counts[..]), bias: bias.as_deref() };
+                        let p = process_logits_with(&row, s.sampling, inputs).map_err(|e| self.err(e))?;
                         let drawn = sample_inverse_cdf(&p, rng.random::<f64>()).map_err(|e| self.err(e))?;
                         d.push(drawn.token as u32);
+                        if penalised {
+                            counts[drawn.token] += 1.0;
+                        }
                         q.extend(p);
                     }
                     d

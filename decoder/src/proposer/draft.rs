@@ -18,7 +18,7 @@ use specdec_backend::model::{ForwardRequest, LlamaWeights, LogitRows, ModelBacke
 
 use super::{Observed, Proposal, Proposer, SeqView, VerifyRule, common_prefix};
 use crate::DecodeError;
-use crate::device;
+use crate::device::{self, Row};
 
 /// A draft model (or the target's first layers) on the device.
 pub struct DraftModelProposer<B: ModelBackend> {
@@ -43,6 +43,27 @@ enum QFault {
     Temperature(f64),
     /// `q` reported without top-k and top-p.
     Unprocessed,
+    /// `q` reported without the penalties and the bias the drafts were drawn with.
+    WithoutPenalties,
+}
+
+impl QFault {
+    /// The row `q` is reported with: the drawn row but in a negative control.
+    fn reported(fault: Option<QFault>, row: Row<'_>) -> Row<'_> {
+        match fault {
+            Some(QFault::Unprocessed) => Row { params: SamplingParams { top_k: 0, top_p: 1.0, ..row.params }, ..row },
+            Some(QFault::WithoutPenalties) => Row::plain(SamplingParams { repetition_penalty: 1.0, presence_penalty: 0.0, frequency_penalty: 0.0, ..row.params }),
+            _ => row,
+        }
+    }
+
+    /// The row drafts are drawn with: the request's but in a negative control.
+    fn drawn(fault: Option<QFault>, row: Row<'_>) -> Row<'_> {
+        match fault {
+            Some(QFault::Temperature(scale)) => Row { params: SamplingParams { temperature: row.params.temperature * scale, ..row.params }, ..row },
+            _ => row,
+        }
+    }
 }
 
 impl<B: ModelBackend> DraftModelProposer<B> {
@@ -80,6 +101,14 @@ impl<B: ModelBackend> DraftModelProposer<B> {
     #[cfg(feature = "negative-controls")]
     pub fn with_unprocessed_q(mut self) -> Self {
         self.q_fault = Some(QFault::Unprocessed);
+        self
+    }
+
+    /// NEGATIVE CONTROL: draws drafts with the request's penalties and bias
+    /// (LOGITS-7 .. LOGITS-9) but reports `q` without them (breaks LOGITS-13).
+    #[cfg(feature = "negative-controls")]
+    pub fn with_unpenalised_q(mut self) -> Self {
+        self.q_fault = Some(QFault::WithoutPenalties);
         self
     }
 
@@ -134,22 +163,17 @@ impl<B: ModelBackend> Proposer<B> for DraftModelProposer<B> {
             }
             feed[s.slot] = s.context[fed.len()..].to_vec();
         }
-        let sampled: Vec<SamplingParams> = seqs.iter().map(|s| s.sampling).collect();
         // What drafts are drawn with, and what `q` is reported with: the same
-        // but in a negative control.
-        let (drawn_with, reported_with): (Vec<SamplingParams>, Vec<SamplingParams>) = match self.q_fault {
-            Some(QFault::Temperature(scale)) => (sampled.iter().map(|p| SamplingParams { temperature: p.temperature * scale, ..*p }).collect(), sampled.clone()),
-            Some(QFault::Unprocessed) => (sampled.clone(), sampled.iter().map(|p| SamplingParams { top_k: 0, top_p: 1.0, ..*p }).collect()),
-            None => (sampled.clone(), sampled.clone()),
-        };
+        // but in a negative control. Draft `j` counts the drafts before it (LOGITS-13).
         let mut q_rows = Vec::with_capacity(steps);
         for step in 0..steps {
             let out = backend.forward(&self.model, cache, &ForwardRequest { tokens: &feed, logits: LogitRows::Last, hidden_layers: &[] })?;
             let logits = out.logits.ok_or_else(|| DecodeError::Internal("a draft forward returned no logits".into()))?;
             // Rows come in batch order of the sequences fed: `seqs` order.
-            let q = device::process(backend, &logits, &reported_with)?;
+            let rows = |bend: fn(Option<QFault>, Row<'_>) -> Row<'_>| -> Vec<Row<'_>> { seqs.iter().zip(&drafts).map(|(s, before)| bend(self.q_fault, s.row(before))).collect() };
+            let q = device::process(backend, &logits, &rows(QFault::reported), self.vocab)?;
             let ids = if self.q_fault.is_some() {
-                let drawn = device::process(backend, &logits, &drawn_with)?;
+                let drawn = device::process(backend, &logits, &rows(QFault::drawn), self.vocab)?;
                 device::draw(backend, &drawn, rngs)?
             } else {
                 device::draw(backend, &q, rngs)?
