@@ -113,7 +113,8 @@ fn completion(prompt: &[u32], max_tokens: usize, temperature: f64, seed: u64, sp
 const PROMPTS: [&[u32]; 4] = [&[1, 2, 3, 1, 2, 3, 1, 2], &[4, 5, 4, 5, 4], &[7], &[2, 9, 2, 9, 2, 9, 3]];
 
 /// DECODE-3 and DECODE-2 under load: 32 concurrent clients, 3 requests
-/// each (greedy and sampled, speculation on and off), all valid, each equal
+/// each (greedy and sampled, speculation on and off, a quarter with every
+/// sampling processor on: penalties, bias, min-p), all valid, each equal
 /// to the same request run alone afterwards; greedy speculative equals
 /// plain; no slot leaks; the server answers afterwards.
 #[test]
@@ -122,7 +123,19 @@ fn under_load_every_output_equals_the_same_request_alone() {
     let request = |client: usize, i: usize| {
         let prompt = PROMPTS[(client + i) % PROMPTS.len()];
         let temperature = if (client + i).is_multiple_of(2) { 0.0 } else { 0.9 };
-        completion(prompt, 10 + (client % 7), temperature, (client * 3 + i) as u64, !client.is_multiple_of(3))
+        let mut req = completion(prompt, 10 + (client % 7), temperature, (client * 3 + i) as u64, !client.is_multiple_of(3));
+        if client % 4 == 1 {
+            // Every sampling processor on, batched with requests that use none.
+            for (field, value) in
+                [("presence_penalty", json!(0.4)), ("frequency_penalty", json!(0.3)), ("repetition_penalty", json!(1.3)), ("min_p", json!(0.05)), ("logit_bias", json!({"2": 1.5, "9": -2.0}))]
+            {
+                req[field] = value;
+            }
+            if client % 8 == 1 {
+                req["penalty_scope"] = json!("context");
+            }
+        }
+        req
     };
     let deadline = Instant::now() + Duration::from_secs(120);
     let loaded: Vec<Vec<(Value, Vec<u64>)>> = std::thread::scope(|s| {

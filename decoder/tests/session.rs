@@ -26,13 +26,19 @@ fn proposer(name: &str, w: &LlamaWeights) -> Box<dyn Proposer<ReferenceBackend>>
 }
 
 /// Eight requests: repeating and plain prompts, greedy and sampled, one
-/// that never speculates.
+/// that never speculates, two with every sampling processor on.
 fn requests() -> Vec<Request> {
     let prompts: [&[u32]; 4] = [&[1, 2, 3, 1, 2, 3, 1, 2], &[4, 5, 4, 5], &[7], &[2, 9, 2, 9, 2]];
     (0..8usize)
         .map(|i| {
-            let sampling = if i.is_multiple_of(2) { SamplingParams::new(0.0, 0, 1.0) } else { SamplingParams::new(0.9, 6, 0.95) };
-            Request { sampling, seed: 100 + i as u64, speculate: i != 5, ..Request::greedy(prompts[i % 4].to_vec(), 8 + i) }
+            let mut sampling = if i.is_multiple_of(2) { SamplingParams::new(0.0, 0, 1.0) } else { SamplingParams::new(0.9, 6, 0.95) };
+            // Two requests with every processor on (LOGITS-7 .. LOGITS-13), batched with the rest.
+            let processed = i % 4 == 3;
+            if processed {
+                sampling = SamplingParams { min_p: 0.05, repetition_penalty: 1.5, presence_penalty: 0.3, frequency_penalty: 0.2, ..sampling };
+            }
+            let logit_bias = if processed { vec![(2, 0.6), (9, -1.0)] } else { Vec::new() };
+            Request { sampling, logit_bias, seed: 100 + i as u64, speculate: i != 5, ..Request::greedy(prompts[i % 4].to_vec(), 8 + i) }
         })
         .collect()
 }

@@ -504,9 +504,12 @@ impl ProcessorKernels for CandleBackend {
     fn min_p_cut(&self, _logits: &Tensor, _params: LogitsParams<'_, Tensor>, probs: &Tensor, min_p: &Tensor) -> Result<Tensor> {
         let (p, m) = (self.float(probs, "probs")?, self.float(min_p, "min_p")?);
         self.dev((|| {
-            let threshold = p.max_keepdim(1)?.broadcast_mul(&m.unsqueeze(1)?)?;
+            let m = m.unsqueeze(1)?;
+            let threshold = p.max_keepdim(1)?.broadcast_mul(&m)?;
             let kept = kernels::select(&p.broadcast_ge(&threshold)?, &p, &p.zeros_like()?)?;
-            kept.broadcast_div(&kept.sum_keepdim(1)?)
+            // A row with min-p off keeps its values bit for bit: a request's
+            // output must not depend on whether another row of its batch uses min-p.
+            kernels::select(&m.gt(0.0)?, &kept.broadcast_div(&kept.sum_keepdim(1)?)?, &p)
         })())
     }
 
@@ -570,6 +573,26 @@ mod tests {
         let (t, k, p) = (b.upload_f64(&host(&[1], &[1.0]))?, b.upload_i64(&host(&[1], &[0]))?, b.upload_f64(&host(&[1], &[0.5]))?);
         let probs = b.download_f64(&b.process_logits(&z, LogitsParams::new(&t, &k, &p))?)?;
         assert_eq!(probs.data(), [0.5, 0.5, 0.0, 0.0]);
+        Ok(())
+    }
+
+    /// A row with min-p off is the same bit for bit whether or not another
+    /// row of its call uses min-p (a request's output must not depend on its batch).
+    #[test]
+    fn a_row_without_min_p_is_untouched_by_a_min_p_row() -> Result<()> {
+        let b = CandleBackend::cpu();
+        // Rows of 64 whose f32 probabilities do not sum to exactly 1 (a
+        // renormalisation would move them).
+        let logits: Vec<f64> = (0..128).map(|i| ((i * 37) % 17) as f64 * 0.31 - 2.0).collect();
+        let z = b.upload_f64(&host(&[2, 64], &logits))?;
+        let (t, k, p) = (b.upload_f64(&host(&[2], &[0.7, 0.7]))?, b.upload_i64(&host(&[2], &[0, 0]))?, b.upload_f64(&host(&[2], &[1.0, 1.0]))?);
+        let m = b.upload_f64(&host(&[2], &[0.0, 0.5]))?;
+        let mut with_min_p = LogitsParams::new(&t, &k, &p);
+        with_min_p.min_p = Some(&m);
+        let mixed = b.download_f64(&b.process_logits(&z, with_min_p)?)?;
+        let plain = b.download_f64(&b.process_logits(&z, LogitsParams::new(&t, &k, &p))?)?;
+        assert_eq!(mixed.data()[..64], plain.data()[..64]);
+        assert_ne!(mixed.data()[64..], plain.data()[64..], "min-p 0.5 cuts the second row");
         Ok(())
     }
 

@@ -608,10 +608,13 @@ impl ProcessorKernels for TchBackend {
     fn min_p_cut(&self, _logits: &TchTensor, _params: LogitsParams<'_, TchTensor>, probs: &TchTensor, min_p: &TchTensor) -> Result<TchTensor> {
         let (p, m) = (self.float(probs, "probs")?, self.float(min_p, "min_p")?);
         self.dev((|| {
+            let m = m.f_unsqueeze(1)?;
             let (largest, _) = p.f_max_dim(1, true)?;
-            let threshold = largest.f_mul(&m.f_unsqueeze(1)?)?;
+            let threshold = largest.f_mul(&m)?;
             let kept = p.f_where_self(&p.f_ge_tensor(&threshold)?, &p.f_zeros_like()?)?;
-            kept.f_div(&kept.f_sum_dim_intlist(1, true, Kind::Float)?)
+            // A row with min-p off keeps its values bit for bit: a request's
+            // output must not depend on whether another row of its batch uses min-p.
+            kept.f_div(&kept.f_sum_dim_intlist(1, true, Kind::Float)?)?.f_where_self(&m.f_gt(0.0)?, &p)
         })())
         .map(TchTensor)
     }

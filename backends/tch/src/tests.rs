@@ -118,3 +118,21 @@ fn kv_cache_appends_at_each_length_and_fails_without_change() {
         assert_eq!(ints(&be, &be.kv_lens(&cache).expect("lens")), [0, 2]);
     }
 }
+
+/// A row with min-p off is the same bit for bit whether or not another row
+/// of its call uses min-p (a request's output must not depend on its batch).
+#[test]
+fn a_row_without_min_p_is_untouched_by_a_min_p_row() {
+    for be in backends() {
+        // Rows of 64 whose f32 probabilities do not sum to exactly 1.
+        let logits: Vec<f64> = (0..128).map(|i| ((i * 37) % 17) as f64 * 0.31 - 2.0).collect();
+        let z = f(&be, &[2, 64], &logits);
+        let (t, k, p, m) = (f(&be, &[2], &[0.7, 0.7]), i(&be, &[2], &[0, 0]), f(&be, &[2], &[1.0, 1.0]), f(&be, &[2], &[0.0, 0.5]));
+        let mut with_min_p = specdec_backend::LogitsParams::new(&t, &k, &p);
+        with_min_p.min_p = Some(&m);
+        let mixed = be.download_f64(&be.process_logits(&z, with_min_p).expect("valid")).expect("download").into_data();
+        let plain = be.download_f64(&be.process_logits(&z, specdec_backend::LogitsParams::new(&t, &k, &p)).expect("valid")).expect("download").into_data();
+        assert_eq!(mixed[..64], plain[..64]);
+        assert_ne!(mixed[64..], plain[64..], "min-p 0.5 cuts the second row");
+    }
+}
