@@ -211,14 +211,6 @@ pub fn validate(c: &Common, model_id: &str, vocab: usize) -> Result<Sampling, Ap
             return Err(ApiError::bad(name, format!("{name} = {v} must be in [-2, 2]")));
         }
     }
-    let min_p = c.min_p.unwrap_or(0.0);
-    if !(0.0..=1.0).contains(&min_p) {
-        return Err(ApiError::bad("min_p", format!("min_p = {min_p} must be in [0, 1]")));
-    }
-    let repetition_penalty = c.repetition_penalty.unwrap_or(1.0);
-    if !(repetition_penalty.is_finite() && repetition_penalty > 0.0) {
-        return Err(ApiError::bad("repetition_penalty", format!("repetition_penalty = {repetition_penalty} must be a finite number > 0")));
-    }
     let penalty_scope = match c.penalty_scope.as_deref() {
         None => specdec_backend::PenaltyScope::Generated,
         Some(name) => specdec_backend::PenaltyScope::from_name(name).ok_or_else(|| ApiError::bad("penalty_scope", format!("penalty_scope = {name:?} must be \"generated\" or \"context\"")))?,
@@ -270,13 +262,18 @@ pub fn validate(c: &Common, model_id: &str, vocab: usize) -> Result<Sampling, Ap
         return Err(ApiError::bad("stop_token_ids", format!("{} stop token ids; at most {MAX_STOP_TOKEN_IDS}", stop_token_ids.len())));
     }
     let params = specdec_backend::SamplingParams {
-        min_p,
-        repetition_penalty,
+        min_p: c.min_p.unwrap_or(0.0),
+        repetition_penalty: c.repetition_penalty.unwrap_or(1.0),
         presence_penalty: c.presence_penalty.unwrap_or(0.0),
         frequency_penalty: c.frequency_penalty.unwrap_or(0.0),
         penalty_scope,
         ..specdec_backend::SamplingParams::new(temperature, top_k, top_p)
     };
+    // The spec's own ranges (LOGITS-1), named by the field they came from.
+    params.validate().map_err(|e| match e {
+        specdec_backend::SpecError::InvalidParameter { name, value, reason } => ApiError::bad(name, format!("{name} = {value} {reason}")),
+        other => ApiError::bad("sampling", other.to_string()),
+    })?;
     Ok(Sampling {
         max_tokens,
         params,

@@ -22,6 +22,8 @@ pub trait ProcessorKernels: Backend {
     fn bias_and_penalties(&self, logits: &Self::Tensor, penalties: Option<Penalties<'_, Self::Tensor>>, bias: Option<&Self::Tensor>) -> Result<Self::Tensor>;
     /// LOGITS-10 on a processed distribution `probs [R, V]`: zero every
     /// entry below `min_p[r]` times its row's largest, renormalise the rest.
+    /// A row whose `min_p` is 0 must come back bit for bit as it went in: a
+    /// request's output may not depend on whether a neighbour uses min-p.
     /// `logits` and `params` are what `probs` came from (a port that
     /// reproduces the reference bit for bit renormalises from them).
     fn min_p_cut(&self, logits: &Self::Tensor, params: LogitsParams<'_, Self::Tensor>, probs: &Self::Tensor, min_p: &Self::Tensor) -> Result<Self::Tensor>;
