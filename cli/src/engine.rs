@@ -20,7 +20,9 @@ use specdec_models::tiny::TinySpec;
 use specdec_registry::{Job, with_backend};
 
 /// An engine named on the command line: `decoder:BACKEND:PROPOSER`,
-/// `exec:COMMAND`, or the URL of an OpenAI-compatible server (`http://..`).
+/// `exec:COMMAND`, or the URL of a server: OpenAI-compatible (`http://..`) or
+/// llama.cpp's (`llama-cpp+http://..`), with `,plain=URL` where speculation
+/// is fixed when the server starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EngineSpec {
     Decoder { backend: String, proposer: String },
@@ -34,6 +36,7 @@ impl EngineSpec {
         match self {
             EngineSpec::Decoder { proposer, .. } => proposer,
             EngineSpec::Exec(_) => "exec",
+            EngineSpec::Http(url) if url.starts_with("llama-cpp+") => "llama-cpp",
             EngineSpec::Http(_) => "http",
         }
     }
@@ -43,7 +46,8 @@ impl std::str::FromStr for EngineSpec {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        if s.starts_with("http://") {
+        if s.starts_with("http://") || s.starts_with("llama-cpp+") {
+            specdec_engines::parse_http_engine(s)?;
             return Ok(EngineSpec::Http(s.into()));
         }
         match s.split_once(':') {
@@ -52,7 +56,7 @@ impl std::str::FromStr for EngineSpec {
                 Some((backend, proposer)) if !backend.is_empty() && !proposer.is_empty() => Ok(EngineSpec::Decoder { backend: backend.into(), proposer: proposer.into() }),
                 _ => Err(format!("`{s}`: expected decoder:BACKEND:PROPOSER (e.g. decoder:ndarray:ngram)")),
             },
-            _ => Err(format!("unknown engine `{s}`: expected decoder:BACKEND:PROPOSER, exec:COMMAND or http://HOST:PORT")),
+            _ => Err(format!("unknown engine `{s}`: expected decoder:BACKEND:PROPOSER, exec:COMMAND, http://HOST:PORT or llama-cpp+http://HOST:PORT")),
         }
     }
 }
@@ -100,7 +104,8 @@ pub fn check(engine: &str, cfg: &SuiteConfig, reports: &[PathBuf], options: &Che
     let mut report = report;
     for r in &mut report.results {
         let model = options.model.as_ref().map_or(String::new(), |m| format!(" --model '{}'", m.display()));
-        r.repro = format!("specdec engine-check --engine '{engine}'{model} --seed {} --filter '{}'", cfg.seed, r.name);
+        let statement = options.statement.as_ref().map_or(String::new(), |p| format!(" --statement '{}'", p.display()));
+        r.repro = format!("specdec engine-check --engine '{engine}'{model}{statement} --seed {} --filter '{}'", cfg.seed, r.name);
     }
     crate::print_report(&report);
     crate::write_all(reports, std::slice::from_ref(&report))?;
@@ -219,7 +224,10 @@ mod tests {
         assert_eq!("decoder:reference:draft:seeded".parse::<EngineSpec>().unwrap(), EngineSpec::Decoder { backend: "reference".into(), proposer: "draft:seeded".into() });
         assert_eq!("exec:python3 e.py --x".parse::<EngineSpec>().unwrap(), EngineSpec::Exec("python3 e.py --x".into()));
         assert_eq!("http://127.0.0.1:8000".parse::<EngineSpec>().unwrap(), EngineSpec::Http("http://127.0.0.1:8000".into()));
-        for bad in ["", "decoder:", "decoder:ndarray", "exec:", "exec: ", "vllm:x"] {
+        let pair = "llama-cpp+http://127.0.0.1:8001,plain=llama-cpp+http://127.0.0.1:8002";
+        assert_eq!(pair.parse::<EngineSpec>().unwrap(), EngineSpec::Http(pair.into()));
+        assert_eq!(pair.parse::<EngineSpec>().unwrap().label(), "llama-cpp");
+        for bad in ["", "decoder:", "decoder:ndarray", "exec:", "exec: ", "vllm:x", "llama-cpp+https://h:1", "http://", "http://h:1,http://h:2", "llama-cpp+http://h:1,plain=http://h:2"] {
             assert!(bad.parse::<EngineSpec>().is_err(), "{bad}");
         }
     }

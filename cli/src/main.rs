@@ -151,8 +151,11 @@ enum Command {
         report: Vec<PathBuf>,
     },
     /// The engine checks (spec section 21) on an engine: specdec's own
-    /// decoder (`decoder:BACKEND:PROPOSER`) or any engine speaking the exec
-    /// protocol's `generate` operation (`exec:COMMAND`, PROTO-9).
+    /// decoder (`decoder:BACKEND:PROPOSER`), any engine speaking the exec
+    /// protocol's `generate` operation (`exec:COMMAND`, PROTO-9), or a server
+    /// (`http://HOST:PORT` OpenAI-compatible, `llama-cpp+http://HOST:PORT`
+    /// llama.cpp's; `,plain=URL` names a second server started without
+    /// speculation where the first speculates for every request).
     EngineCheck {
         #[arg(long)]
         engine: String,
@@ -171,9 +174,10 @@ enum Command {
         /// HTTP engine must run the same weights).
         #[arg(long)]
         model: Option<PathBuf>,
-        /// For an `http://` engine that publishes no statement on `/v1/models`:
+        /// For a server that publishes no statement on `/v1/models`:
         /// a JSON file of ENGINE-1's statement (name, version, speculation,
-        /// vocab, greedy_epsilon, batch_invariant, stop_strings).
+        /// vocab, greedy_epsilon, batch_invariant, stop_strings, and
+        /// optionally eos_ids).
         #[arg(long)]
         statement: Option<PathBuf>,
     },

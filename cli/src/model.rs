@@ -31,7 +31,10 @@ pub enum ModelCommand {
         preset: String,
         dir: PathBuf,
         /// Also writes `DIR/NAME.gguf` (f32, llama.cpp's layout, the two-letter
-        /// pieces as its vocabulary), for engines that read only GGUF.
+        /// pieces as its vocabulary), for engines that read only GGUF, and
+        /// `DIR/NAME-end.gguf`, the same model with an end token of its own
+        /// past the vocabulary (zero rows), for llama.cpp's server, whose
+        /// `ignore_eos` bans the model's eos.
         #[arg(long)]
         gguf: bool,
     },
@@ -69,6 +72,16 @@ pub fn run(command: ModelCommand) -> Result<bool, String> {
                 let vocab = specdec_models::gguf::GgufVocab { pieces: &pieces, bos: 0, eos: spec.vocab as u32 - 1 };
                 let path = dir.join(format!("{preset}.gguf"));
                 specdec_models::gguf::write_llama_gguf(&path, &weights, &preset, &vocab).map_err(|e| e.to_string())?;
+                println!("wrote {}", path.display());
+                // For llama.cpp's server, which bans its model's eos under `ignore_eos`:
+                // an end token of its own past the vocabulary, so that no id of the
+                // model's law is banned.
+                let padded = specdec_models::gguf::with_end_token(&weights);
+                let mut pieces = pieces;
+                pieces.push("<end>".into());
+                let vocab = specdec_models::gguf::GgufVocab { pieces: &pieces, bos: 0, eos: spec.vocab as u32 };
+                let path = dir.join(format!("{preset}-end.gguf"));
+                specdec_models::gguf::write_llama_gguf(&path, &padded, &preset, &vocab).map_err(|e| e.to_string())?;
                 println!("wrote {}", path.display());
             }
             Ok(true)

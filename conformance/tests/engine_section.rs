@@ -113,7 +113,7 @@ impl GenerationEngine for Constant {
 }
 
 fn constant(vocab: usize, greedy_epsilon: f64) -> Constant {
-    Constant(EngineInfo { name: "constant".into(), version: "0".into(), speculation: "none".into(), vocab, greedy_epsilon, batch_invariant: true, stop_strings: false })
+    Constant(EngineInfo { name: "constant".into(), version: "0".into(), speculation: "none".into(), vocab, greedy_epsilon, batch_invariant: true, stop_strings: false, eos_ids: true })
 }
 
 /// ENGINE-1: an engine cannot excuse itself. A greedy epsilon above the cap,

@@ -96,4 +96,19 @@ pub struct EngineInfo {
     pub batch_invariant: bool,
     /// Whether it honours stop strings (with the model's detokenizer).
     pub stop_strings: bool,
+    /// Whether it takes eos ids per request (absent: it does). An engine that
+    /// stops only at its model's own end-of-generation tokens (llama.cpp's
+    /// server) is asked with eos ids ignored and its output cut after the
+    /// first eos by the transport; the `eos` check is then not supported,
+    /// since it would judge the cut, not the engine (ENGINE-5).
+    #[serde(default = "takes_eos_ids", skip_serializing_if = "is_true")]
+    pub eos_ids: bool,
+}
+
+fn takes_eos_ids() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }

@@ -33,6 +33,7 @@ impl<'a, B: ModelBackend> DecoderEngine<'a, B> {
             greedy_epsilon: backend.model_precision().argmax_margin_epsilon,
             batch_invariant: true,
             stop_strings: detok.is_some(),
+            eos_ids: true,
         };
         Ok(DecoderEngine { backend, weights, model, proposer, config, detok, info })
     }

@@ -1,9 +1,10 @@
-//! An engine behind an OpenAI-compatible HTTP server (ENGINE-2): each
-//! generation request is one `POST /v1/completions` on token ids, with the
-//! extension fields vLLM names (`top_k`, `return_token_ids`,
-//! `stop_token_ids`, `ignore_eos`) and specdec's `speculation`.
+//! An engine behind an HTTP server (ENGINE-2), in one of two dialects.
 //!
-//! What the contract needs and OpenAI's API lacks, and how it is read:
+//! **OpenAI** (`http://HOST:PORT`): each generation request is one
+//! `POST /v1/completions` on token ids, with the extension fields vLLM names
+//! (`top_k`, `return_token_ids`, `stop_token_ids`, `ignore_eos`) and
+//! specdec's `speculation`. What the contract needs and OpenAI's API lacks,
+//! and how it is read:
 //! - generated ids: `choices[0].token_ids` (vLLM's `return_token_ids`); a
 //!   server that returns text only cannot be checked token for token, and
 //!   its replies are refused as a contract breach naming the field;
@@ -15,6 +16,25 @@
 //! - the engine's statement (vocabulary, greedy epsilon, batch invariance):
 //!   `/v1/models`' `data[0].specdec`, which `specdec serve` publishes; for
 //!   another server it is given by the caller.
+//!
+//! **llama.cpp's native endpoint** (`llama-cpp+http://HOST:PORT`): one
+//! `POST /completion` on token ids with `return_tokens` (ids back in
+//! `tokens`), every sampler of its chain the contract does not name set to
+//! its neutral value (min-p 0, typical-p 1, penalties off: the server's
+//! defaults are not neutral), `stop_type` for the finish reason and
+//! `timings.draft_n` / `draft_n_accepted` for the draft counts. What is lost:
+//! the server takes no eos ids per request, only its model's own, so the
+//! request goes out with `ignore_eos` and the output is cut here after the
+//! first eos id; the statement then says `eos_ids: false` and the `eos`
+//! check is not supported. Seeds are reduced to its 32 bits (below its
+//! "random" value 0xFFFFFFFF).
+//!
+//! **Speculation fixed at start.** llama.cpp's server (and vLLM's) speculates
+//! or not for all its requests, as it was started: `URL,plain=URL` sends the
+//! requests with speculation off to a second server of the same engine
+//! started without it. Without one, a llama.cpp request with speculation off
+//! is not supported (sending it to the speculating server would compare the
+//! server with itself, a check that could not fail).
 //!
 //! Requests of one call go out concurrently (a server batches them as it
 //! sees fit); every reply is validated before a check reads it.
@@ -28,45 +48,105 @@ use crate::{DraftCounts, EngineError, EngineInfo, Finish, Generation, Generation
 /// Requests in flight at once.
 const IN_FLIGHT: usize = 16;
 
-/// An engine at an HTTP base URL (`http://HOST:PORT`).
+/// llama.cpp's "random seed" value; request seeds are reduced below it.
+const LLAMA_CPP_RANDOM_SEED: u64 = 0xFFFF_FFFF;
+
+/// How requests are written and replies read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// `POST /v1/completions` with vLLM's extension fields.
+    OpenAi,
+    /// llama.cpp's `POST /completion`.
+    LlamaCpp,
+}
+
+/// An engine at an HTTP base URL, with an optional second server for the
+/// requests with speculation off.
 pub struct HttpEngine {
     base: String,
+    plain: Option<String>,
+    dialect: Dialect,
+    /// llama.cpp: whether the first server speculates (its `/slots` say so), so
+    /// that a reply without `draft_n` counts zero drafts rather than none.
+    speculates: bool,
     agent: ureq::Agent,
     info: EngineInfo,
 }
 
-impl HttpEngine {
-    /// Connects to `url` and reads the engine's statement from `/v1/models`
-    /// (or takes `statement` when the server publishes none); each request
-    /// has `timeout`.
-    pub fn connect(url: &str, statement: Option<EngineInfo>, timeout: Duration) -> Result<HttpEngine, EngineError> {
-        let base = url.trim_end_matches('/').trim_end_matches("/v1").to_string();
-        if !base.starts_with("http://") {
-            return Err(EngineError::Failed(format!("`{url}`: only http:// URLs are supported")));
+/// `URL[,plain=URL]`, each `http://HOST:PORT` or `llama-cpp+http://HOST:PORT`
+/// (both of one dialect), as the base URLs and the dialect.
+pub fn parse_http_engine(spec: &str) -> Result<(Dialect, String, Option<String>), String> {
+    let one = |url: &str| -> Result<(Dialect, String), String> {
+        let (dialect, rest) = match url.strip_prefix("llama-cpp+") {
+            Some(rest) => (Dialect::LlamaCpp, rest),
+            None => (Dialect::OpenAi, url),
+        };
+        let host = rest.strip_prefix("http://").ok_or_else(|| format!("`{url}`: expected http://HOST:PORT or llama-cpp+http://HOST:PORT (only http:// is supported)"))?;
+        if host.trim_end_matches('/').is_empty() {
+            return Err(format!("`{url}`: no host"));
         }
+        Ok((dialect, rest.trim_end_matches('/').trim_end_matches("/v1").to_string()))
+    };
+    let (main, plain) = match spec.split_once(',') {
+        Some((main, rest)) => (main, Some(rest.strip_prefix("plain=").ok_or_else(|| format!("`{spec}`: after the comma, expected plain=URL"))?)),
+        None => (spec, None),
+    };
+    let (dialect, base) = one(main)?;
+    let plain = match plain {
+        Some(p) => {
+            let (d, b) = one(p)?;
+            if d != dialect {
+                return Err(format!("`{spec}`: the plain server must speak the same dialect as the first"));
+            }
+            Some(b)
+        }
+        None => None,
+    };
+    Ok((dialect, base, plain))
+}
+
+impl HttpEngine {
+    /// Connects to the servers of `spec` ([`parse_http_engine`]) and reads
+    /// the engine's statement from `/v1/models` (or takes `statement` when
+    /// the server publishes none); each request has `timeout`.
+    pub fn connect(spec: &str, statement: Option<EngineInfo>, timeout: Duration) -> Result<HttpEngine, EngineError> {
+        let (dialect, base, plain) = parse_http_engine(spec).map_err(EngineError::Failed)?;
         let agent: ureq::Agent = ureq::Agent::config_builder().timeout_global(Some(timeout)).http_status_as_error(false).build().into();
         let models: Value = get_json(&agent, &format!("{base}/v1/models"))?;
+        if let Some(p) = &plain {
+            get_json(&agent, &format!("{p}/v1/models"))?;
+        }
         let published = models.pointer("/data/0/specdec").cloned();
-        let info = match (published, statement) {
+        let mut info: EngineInfo = match (published, statement) {
             (_, Some(given)) => given,
             (Some(v), None) => serde_json::from_value(v).map_err(|e| EngineError::Contract(format!("{base}/v1/models: `data[0].specdec`: {e}")))?,
             (None, None) => return Err(EngineError::NotSupported(format!("{base}/v1/models publishes no engine statement (`data[0].specdec`); give one"))),
         };
-        Ok(HttpEngine { base, agent, info })
+        let mut speculates = false;
+        if dialect == Dialect::LlamaCpp {
+            // What the transport can do, whatever the statement says (module doc).
+            info.eos_ids = false;
+            let slots = get_json(&agent, &format!("{base}/slots"))?;
+            speculates = slots.pointer("/0/speculative").and_then(Value::as_bool).ok_or_else(|| EngineError::Contract(format!("{base}/slots: no `[0].speculative`")))?;
+        }
+        Ok(HttpEngine { base, plain, dialect, speculates, agent, info })
+    }
+
+    /// The server a request goes to.
+    fn server(&self, r: &GenerationRequest) -> Result<&str, EngineError> {
+        match (&self.plain, r.speculation, self.dialect) {
+            (Some(plain), false, _) => Ok(plain),
+            (None, false, Dialect::LlamaCpp) => Err(EngineError::NotSupported("llama.cpp's server speculates as it was started: give a second server without speculation (`URL,plain=URL`)".into())),
+            _ => Ok(&self.base),
+        }
     }
 
     fn one(&self, r: &GenerationRequest) -> Result<Generation, EngineError> {
-        let mut body = json!({
-            "prompt": r.prompt, "max_tokens": r.max_new_tokens, "temperature": r.temperature, "top_p": r.top_p, "seed": r.seed,
-            "stop_token_ids": r.eos, "ignore_eos": true, "return_token_ids": true, "speculation": r.speculation,
-        });
-        if r.top_k > 0 {
-            body["top_k"] = json!(r.top_k);
-        }
-        if !r.stop.is_empty() {
-            body["stop"] = json!(r.stop);
-        }
-        let url = format!("{}/v1/completions", self.base);
+        let base = self.server(r)?;
+        let (url, body) = match self.dialect {
+            Dialect::OpenAi => (format!("{base}/v1/completions"), openai_body(r)),
+            Dialect::LlamaCpp => (format!("{base}/completion"), llama_cpp_body(r)),
+        };
         let mut reply = self.agent.post(&url).send_json(&body).map_err(|e| EngineError::Failed(format!("{url}: {e}")))?;
         let status = reply.status().as_u16();
         let text = reply.body_mut().read_to_string().map_err(|e| EngineError::Failed(format!("{url}: reading the reply: {e}")))?;
@@ -75,8 +155,66 @@ impl HttpEngine {
             let message = v.pointer("/error/message").and_then(Value::as_str).unwrap_or(&text).to_string();
             return Err(if (400..500).contains(&status) { EngineError::Request { index: 0, reason: message } } else { EngineError::Failed(format!("{status}: {message}")) });
         }
-        parse_choice(&v)
+        match self.dialect {
+            Dialect::OpenAi => parse_choice(&v),
+            Dialect::LlamaCpp => parse_llama_cpp(&v, r, self.speculates && r.speculation),
+        }
     }
+}
+
+fn openai_body(r: &GenerationRequest) -> Value {
+    let mut body = json!({
+        "prompt": r.prompt, "max_tokens": r.max_new_tokens, "temperature": r.temperature, "top_p": r.top_p, "seed": r.seed,
+        "stop_token_ids": r.eos, "ignore_eos": true, "return_token_ids": true, "speculation": r.speculation,
+    });
+    if r.top_k > 0 {
+        body["top_k"] = json!(r.top_k);
+    }
+    if !r.stop.is_empty() {
+        body["stop"] = json!(r.stop);
+    }
+    body
+}
+
+/// llama.cpp's native request: every sampler the contract does not name
+/// neutral (its defaults are top-k 40, top-p 0.95, min-p 0.05, T 0.8).
+fn llama_cpp_body(r: &GenerationRequest) -> Value {
+    json!({
+        "prompt": r.prompt, "n_predict": r.max_new_tokens, "temperature": r.temperature, "top_k": r.top_k, "top_p": r.top_p,
+        "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+        "dry_multiplier": 0.0, "xtc_probability": 0.0, "top_n_sigma": -1.0, "mirostat": 0, "dynatemp_range": 0.0,
+        "seed": r.seed % LLAMA_CPP_RANDOM_SEED, "ignore_eos": true, "return_tokens": true, "stream": false, "stop": r.stop,
+    })
+}
+
+/// One `/completion` reply as a [`Generation`], cut after the first of the
+/// request's eos ids (module doc); `counted`: a speculating server answered
+/// it, whose `timings` lack `draft_n` when it drafted nothing.
+fn parse_llama_cpp(v: &Value, r: &GenerationRequest, counted: bool) -> Result<Generation, EngineError> {
+    let bad = |m: String| EngineError::Contract(m);
+    let ids = v.get("tokens").and_then(Value::as_array).ok_or_else(|| bad("`tokens` is missing: the server does not return ids (`return_tokens`)".into()))?;
+    let mut tokens = ids.iter().map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()).ok_or_else(|| bad(format!("`tokens` holds {t}, not an id")))).collect::<Result<Vec<u32>, _>>()?;
+    let mut finish = match v.get("stop_type").and_then(Value::as_str) {
+        Some("limit") => Finish::Length,
+        Some("word") => Finish::Stop,
+        Some("eos") => Finish::Eos,
+        other => return Err(bad(format!("`stop_type` {other:?} is not `limit`, `word` or `eos`"))),
+    };
+    if let Some(i) = tokens.iter().position(|t| r.eos.contains(t)) {
+        tokens.truncate(i + 1);
+        finish = Finish::Eos;
+    }
+    let drafts = match (counted, v.get("timings")) {
+        (true, Some(t)) => {
+            let count = |name: &str| match t.get(name) {
+                None => Ok(0),
+                Some(n) => n.as_u64().ok_or_else(|| bad(format!("`timings.{name}` is not a count"))),
+            };
+            Some(DraftCounts { proposed: count("draft_n")?, accepted: count("draft_n_accepted")? })
+        }
+        _ => None,
+    };
+    Ok(Generation { tokens, finish, drafts })
 }
 
 fn get_json(agent: &ureq::Agent, url: &str) -> Result<Value, EngineError> {

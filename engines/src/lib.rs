@@ -10,8 +10,9 @@
 //! any language over the exec protocol's `generate` operation
 //! ([`ExecEngine`], PROTO-9; [`serve_exec`] is the adapter side, which
 //! `specdec engine-adapter` runs for specdec's own decoder), or at the URL
-//! of an OpenAI-compatible server ([`HttpEngine`]: token ids in and out
-//! through the extension fields vLLM names; `specdec serve` is one).
+//! of an HTTP server ([`HttpEngine`]: token ids in and out, through the
+//! extension fields vLLM names on an OpenAI-compatible server, `specdec
+//! serve` among them, or through llama.cpp's native endpoint).
 //!
 //! Invariants: every reply is validated ([`validate_outputs`]: one output
 //! per request, ids inside the vocabulary the engine states, no more drafts
@@ -28,7 +29,7 @@ mod http;
 pub use contract::{DraftCounts, EngineInfo, Finish, Generation, GenerationRequest};
 pub use decoder::DecoderEngine;
 pub use exec::{ExecEngine, serve_exec};
-pub use http::HttpEngine;
+pub use http::{Dialect, HttpEngine, parse_http_engine};
 
 /// Why an engine could not answer.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

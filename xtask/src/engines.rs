@@ -17,8 +17,12 @@
 //! Also: llama.cpp through `llama-cpp-python` (PyPI has only its source: built once into a
 //! cached wheel, `.cache/wheels/llama`, then installed with `--target` into
 //! `.cache/engines-llama`), plain and with its prompt-lookup drafter, on the tiny model
-//! written as an f32 GGUF; and `specdec serve` over HTTP (started on 127.0.0.1 and stopped
-//! here).
+//! written as an f32 GGUF; llama.cpp's own server (`llama-server`, built once from the
+//! same source with CMake from PyPI) through its native endpoint, plain, with its n-gram
+//! drafter and with the model as its own draft, each beside a plain server for the
+//! requests with speculation off; and `specdec serve` over HTTP. Servers are started on
+//! 127.0.0.1 and stopped here. Two checks run at once (each mostly one thread), and
+//! llama.cpp builds in the background while the first engines run.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -41,6 +45,17 @@ const LLAMA_CPP: &str = "llama-cpp-python==0.3.36";
 const LLAMA_CPP_DEPS: [&str; 1] = ["diskcache==5.6.3"];
 /// llama.cpp's speculation paths on the tiny model.
 const LLAMA_PATHS: [&str; 2] = ["none", "prompt-lookup:3"];
+/// CMake from PyPI, which builds llama.cpp's server from the same source.
+const CMAKE: &str = "cmake==3.31.6";
+/// llama.cpp's server on the tiny model: (slug suffix, its speculation flags); every one
+/// is paired with a server started without speculation for the requests with it off.
+const LLAMA_SERVER_PATHS: [(&str, &[&str]); 3] = [
+    ("none", &[]),
+    // A one-token lookup: its drafter copies only where the match leaves at least the
+    // lookup's length to copy, so a two-token lookup never drafts in a cycle of two.
+    ("ngram-simple-3", &["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "1", "--spec-ngram-simple-size-m", "3"]),
+    ("draft-self-3", &["--spec-type", "draft-simple", "--spec-draft-n-max", "3", "--model-draft", "{gguf}"]),
+];
 /// What llama.cpp may fail, and why (checked: any other failure fails the command).
 /// Its sampler chain applies top-p to the untempered distribution (top-k, typical, top-p,
 /// min-p, then temperature), where the spec tempers first (LOGITS-1 .. LOGITS-5): at
@@ -49,15 +64,47 @@ const LLAMA_PATHS: [&str; 2] = ["none", "prompt-lookup:3"];
 /// tokens leave the f64 reference's, and its prompt lookup changes its own greedy
 /// output (a verify window goes through other quantized kernels than a one-token
 /// decode): greedy identity fails both ways.
-const LLAMA_EXPECTED: [(&str, &[&str]); 3] = [
+/// Its server runs the same chain.
+const LLAMA_EXPECTED: [(&str, &[&str]); 6] = [
     ("llama-cpp-none", &["sampled/t07-topp09/on", "sampled/t07-topp09/off"]),
     ("llama-cpp-prompt-lookup-3", &["sampled/t07-topp09/on", "sampled/t07-topp09/off"]),
+    ("llama-server-none", &["sampled/t07-topp09/on", "sampled/t07-topp09/off"]),
+    ("llama-server-ngram-simple-3", &["sampled/t07-topp09/on", "sampled/t07-topp09/off"]),
+    ("llama-server-draft-self-3", &["sampled/t07-topp09/on", "sampled/t07-topp09/off"]),
     ("llama-cpp-prompt-lookup-3-smollm2", &["greedy-identity"]),
 ];
 /// The seed of the table's runs.
 pub const ENGINES_SEED: &str = "20261125";
 
-/// Runs every engine and returns the table.
+/// Engine checks run at once: the machine's two cores, each check mostly one thread.
+const WORKERS: usize = 2;
+
+/// One `specdec engine-check` run of the table.
+struct Run {
+    slug: String,
+    engine: String,
+    /// `--model`: the model checks on this model instead of the tiny one.
+    model: Option<PathBuf>,
+    /// `--statement`: the statement of a server that publishes none.
+    statement: Option<PathBuf>,
+}
+
+impl Run {
+    fn new(slug: impl Into<String>, engine: impl Into<String>) -> Run {
+        Run { slug: slug.into(), engine: engine.into(), model: None, statement: None }
+    }
+}
+
+/// A finished run: its report and seconds.
+struct Done {
+    slug: String,
+    json: PathBuf,
+    seconds: f64,
+}
+
+/// Runs every engine and returns the table. llama.cpp is built (once) in the background
+/// while specdec's decoder and transformers run; then llama.cpp's engines and the
+/// SmolLM2 runs.
 pub fn run(root: &Path, specdec: &Path, python: &Path, smollm2: &Path) -> Result<String, String> {
     let out = root.join("reports/engines");
     std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
@@ -66,10 +113,14 @@ pub fn run(root: &Path, specdec: &Path, python: &Path, smollm2: &Path) -> Result
     if !status.success() {
         return Err(format!("specdec model tiny failed: {status}"));
     }
-    let mut engines: Vec<(String, String)> = Vec::new();
+    let builds = {
+        let (root, python) = (root.to_path_buf(), python.to_path_buf());
+        std::thread::spawn(move || -> Result<(PathBuf, PathBuf), String> { Ok((llama_cpp(&root, &python)?, llama_server(&root, &python)?)) })
+    };
+    let mut first: Vec<Run> = Vec::new();
     for b in BACKENDS {
         for p in PROPOSERS {
-            engines.push((format!("specdec-{b}-{}", p.replace(':', "-")), format!("decoder:{b}:{p}")));
+            first.push(Run::new(format!("specdec-{b}-{}", p.replace(':', "-")), format!("decoder:{b}:{p}")));
         }
     }
     // Engines run from the repository root, so their commands (and the table's repro
@@ -77,65 +128,122 @@ pub fn run(root: &Path, specdec: &Path, python: &Path, smollm2: &Path) -> Result
     let rel = |p: &Path| p.strip_prefix(root).unwrap_or(p).display().to_string();
     let hf = format!("{} adapters/engines/hf_generate.py {}", rel(python), rel(&model));
     for path in HF_PATHS {
-        engines.push((format!("hf-transformers-{}", path.replace(':', "-")), format!("exec:{hf} --speculation {path}")));
+        first.push(Run::new(format!("hf-transformers-{}", path.replace(':', "-")), format!("exec:{hf} --speculation {path}")));
     }
     for (version, _) in HF_HISTORICAL {
         let dir = historical(root, python, version)?;
-        engines.push((format!("hf-transformers-{version}-prompt-lookup-3"), format!("exec:PYTHONPATH={} {hf} --speculation prompt-lookup:3", rel(&dir))));
+        first.push(Run::new(format!("hf-transformers-{version}-prompt-lookup-3"), format!("exec:PYTHONPATH={} {hf} --speculation prompt-lookup:3", rel(&dir))));
     }
-    let llama = llama_cpp(root, python)?;
+    // specdec serve over HTTP: started here on a free port, stopped after its check.
+    let mut server = Server::start(specdec, root)?;
+    first.push(Run::new("specdec-serve-http-ndarray-ngram", format!("http://{}", server.addr)));
+    let mut done = run_all(root, specdec, &out, &first)?;
+    server.stop();
+
+    let (llama, llama_server) = builds.join().map_err(|_| "the llama.cpp build thread panicked".to_string())??;
+    let mut second: Vec<Run> = Vec::new();
     let gguf = model.join("tiny-v12-l2.gguf");
     for path in LLAMA_PATHS {
-        engines.push((
+        second.push(Run::new(
             format!("llama-cpp-{}", path.replace(':', "-")),
             format!("exec:PYTHONPATH={} {} adapters/engines/llama_cpp_generate.py {} --speculation {path}", rel(&llama), rel(python), rel(&gguf)),
         ));
     }
-    // specdec serve over HTTP: started here on a free port, stopped after its check.
-    let mut server = Server::start(specdec, root)?;
-    engines.push(("specdec-serve-http-ndarray-ngram".into(), format!("http://{}", server.addr)));
+    // llama.cpp's own server, through its native endpoint: one server per speculation
+    // setting and one plain server for the requests with speculation off. The tiny model
+    // with an end token of its own: the server's `ignore_eos` bans it, and no id of the
+    // law the checks enumerate.
+    let version = llama_server_version(&llama_server)?;
+    let gguf_end = model.join("tiny-v12-l2-end.gguf");
+    let mut servers = vec![Server::llama(&llama_server, &gguf_end, &[])?];
+    let plain = format!("llama-cpp+http://{}", servers[0].addr);
+    for (path, flags) in LLAMA_SERVER_PATHS {
+        let url = if flags.is_empty() {
+            plain.clone()
+        } else {
+            let flags: Vec<String> = flags.iter().map(|f| f.replace("{gguf}", &gguf_end.display().to_string())).collect();
+            servers.push(Server::llama(&llama_server, &gguf_end, &flags)?);
+            format!("llama-cpp+http://{}", servers[servers.len() - 1].addr)
+        };
+        let slug = format!("llama-server-{path}");
+        let statement = out.join(format!("{slug}.statement.json"));
+        let info = serde_json::json!({
+            "name": format!("llama-server/{path}"), "version": version, "speculation": path, "vocab": 12,
+            "greedy_epsilon": 1e-4, "batch_invariant": false, "stop_strings": true,
+        });
+        std::fs::write(&statement, info.to_string()).map_err(|e| format!("cannot write {}: {e}", statement.display()))?;
+        second.push(Run { statement: Some(statement), ..Run::new(slug, format!("{url},plain={plain}")) });
+    }
     // SmolLM2, whose law cannot be enumerated: greedy identity and speculation on
     // against off (`--model`), on specdec's decoder and on llama.cpp.
-    let large = [
-        ("specdec-tch-cpu-ngram-smollm2".to_string(), "decoder:tch-cpu:ngram".to_string()),
-        (
-            "llama-cpp-prompt-lookup-3-smollm2".to_string(),
+    second.push(Run { model: Some(smollm2.to_path_buf()), ..Run::new("specdec-tch-cpu-ngram-smollm2", "decoder:tch-cpu:ngram") });
+    second.push(Run {
+        model: Some(smollm2.to_path_buf()),
+        ..Run::new(
+            "llama-cpp-prompt-lookup-3-smollm2",
             format!("exec:PYTHONPATH={} {} adapters/engines/llama_cpp_generate.py {} --speculation prompt-lookup:3 --n-ctx 512 --greedy-epsilon 1e-2", rel(&llama), rel(python), rel(smollm2)),
-        ),
-    ];
-    let mut reports = Vec::new();
-    for (slug, engine, model) in engines.iter().map(|(s, e)| (s, e, None)).chain(large.iter().map(|(s, e)| (s, e, Some(smollm2)))) {
-        let json = out.join(format!("{slug}.json"));
+        )
+    });
+    done.extend(run_all(root, specdec, &out, &second)?);
+    servers.iter_mut().for_each(Server::stop);
+    let text = table(&done)?;
+    let path = out.join("ENGINES.md");
+    std::fs::write(&path, &text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    expectations(&done)?;
+    Ok(text)
+}
+
+/// Runs `runs` on [`WORKERS`] workers, each run's output in `out/<slug>.log`; the
+/// reports in the order of `runs`.
+fn run_all(root: &Path, specdec: &Path, out: &Path, runs: &[Run]) -> Result<Vec<Done>, String> {
+    let rel = |p: &Path| p.strip_prefix(root).unwrap_or(p).display().to_string();
+    let one = |r: &Run| -> Result<Done, String> {
+        let json = out.join(format!("{}.json", r.slug));
+        let log_path = out.join(format!("{}.log", r.slug));
+        let log = std::fs::File::create(&log_path).map_err(|e| format!("cannot create {}: {e}", log_path.display()))?;
+        let err = log.try_clone().map_err(|e| e.to_string())?;
         let start = std::time::Instant::now();
         let status = Command::new(specdec)
             .current_dir(root)
-            .args(["engine-check", "--seed", ENGINES_SEED, "--engine", engine])
-            .args(model.iter().flat_map(|m| ["--model".to_string(), rel(m)]))
+            .args(["engine-check", "--seed", ENGINES_SEED, "--engine", &r.engine])
+            .args(r.model.iter().flat_map(|m| ["--model".to_string(), rel(m)]))
+            .args(r.statement.iter().flat_map(|p| ["--statement".to_string(), rel(p)]))
             .arg("--report")
             .arg(&json)
             .arg("--report")
-            .arg(out.join(format!("{slug}.md")))
+            .arg(out.join(format!("{}.md", r.slug)))
+            .stdout(log)
+            .stderr(err)
             .status()
             .map_err(|e| format!("cannot run {}: {e}", specdec.display()))?;
-        eprintln!("xtask: engine {slug}: {status} in {:.0} s", start.elapsed().as_secs_f64());
+        let seconds = start.elapsed().as_secs_f64();
+        eprintln!("xtask: engine {}: {status} in {seconds:.0} s (log: {})", r.slug, rel(&log_path));
         if !json.exists() {
-            return Err(format!("engine {slug} wrote no report ({status})"));
+            return Err(format!("engine {} wrote no report ({status}; see {})", r.slug, rel(&log_path)));
         }
-        reports.push((slug.clone(), engine.clone(), json, start.elapsed().as_secs_f64()));
-    }
-    server.stop();
-    let text = table(&reports)?;
-    let path = out.join("ENGINES.md");
-    std::fs::write(&path, &text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    expectations(&reports)?;
-    Ok(text)
+        Ok(Done { slug: r.slug.clone(), json, seconds })
+    };
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<std::sync::Mutex<Option<Result<Done, String>>>> = runs.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..WORKERS {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let Some(r) = runs.get(i) else { break };
+                    *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(one(r));
+                }
+            });
+        }
+    });
+    results.into_iter().map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()).unwrap_or_else(|| Err("a run was never started".into()))).collect()
 }
 
 /// What the run must show, checked after the table is written: specdec's decoder passes
 /// every check it runs, transformers 4.43.4 fails `eos` and 4.44.2 does not.
-fn expectations(reports: &[(String, String, PathBuf, f64)]) -> Result<(), String> {
+fn expectations(reports: &[Done]) -> Result<(), String> {
     let mut wrong = Vec::new();
-    for (slug, _, json, _) in reports {
+    for Done { slug, json, .. } in reports {
         let text = std::fs::read_to_string(json).map_err(|e| format!("cannot read {}: {e}", json.display()))?;
         let report: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", json.display()))?;
         let failed: Vec<&str> = report["results"].as_array().into_iter().flatten().filter(|r| r["status"] == "Fail").filter_map(|r| r["name"].as_str()).collect();
@@ -177,6 +285,37 @@ impl Server {
         Ok(Server { child, addr })
     }
 
+    /// llama.cpp's server on `gguf` with `flags`, on a free port, once its `/health`
+    /// answers 200 (it loads the model first).
+    fn llama(binary: &Path, gguf: &Path, flags: &[String]) -> Result<Server, String> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(|e| format!("no free port: {e}"))?.port();
+        let addr = format!("127.0.0.1:{port}");
+        let child = Command::new(binary)
+            .arg("-m")
+            .arg(gguf)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "-c", "1024", "-np", "4", "-t", "1", "-tb", "1", "--log-disable"])
+            .args(flags)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
+        let mut server = Server { child, addr };
+        let health = format!("http://{}/health", server.addr);
+        let start = std::time::Instant::now();
+        loop {
+            if ureq::get(&health).call().is_ok_and(|r| r.status() == 200) {
+                return Ok(server);
+            }
+            if let Ok(Some(status)) = server.child.try_wait() {
+                return Err(format!("llama-server {flags:?} exited ({status}) before it answered"));
+            }
+            if start.elapsed() > std::time::Duration::from_secs(120) {
+                server.stop();
+                return Err(format!("llama-server {flags:?} did not answer {health} in 120 s"));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+
     fn stop(&mut self) {
         let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
         let _ = self.child.wait();
@@ -191,8 +330,8 @@ impl Drop for Server {
 }
 
 /// llama-cpp-python in `.cache/engines-llama`, from a wheel built once from PyPI's
-/// source into `.cache/wheels/llama` (about 30 minutes on 2 cores; no binary wheel for
-/// this platform exists), stamped with its pins.
+/// source into `.cache/wheels/llama` (about 10 minutes on 2 cores alone; no binary wheel
+/// for this platform exists), stamped with its pins.
 fn llama_cpp(root: &Path, python: &Path) -> Result<PathBuf, String> {
     let dir = root.join(".cache/engines-llama");
     let wheels = root.join(".cache/wheels/llama");
@@ -202,6 +341,7 @@ fn llama_cpp(root: &Path, python: &Path) -> Result<PathBuf, String> {
         eprintln!("xtask: building {LLAMA_CPP} from source (once; about 30 minutes on 2 cores)");
         let status = Command::new(python)
             .env("CMAKE_ARGS", "-DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF")
+            .env("CMAKE_BUILD_PARALLEL_LEVEL", "2")
             .args(["-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps", "-w"])
             .arg(&wheels)
             .arg(LLAMA_CPP)
@@ -213,6 +353,61 @@ fn llama_cpp(root: &Path, python: &Path) -> Result<PathBuf, String> {
     }
     let packages: Vec<String> = std::iter::once(LLAMA_CPP).chain(LLAMA_CPP_DEPS).map(String::from).collect();
     pip_target(python, &dir, &packages, &[std::ffi::OsStr::new("--find-links"), wheels.as_os_str()])
+}
+
+/// llama.cpp's server (`llama-server`) in `.cache/engines-llama-server/bin`, built once
+/// from the llama.cpp source that llama-cpp-python's PyPI source release carries (the same
+/// llama.cpp the binding runs), with CMake from PyPI: CPU only, no web UI (its build would
+/// fetch one from outside PyPI), no TLS.
+fn llama_server(root: &Path, python: &Path) -> Result<PathBuf, String> {
+    let dir = root.join(".cache/engines-llama-server");
+    let binary = dir.join("bin/llama-server");
+    let stamp = dir.join(".specdec-pins");
+    let pins = format!("{LLAMA_CPP} {CMAKE}");
+    if binary.exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == pins) {
+        return Ok(binary);
+    }
+    let cmake_dir = pip_target(python, &root.join(".cache/tools/cmake"), &[CMAKE.to_string()], &[])?;
+    let cmake = cmake_dir.join("cmake/data/bin/cmake");
+    let sdists = dir.join("sdist");
+    crate::run_command(
+        Command::new(python).args(["-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps", "--no-binary", "llama-cpp-python", "-d"]).arg(&sdists).arg(LLAMA_CPP),
+    )?;
+    let version = LLAMA_CPP.split("==").nth(1).unwrap_or_default();
+    let sdist = sdists.join(format!("llama_cpp_python-{version}.tar.gz"));
+    let src = dir.join("src");
+    let _ = std::fs::remove_dir_all(&src);
+    std::fs::create_dir_all(&src).map_err(|e| format!("cannot create {}: {e}", src.display()))?;
+    crate::run_command(Command::new("tar").arg("xzf").arg(&sdist).arg("-C").arg(&src).args(["--strip-components=3", &format!("llama_cpp_python-{version}/vendor/llama.cpp")]))?;
+    let build = dir.join("build");
+    eprintln!("xtask: building llama.cpp's server from {LLAMA_CPP}'s source (once)");
+    crate::run_command(Command::new(&cmake).arg("-S").arg(&src).arg("-B").arg(&build).args([
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DGGML_NATIVE=OFF",
+        "-DBUILD_SHARED_LIBS=OFF",
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DLLAMA_BUILD_TOOLS=ON",
+        "-DLLAMA_BUILD_SERVER=ON",
+        "-DLLAMA_BUILD_UI=OFF",
+        "-DLLAMA_USE_PREBUILT_UI=OFF",
+        "-DLLAMA_OPENSSL=OFF",
+    ]))?;
+    crate::run_command(Command::new(&cmake).arg("--build").arg(&build).args(["--target", "llama-server", "-j", "2"]))?;
+    std::fs::create_dir_all(dir.join("bin")).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    std::fs::copy(build.join("bin/llama-server"), &binary).map_err(|e| format!("no llama-server in {}: {e}", build.display()))?;
+    let _ = std::fs::remove_dir_all(&build);
+    let _ = std::fs::remove_dir_all(&src);
+    std::fs::write(&stamp, &pins).map_err(|e| format!("cannot write {}: {e}", stamp.display()))?;
+    Ok(binary)
+}
+
+/// What `llama-server --version` says (llama.cpp's build number and commit).
+fn llama_server_version(binary: &Path) -> Result<String, String> {
+    let out = Command::new(binary).arg("--version").output().map_err(|e| format!("cannot run {}: {e}", binary.display()))?;
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let line = text.lines().find(|l| l.starts_with("version:")).ok_or_else(|| format!("llama-server --version said `{}`", text.trim()))?;
+    Ok(format!("llama.cpp {} ({LLAMA_CPP})", line.trim_start_matches("version:").trim()))
 }
 
 /// Installs `packages` (every dependency pinned among them) with pip into `dir`
@@ -248,10 +443,10 @@ fn historical(root: &Path, python: &Path, version: &str) -> Result<PathBuf, Stri
 
 /// One line per engine (its checks passed or not, and time), then every check that did
 /// not pass with its rules, evidence and repro command.
-fn table(reports: &[(String, String, std::path::PathBuf, f64)]) -> Result<String, String> {
+fn table(reports: &[Done]) -> Result<String, String> {
     let mut summary = String::from("| engine | version | pass | fail | not supported | seconds |\n|---|---|---|---|---|---|\n");
     let mut failures = String::from("| engine | check | status | rules | evidence | repro |\n|---|---|---|---|---|---|\n");
-    for (slug, _, json, seconds) in reports {
+    for Done { slug, json, seconds } in reports {
         let text = std::fs::read_to_string(json).map_err(|e| format!("cannot read {}: {e}", json.display()))?;
         let report: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", json.display()))?;
         let results = report["results"].as_array().ok_or_else(|| format!("{}: no results", json.display()))?;

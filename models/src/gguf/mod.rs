@@ -38,4 +38,4 @@ pub use llama::{gguf_tensor_name, llama_config, llama_weights, load_llama_gguf, 
 pub use reader::{DEFAULT_ALIGNMENT, GGUF_MAGIC, GgufTensor, MAX_ARRAY_DEPTH, MAX_DIMS};
 pub use types::GgmlType;
 pub use value::{GgufArray, GgufValue};
-pub use write::{GgufVocab, write_llama_gguf};
+pub use write::{GgufVocab, with_end_token, write_llama_gguf};

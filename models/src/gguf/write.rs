@@ -10,7 +10,7 @@ use std::io::Write;
 use std::path::Path;
 
 use crate::error::{ModelError, Result};
-use crate::weights::LlamaWeights;
+use crate::weights::{LlamaWeights, Matrix};
 
 use super::DEFAULT_ALIGNMENT;
 use super::llama::{gguf_tensor_name, permute_qk};
@@ -75,6 +75,26 @@ fn value(out: &mut Vec<u8>, v: &Value<'_>) {
             v.iter().for_each(|x| out.extend(x.to_le_bytes()));
         }
     }
+}
+
+/// `weights` with one id more at the end, whose embedding and output rows
+/// are zero: an end token of its own for an engine that bans its model's eos
+/// ids when told to ignore them (llama.cpp's server sets their logit to
+/// -inf under `ignore_eos`). Banned, it leaves the law of every other id as
+/// the original model's (the softmax over the original ids is unchanged when
+/// the new id's probability is zero), so the engine still runs the weights
+/// the reference enumerates.
+pub fn with_end_token(weights: &LlamaWeights) -> LlamaWeights {
+    let pad = |m: &Matrix| {
+        let mut data = m.data.clone();
+        data.extend(std::iter::repeat_n(0.0, m.shape[1]));
+        Matrix { shape: vec![m.shape[0] + 1, m.shape[1]], data }
+    };
+    let mut padded = weights.clone();
+    padded.config.vocab_size += 1;
+    padded.embed = pad(&weights.embed);
+    padded.lm_head = weights.lm_head.as_ref().map(pad);
+    padded
 }
 
 /// Writes `weights` (and `vocab`) to `path` as a GGUF file named `name`.
@@ -178,5 +198,28 @@ mod tests {
         }
         let w = TinySpec::preset("tiny-v12-l2").unwrap().weights().unwrap();
         assert!(write_llama_gguf(std::env::temp_dir().join("never.gguf"), &w, "x", &GgufVocab { pieces: &[], bos: 0, eos: 0 }).is_err());
+    }
+
+    #[test]
+    fn an_end_token_of_its_own_leaves_every_other_logit_as_it_was() {
+        use crate::forward::ForwardRequest;
+        use crate::reference::RefModel;
+        for (name, spec) in TinySpec::PRESETS {
+            let w = spec.weights().unwrap();
+            let padded = with_end_token(&w);
+            let v = w.config.vocab_size;
+            assert_eq!(padded.config.vocab_size, v + 1, "{name}");
+            let prompt: Vec<u32> = (0..6).map(|i| i % v as u32).collect();
+            let run = |m: &RefModel| {
+                let mut cache = m.new_cache(1, 16).unwrap();
+                m.forward(&mut cache, &ForwardRequest::all_logits(std::slice::from_ref(&prompt))).unwrap()
+            };
+            let (a, b) = (run(&RefModel::new(w.clone())), run(&RefModel::new(padded)));
+            for r in 0..prompt.len() {
+                let row = b.logits_row(r, v + 1);
+                assert_eq!(&row[..v], a.logits_row(r, v), "{name} row {r}: the original ids' logits, bit for bit");
+                assert_eq!(row[v], 0.0, "{name} row {r}: the end token's logit");
+            }
+        }
     }
 }

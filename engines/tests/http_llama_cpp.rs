@@ -1,0 +1,163 @@
+//! The HTTP transport's llama.cpp dialect (ENGINE-2) against scripted
+//! servers on 127.0.0.1: what it sends (token ids, every sampler the contract
+//! does not name neutral, the seed in llama.cpp's 32 bits), where it sends it
+//! (speculation off to the plain server), and how it reads the reply (ids,
+//! finish, draft counts, the cut after an eos), with the errors it must give.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use specdec_engines::{DraftCounts, EngineError, EngineInfo, Finish, GenerationEngine, GenerationRequest, HttpEngine};
+
+/// A server that answers `/v1/models` with no statement, `/slots` with
+/// whether it speculates, and every `/completion` with `reply`, recording
+/// the bodies it was sent.
+struct Scripted {
+    url: String,
+    bodies: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Scripted {
+    fn start(reply: Value) -> Scripted {
+        Scripted::serving(reply, true)
+    }
+
+    /// `speculative`: what its `/slots` say.
+    fn serving(reply: Value, speculative: bool) -> Scripted {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("llama-cpp+http://{}", listener.local_addr().unwrap());
+        let bodies = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&bodies);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut line = String::new();
+                reader.read_line(&mut line).unwrap();
+                let path = line.split_whitespace().nth(1).unwrap_or_default().to_string();
+                let mut length = 0;
+                loop {
+                    let mut header = String::new();
+                    reader.read_line(&mut header).unwrap();
+                    if header.trim().is_empty() {
+                        break;
+                    }
+                    if let Some((name, value)) = header.split_once(':')
+                        && name.eq_ignore_ascii_case("content-length")
+                    {
+                        length = value.trim().parse().unwrap();
+                    }
+                }
+                let mut body = vec![0; length];
+                reader.read_exact(&mut body).unwrap();
+                let answer = match path.as_str() {
+                    "/v1/models" => json!({"data": [{"id": "tiny"}]}),
+                    "/slots" => json!([{"id": 0, "speculative": speculative}]),
+                    "/completion" => {
+                        seen.lock().unwrap().push(serde_json::from_slice(&body).unwrap());
+                        reply.clone()
+                    }
+                    _ => json!({"error": {"message": "no such path"}}),
+                }
+                .to_string();
+                let _ = write!(stream, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}", answer.len());
+            }
+        });
+        Scripted { url, bodies }
+    }
+
+    fn bodies(&self) -> Vec<Value> {
+        self.bodies.lock().unwrap().clone()
+    }
+}
+
+fn statement() -> EngineInfo {
+    EngineInfo { name: "llama-server".into(), version: "0".into(), speculation: "ngram-simple".into(), vocab: 12, greedy_epsilon: 1e-4, batch_invariant: false, stop_strings: true, eos_ids: true }
+}
+
+fn connect(spec: &str) -> HttpEngine {
+    HttpEngine::connect(spec, Some(statement()), Duration::from_secs(10)).unwrap()
+}
+
+fn request(speculation: bool) -> GenerationRequest {
+    GenerationRequest { top_k: 4, temperature: 0.7, top_p: 0.9, seed: (1 << 40) + 7, eos: vec![5], stop: vec!["Ab".into()], ..GenerationRequest::greedy(vec![1, 2, 3], 6, speculation) }
+}
+
+#[test]
+fn requests_carry_ids_and_neutral_samplers_and_go_to_the_server_of_their_speculation() {
+    let reply = json!({"tokens": [1, 2, 3], "stop_type": "limit", "timings": {"draft_n": 4, "draft_n_accepted": 3}});
+    let (spec, plain) = (Scripted::start(reply.clone()), Scripted::serving(reply, false));
+    let mut engine = connect(&format!("{},plain={}", spec.url, plain.url));
+    assert!(!engine.info().eos_ids, "the dialect takes no eos ids, whatever the statement says");
+    let out = engine.generate(&[request(true), request(false)]).unwrap();
+    assert_eq!(out[0].drafts, Some(DraftCounts { proposed: 4, accepted: 3 }));
+    assert_eq!(out[1].drafts, None, "a plain request has no draft counts");
+    let (on, off) = (spec.bodies(), plain.bodies());
+    assert_eq!((on.len(), off.len()), (1, 1), "one request to each server");
+    let body = &on[0];
+    for (field, want) in [
+        ("prompt", json!([1, 2, 3])),
+        ("n_predict", json!(6)),
+        ("top_k", json!(4)),
+        ("min_p", json!(0.0)),
+        ("typical_p", json!(1.0)),
+        ("repeat_penalty", json!(1.0)),
+        ("ignore_eos", json!(true)),
+        ("return_tokens", json!(true)),
+        ("stop", json!(["Ab"])),
+        ("seed", json!(((1u64 << 40) + 7) % 0xFFFF_FFFF)),
+    ] {
+        assert_eq!(body[field], want, "{field} in {body}");
+    }
+}
+
+#[test]
+fn replies_are_read_with_the_finish_and_cut_after_the_first_eos() {
+    let cases = [
+        (json!({"tokens": [1, 5, 3, 5], "stop_type": "limit", "timings": {}}), vec![1, 5], Finish::Eos),
+        (json!({"tokens": [1, 2, 3], "stop_type": "limit", "timings": {}}), vec![1, 2, 3], Finish::Length),
+        (json!({"tokens": [1, 2], "stop_type": "word", "stopping_word": "Ab", "timings": {}}), vec![1, 2], Finish::Stop),
+    ];
+    for (reply, tokens, finish) in cases {
+        let server = Scripted::start(reply.clone());
+        let mut engine = connect(&format!("{},plain={}", server.url, server.url));
+        let out = engine.generate(&[request(true)]).unwrap();
+        assert_eq!((&out[0].tokens, out[0].finish), (&tokens, finish), "{reply}");
+        assert_eq!(out[0].drafts, Some(DraftCounts { proposed: 0, accepted: 0 }), "timings without `draft_n`: nothing drafted");
+    }
+    // A server that does not speculate counts no drafts, even for requests with it on.
+    let plain = Scripted::serving(json!({"tokens": [1], "stop_type": "limit", "timings": {}}), false);
+    let mut engine = connect(&format!("{},plain={}", plain.url, plain.url));
+    assert_eq!(engine.generate(&[request(true)]).unwrap()[0].drafts, None);
+}
+
+#[test]
+fn bad_replies_and_requests_are_typed_errors_naming_the_problem() {
+    let cases = [
+        (json!({"content": "AbAc", "stop_type": "limit"}), "return_tokens"),
+        (json!({"tokens": [1, -2], "stop_type": "limit"}), "not an id"),
+        (json!({"tokens": [1, 2], "stop_type": "none"}), "stop_type"),
+        (json!({"tokens": [1, 12], "stop_type": "limit"}), "outside the vocabulary"),
+        (json!({"tokens": [1], "stop_type": "limit", "timings": {"draft_n": "four"}}), "timings.draft_n"),
+        (json!({"tokens": [1], "stop_type": "limit", "timings": {"draft_n": 1, "draft_n_accepted": 2}}), "2 drafts accepted of 1"),
+    ];
+    for (reply, names) in cases {
+        let server = Scripted::start(reply.clone());
+        let mut engine = connect(&format!("{},plain={}", server.url, server.url));
+        match engine.generate(&[request(true)]) {
+            Err(EngineError::Contract(m)) => assert!(m.contains(names), "{reply}: {m}"),
+            other => panic!("{reply}: {other:?}"),
+        }
+    }
+    // Speculation off with only a speculating server: not supported, never sent.
+    let server = Scripted::start(json!({"tokens": [1], "stop_type": "limit"}));
+    let mut engine = connect(&server.url);
+    assert!(matches!(engine.generate(&[request(false)]), Err(EngineError::NotSupported(m)) if m.contains("plain=URL")));
+    assert!(server.bodies().is_empty());
+    for bad in ["llama-cpp+https://127.0.0.1:1", "llama-cpp+http://127.0.0.1:1,http://127.0.0.1:2", "llama-cpp+http://127.0.0.1:1,plain=http://127.0.0.1:2"] {
+        assert!(HttpEngine::connect(bad, Some(statement()), Duration::from_secs(1)).is_err(), "{bad}");
+    }
+}
