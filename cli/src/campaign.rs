@@ -12,10 +12,12 @@ use std::path::Path;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use plotters::prelude::*;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use specdec_conformance::lossless::{Outcome, controls, lossless_checks, passed, run_controls, run_lossless_family};
+use specdec_conformance::shard::Shard;
 use specdec_conformance::stat::{BETA, DETECTABLE_DELTA, FAMILY_ALPHA};
-use specdec_stats::chi_squared_gof;
+use specdec_stats::{chi_squared_gof, clopper_pearson_interval};
 
 fn bar(len: usize, prefix: &str) -> ProgressBar {
     let b = ProgressBar::new(len as u64).with_style(ProgressStyle::with_template("{prefix:>10} [{bar:30}] {pos}/{len} {wide_msg}").expect("valid template").progress_chars("=> "));
@@ -131,54 +133,142 @@ fn write(path: &Path, text: &str) -> Result<(), String> {
     std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
-/// Reruns the lossless family for seeds 1..=n; the family should fail in
-/// about `n * 1e-4` runs, and at level 0.01 each check should reject in
-/// about 1% of runs, with uniform p-values.
-pub fn sweep(n: u64, out: &Path) -> Result<bool, String> {
-    std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
-    let checks = lossless_checks().len();
-    let pb = bar(n as usize, "sweep");
-    let (mut family_failures, mut at_001, mut p_values, mut failed_seeds) = (0u64, 0u64, Vec::new(), Vec::new());
-    for seed in 1..=n {
+/// What a sweep's seeds showed, additive over shards: the merge of a sharded
+/// sweep sums shards' tallies and only then judges them ([`sweep_summary`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SweepTally {
+    /// Always `stats-sweep`: what the file is, for `specdec report merge`.
+    pub kind: String,
+    /// The campaign's seeds are `1..=seeds`.
+    pub seeds: u64,
+    /// The shard this tally holds; none for a whole sweep.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<Shard>,
+    pub seeds_run: u64,
+    pub checks_per_seed: usize,
+    pub family_failures: u64,
+    pub failed_seeds: Vec<u64>,
+    pub rejections_at_0_01: u64,
+    pub chi_squared_checks: u64,
+    /// p-values of the continuous tests in 10 equal bins.
+    pub p_value_bins: Vec<u64>,
+}
+
+/// The kind of a sweep's JSON.
+pub const SWEEP_KIND: &str = "stats-sweep";
+
+/// Runs the lossless family at seeds `1..=n` (those of `shard` only, if given:
+/// every N-th seed from its index) and writes `sweep.json` and `sweep.md`.
+pub fn sweep(n: u64, shard: Option<Shard>, out: &Path) -> Result<bool, String> {
+    let seeds: Vec<u64> = (1..=n).filter(|s| shard.is_none_or(|sh| sh.owns_index(s - 1))).collect();
+    let pb = bar(seeds.len(), "sweep");
+    let mut t = SweepTally {
+        kind: SWEEP_KIND.into(),
+        seeds: n,
+        shard,
+        seeds_run: seeds.len() as u64,
+        checks_per_seed: lossless_checks().len(),
+        family_failures: 0,
+        failed_seeds: Vec::new(),
+        rejections_at_0_01: 0,
+        chi_squared_checks: 0,
+        p_value_bins: vec![0; 10],
+    };
+    for seed in seeds {
         pb.set_message(format!("seed {seed}"));
         let outcomes = run_lossless_family(seed, &mut |_| {})?;
         if outcomes.iter().any(|o| !passed(&o.report)) {
-            family_failures += 1;
-            failed_seeds.push(seed);
+            t.family_failures += 1;
+            t.failed_seeds.push(seed);
         }
         for o in &outcomes {
             // Certain-outcome checks have p = 1 always; they carry no calibration information.
             if let Some(p) = o.report.p_value.filter(|_| o.report.df.is_some()) {
-                p_values.push(p);
-                at_001 += u64::from(p <= 0.01);
+                t.chi_squared_checks += 1;
+                t.rejections_at_0_01 += u64::from(p <= 0.01);
+                // p-values of continuous tests under the null are ~uniform.
+                t.p_value_bins[((p * 10.0) as usize).min(9)] += 1;
             }
         }
         pb.inc(1);
     }
     pb.finish_and_clear();
-    // p-values of continuous tests under the null are ~uniform: 10 equal bins.
-    let mut bins = vec![0u64; 10];
-    for &p in &p_values {
-        bins[((p * 10.0) as usize).min(9)] += 1;
-    }
-    let mut uniformity = chi_squared_gof(&bins, &[0.1; 10]).map_err(|e| e.to_string())?.to_report("p-value uniformity");
-    uniformity.judge(0.01).map_err(|e| e.to_string())?;
-    let tested = p_values.len() as u64;
-    let expected_failures = n as f64 * FAMILY_ALPHA;
-    let mut md = String::new();
-    let _ = writeln!(md, "# specdec statistics sweep over seeds 1..={n}\n");
-    let _ = writeln!(md, "- lossless family: {checks} checks per seed, Holm at {FAMILY_ALPHA:e}");
-    let _ = writeln!(
-        md,
-        "- family failures: **{family_failures}** of {n} runs (expected {expected_failures:.3}; a family fails with probability at most {FAMILY_ALPHA:e}){}",
-        if failed_seeds.is_empty() { String::new() } else { format!("; seeds {failed_seeds:?}") }
-    );
-    let _ = writeln!(md, "- individual rejections at 0.01: {at_001} of {tested} chi-squared checks ({:.4}; expected about 0.01)", at_001 as f64 / tested.max(1) as f64);
-    let _ = writeln!(md, "- p-value histogram (10 bins): {bins:?}; uniformity at level 0.01: {uniformity}");
-    let json = json!({"seeds": n, "checks_per_seed": checks, "family_failures": family_failures, "failed_seeds": failed_seeds,
-        "expected_family_failures": expected_failures, "rejections_at_0_01": at_001, "chi_squared_checks": tested, "p_value_bins": bins});
+    write_sweep(&t, out)
+}
+
+/// Writes a tally: a shard's as it is (judged at the merge), a whole sweep's
+/// with its summary.
+pub fn write_sweep(t: &SweepTally, out: &Path) -> Result<bool, String> {
+    std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    let (md, json) = match t.shard {
+        Some(shard) => (
+            format!("# specdec statistics sweep, shard {shard}\n\n{} of seeds 1..={}: judged when the shards are merged (`specdec report merge`).\n", t.seeds_run, t.seeds),
+            serde_json::to_value(t).expect("serializes"),
+        ),
+        None => sweep_summary(t)?,
+    };
     write(&out.join("sweep.md"), &md)?;
     write(&out.join("sweep.json"), &serde_json::to_string_pretty(&json).expect("serializes"))?;
     print!("{md}");
     Ok(true)
+}
+
+/// A whole sweep's verdicts: the family false-failure rate with its exact
+/// 95 % interval against the stated level, the individual rejection rate,
+/// and the uniformity of the p-values.
+pub fn sweep_summary(t: &SweepTally) -> Result<(String, serde_json::Value), String> {
+    let n = t.seeds;
+    let mut uniformity = chi_squared_gof(&t.p_value_bins, &[0.1; 10]).map_err(|e| e.to_string())?.to_report("p-value uniformity");
+    uniformity.judge(0.01).map_err(|e| e.to_string())?;
+    let ffr = clopper_pearson_interval(t.family_failures, n, 0.05).map_err(|e| e.to_string())?;
+    let expected_failures = n as f64 * FAMILY_ALPHA;
+    let tested = t.chi_squared_checks;
+    let mut md = String::new();
+    let _ = writeln!(md, "# specdec statistics sweep over seeds 1..={n}\n");
+    let _ = writeln!(md, "- lossless family: {} checks per seed, Holm at {FAMILY_ALPHA:e}", t.checks_per_seed);
+    let _ = writeln!(
+        md,
+        "- family failures: **{}** of {n} runs (expected {expected_failures:.3}; a family fails with probability at most {FAMILY_ALPHA:e}){}",
+        t.family_failures,
+        if t.failed_seeds.is_empty() { String::new() } else { format!("; seeds {:?}", t.failed_seeds) }
+    );
+    let _ = writeln!(md, "- family false-failure rate: 95 % interval [{:.2e}, {:.2e}] (Clopper-Pearson), against the stated {FAMILY_ALPHA:e}", ffr.lower, ffr.upper);
+    let _ = writeln!(md, "- individual rejections at 0.01: {} of {tested} chi-squared checks ({:.4}; expected about 0.01)", t.rejections_at_0_01, t.rejections_at_0_01 as f64 / tested.max(1) as f64);
+    let _ = writeln!(md, "- p-value histogram (10 bins): {:?}; uniformity at level 0.01: {uniformity}", t.p_value_bins);
+    let json = json!({"seeds": n, "checks_per_seed": t.checks_per_seed, "family_failures": t.family_failures, "failed_seeds": t.failed_seeds,
+        "expected_family_failures": expected_failures, "family_failure_rate_interval_95": [ffr.lower, ffr.upper],
+        "rejections_at_0_01": t.rejections_at_0_01, "chi_squared_checks": tested, "p_value_bins": t.p_value_bins});
+    Ok((md, json))
+}
+
+/// Sums the tallies of a sharded sweep: every shard `0..N` once, of one sweep.
+pub fn merge_sweeps(shards: Vec<(String, SweepTally)>) -> Result<SweepTally, String> {
+    let Some((first_from, first)) = shards.first().cloned() else { return Err("no sweep shards given".into()) };
+    let count = first.shard.ok_or_else(|| format!("{first_from}: a whole sweep, not a shard"))?.count;
+    let mut seen: std::collections::BTreeMap<usize, String> = std::collections::BTreeMap::new();
+    let mut total = SweepTally { shard: None, seeds_run: 0, family_failures: 0, failed_seeds: Vec::new(), rejections_at_0_01: 0, chi_squared_checks: 0, p_value_bins: vec![0; 10], ..first.clone() };
+    for (from, t) in &shards {
+        let shard = t.shard.ok_or_else(|| format!("{from}: a whole sweep, not a shard"))?;
+        if shard.count != count || t.seeds != first.seeds || t.checks_per_seed != first.checks_per_seed || t.p_value_bins.len() != 10 {
+            return Err(format!("{from} and {first_from}: shards of different sweeps (shard count, seeds or checks differ)"));
+        }
+        if let Some(other) = seen.insert(shard.index, from.clone()) {
+            return Err(format!("sweep shard {shard} appears twice: {other} and {from}"));
+        }
+        let expected = (1..=t.seeds).filter(|s| shard.owns_index(s - 1)).count() as u64;
+        if t.seeds_run != expected || t.failed_seeds.iter().any(|s| !shard.owns_index(s - 1)) {
+            return Err(format!("{from}: shard {shard} ran {} seeds, not its {expected}", t.seeds_run));
+        }
+        total.seeds_run += t.seeds_run;
+        total.family_failures += t.family_failures;
+        total.failed_seeds.extend(&t.failed_seeds);
+        total.rejections_at_0_01 += t.rejections_at_0_01;
+        total.chi_squared_checks += t.chi_squared_checks;
+        total.p_value_bins.iter_mut().zip(&t.p_value_bins).for_each(|(a, b)| *a += b);
+    }
+    if let Some(missing) = (0..count).find(|i| !seen.contains_key(i)) {
+        return Err(format!("sweep shard {missing}/{count} is missing ({} of {count} given)", seen.len()));
+    }
+    total.failed_seeds.sort_unstable();
+    Ok(total)
 }

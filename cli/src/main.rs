@@ -15,6 +15,7 @@ use specdec_conformance::model_section::ModelFiles;
 use specdec_conformance::ops::HOST_OPS;
 use specdec_conformance::report::Report;
 use specdec_conformance::runner::Runner;
+use specdec_conformance::shard::Shard;
 use specdec_conformance::suite::{self, Item, KernelSection, Selection, Status, SuiteConfig};
 
 mod bless;
@@ -22,6 +23,7 @@ mod campaign;
 mod draft_data;
 mod engine;
 mod generate;
+mod merge;
 mod model;
 mod serve;
 
@@ -68,6 +70,11 @@ enum Command {
         /// Its HF-layout export (default: SPECDEC_SMOLLM2_HF).
         #[arg(long)]
         smollm2_hf: Option<PathBuf>,
+        /// Run shard I of N (I counted from 0): only the checks whose name
+        /// hashes to I; `specdec report merge` makes the run's report of the
+        /// N shards' JSON reports.
+        #[arg(long)]
+        shard: Option<Shard>,
     },
     /// Model files: `info PATH`, `export GGUF DIR`.
     Model {
@@ -276,16 +283,40 @@ enum Command {
         out: PathBuf,
         #[arg(long)]
         sweep: Option<u64>,
+        /// With `--sweep N`: run shard I of N only (every N-th seed from I).
+        #[arg(long, requires = "sweep")]
+        shard: Option<Shard>,
+    },
+    /// Reports of sharded runs: `merge SHARD_DIR...`.
+    Report {
+        #[command(subcommand)]
+        command: ReportCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ReportCommand {
+    /// One report from the JSON reports of a sharded run's shards (`conform
+    /// --shard`, `stats --sweep --shard`), in the folders or files given:
+    /// family verdicts are judged over all shards; a missing or duplicated
+    /// shard is an error naming it.
+    Merge {
+        #[arg(required = true)]
+        inputs: Vec<PathBuf>,
+        /// Where the merged report goes (JSON, Markdown and JUnit per backend,
+        /// or the sweep's `sweep.json` and `sweep.md`).
+        #[arg(long, default_value = "reports/merged")]
+        out: PathBuf,
     },
 }
 
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Backends => list_backends(),
-        Command::Conform { backend, filter, xfails, seed, report, diff_cases, no_stat, smollm2, smollm2_hf } => {
+        Command::Conform { backend, filter, xfails, seed, report, diff_cases, no_stat, smollm2, smollm2_hf, shard } => {
             let env = ModelFiles::from_env();
             let files = ModelFiles { smollm2_gguf: smollm2.or(env.smollm2_gguf), smollm2_hf: smollm2_hf.or(env.smollm2_hf) };
-            suite_config(filter, xfails.as_deref(), seed, diff_cases, !no_stat).and_then(|cfg| conform(&backend, &cfg, &report, &files))
+            suite_config(filter, xfails.as_deref(), seed, diff_cases, !no_stat).and_then(|cfg| conform(&backend, &SuiteConfig { shard, ..cfg }, &report, &files))
         }
         Command::Model { command } => model::run(command),
         Command::Generate { model, backend, prompt, chat, max_tokens, sampling, seed, json, proposer, k, compare } => specdec_models::load(&model).map_err(|e| e.to_string()).and_then(|loaded| {
@@ -344,13 +375,14 @@ fn main() -> ExitCode {
                 .map(|()| true)
             })
         }
-        Command::Stats { seed, out, sweep } => match seed.map_or_else(suite::seed_from_env, Ok) {
+        Command::Stats { seed, out, sweep, shard } => match seed.map_or_else(suite::seed_from_env, Ok) {
             Ok(seed) => match sweep {
-                Some(n) => campaign::sweep(n, &out),
+                Some(n) => campaign::sweep(n, shard, &out),
                 None => campaign::run(seed, &out),
             },
             Err(e) => Err(e),
         },
+        Command::Report { command: ReportCommand::Merge { inputs, out } } => merge::run(&inputs, &out),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
@@ -405,7 +437,7 @@ fn suite_config(filter: Option<String>, xfails: Option<&Path>, seed: Option<u64>
         None => Selection::default(),
     };
     let seed = seed.map_or_else(suite::seed_from_env, Ok)?;
-    Ok(SuiteConfig { seed, filter, selection, diff_cases_per_op: diff_cases, statistical })
+    Ok(SuiteConfig { seed, filter, selection, diff_cases_per_op: diff_cases, statistical, shard: None })
 }
 
 fn conform(backend: &str, cfg: &SuiteConfig, reports: &[PathBuf], files: &ModelFiles) -> Result<bool, String> {
@@ -438,6 +470,10 @@ fn conform(backend: &str, cfg: &SuiteConfig, reports: &[PathBuf], files: &ModelF
     }
     if !unavailable.is_empty() {
         println!("backends that did not run: {}", unavailable.join(", "));
+    }
+    if let Some(shard) = cfg.shard {
+        // A shard's statistical verdicts are provisional: the merge judges each family over all shards.
+        println!("shard {shard}: the other shards' checks are not selected here; `specdec report merge` of all {} shards' JSON reports gives the run's report", shard.count);
     }
     println!("{}", if ok { "conformance: PASS" } else { "conformance: FAIL" });
     Ok(ok)

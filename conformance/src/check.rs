@@ -1,6 +1,7 @@
 //! What a check is, before any section runs it: its kind and status
-//! (SUITE-2), a vendor's selection (SUITE-1), a run's configuration, the
-//! result of one check, and how a verdict settles into a status. Every
+//! (SUITE-2), a vendor's selection (SUITE-1), a run's configuration (its
+//! shard among them, SUITE-5), the result of one check, and how a verdict
+//! settles into a status. Every
 //! section (`suite`, `model_section`, `e2e_section`) and the reports read
 //! these; nothing here runs a backend.
 
@@ -126,11 +127,14 @@ pub struct SuiteConfig {
     pub diff_cases_per_op: usize,
     /// Run the statistical checks (they dominate the run time).
     pub statistical: bool,
+    /// Run only this shard's checks (the others stay `Skipped`); the shards'
+    /// reports are merged into the run's ([`crate::shard::merge`]).
+    pub shard: Option<Shard>,
 }
 
 impl Default for SuiteConfig {
     fn default() -> Self {
-        SuiteConfig { seed: DEFAULT_SEED, filter: None, selection: Selection::default(), diff_cases_per_op: DEFAULT_CASES_PER_OP, statistical: true }
+        SuiteConfig { seed: DEFAULT_SEED, filter: None, selection: Selection::default(), diff_cases_per_op: DEFAULT_CASES_PER_OP, statistical: true, shard: None }
     }
 }
 
@@ -141,12 +145,12 @@ impl SuiteConfig {
             Some(f) if f.contains('*') => glob(f, name),
             Some(f) => name.contains(f.as_str()),
         };
-        filtered && self.selection.selects(name)
+        filtered && self.selection.selects(name) && self.shard.is_none_or(|s| s.owns(name))
     }
 }
 
 /// The result of one check.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CheckResult {
     pub name: String,
     pub kind: Kind,
@@ -161,8 +165,12 @@ pub struct CheckResult {
     /// A command that reruns just this check.
     pub repro: String,
     /// The statistical detail, for statistical checks.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub statistics: Option<specdec_stats::TestReport>,
+    /// The Holm family a statistical check was judged in (STAT-2), named
+    /// within its report, so that a merge judges it again over all shards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub family: Option<String>,
 }
 
 impl CheckResult {
@@ -181,6 +189,7 @@ impl CheckResult {
             millis: 0.0,
             repro: repro(backend, seed, name),
             statistics: None,
+            family: None,
         }
     }
 }
@@ -210,4 +219,47 @@ pub fn settle(result: &mut CheckResult, verdict: Verdict, selection: &Selection)
 
 pub fn repro(backend: &str, seed: u64, name: &str) -> String {
     format!("specdec conform --backend {backend} --seed {seed} --filter '{name}'")
+}
+
+/// Shard `index` of `count` (`index < count`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Shard {
+    pub index: usize,
+    pub count: usize,
+}
+
+impl std::str::FromStr for Shard {
+    type Err = String;
+
+    /// `I/N`, with `I` counted from 0 (a scheduler's 1-based index minus one).
+    fn from_str(s: &str) -> Result<Shard, String> {
+        let (i, n) = s.split_once('/').ok_or_else(|| format!("shard `{s}`: expected I/N (e.g. 0/4)"))?;
+        let parse = |x: &str, what: &str| x.trim().parse::<usize>().map_err(|_| format!("shard `{s}`: {what} `{x}` is not a count"));
+        let (index, count) = (parse(i, "index")?, parse(n, "shard count")?);
+        if count == 0 || index >= count {
+            return Err(format!("shard `{s}`: the index must be below the shard count (0 <= I < N, N >= 1)"));
+        }
+        Ok(Shard { index, count })
+    }
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+impl Shard {
+    /// Whether this shard owns the check `name`: FNV-1a of the name modulo
+    /// the count, so the partition depends on the name alone.
+    pub fn owns(&self, name: &str) -> bool {
+        let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        h % self.count as u64 == self.index as u64
+    }
+
+    /// Whether this shard owns item `i` of a numbered campaign (seeds, corpus
+    /// entries): every `count`-th from `index`.
+    pub fn owns_index(&self, i: u64) -> bool {
+        i % self.count as u64 == self.index as u64
+    }
 }

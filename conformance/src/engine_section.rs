@@ -158,6 +158,8 @@ fn run_checks(
     check: &mut dyn FnMut(&mut dyn GenerationEngine, &EngineItem) -> Ran,
 ) -> Vec<CheckResult> {
     let name = engine.info().name.clone();
+    // One family per engine label (`engine/<label>`), as the check names begin.
+    let family = items.first().map(|i| i.name.splitn(3, '/').take(2).collect::<Vec<_>>().join("/")).unwrap_or_else(|| "engine".into());
     let mut results = Vec::new();
     let mut statistical = Vec::new();
     for item in items {
@@ -182,7 +184,7 @@ fn run_checks(
         }
         results.push(result);
     }
-    stat::settle_family(&mut results, statistical, &cfg.selection, progress);
+    stat::settle_family(&mut results, statistical, &family, &cfg.selection, progress);
     results
 }
 

@@ -33,6 +33,7 @@ pub mod ops;
 pub mod report;
 pub mod runner;
 pub mod section;
+pub mod shard;
 pub mod stat;
 pub mod suite;
 pub mod unchecked;

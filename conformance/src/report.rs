@@ -6,28 +6,46 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use quick_junit::{NonSuccessKind, Report as JunitReport, TestCase, TestCaseStatus, TestSuite};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use specdec_backend::{Backend, Precision};
 
-use crate::check::{CheckResult, Kind, Status};
+use crate::check::{CheckResult, Kind, Shard, Status};
 
-/// A whole run.
-#[derive(Debug, Clone, Serialize)]
+/// A whole run (or one shard of it: [`crate::shard`] merges them back).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     pub backend: String,
     pub device: String,
-    pub precision: Precision,
+    pub precision: StatedPrecision,
     pub seed: u64,
-    pub specdec_version: &'static str,
+    pub specdec_version: String,
     /// The version an engine under test states (ENGINE-1); none for a backend.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_version: Option<String>,
+    /// The shard this report holds; none for a whole run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<Shard>,
     pub summary: Summary,
     pub results: Vec<CheckResult>,
 }
 
+/// A backend's [`Precision`] as a report states it (and reads it back).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatedPrecision {
+    pub float_dtype: String,
+    pub accumulate_dtype: String,
+    pub margin_epsilon: f64,
+    pub value_tolerance: f64,
+}
+
+impl From<Precision> for StatedPrecision {
+    fn from(p: Precision) -> Self {
+        StatedPrecision { float_dtype: p.float_dtype.into(), accumulate_dtype: p.accumulate_dtype.into(), margin_epsilon: p.margin_epsilon, value_tolerance: p.value_tolerance }
+    }
+}
+
 /// Counts by status, and the numeric differences seen.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     pub counts: BTreeMap<Status, usize>,
     /// Rows excused within the margin epsilon, over all checks.
@@ -35,6 +53,20 @@ pub struct Summary {
     /// Largest absolute difference of a float output from the reference.
     pub max_abs_err: f64,
     pub failed: bool,
+}
+
+impl Summary {
+    /// The summary of `results`.
+    pub fn of(results: &[CheckResult]) -> Summary {
+        let mut summary = Summary::default();
+        for r in results {
+            *summary.counts.entry(r.status).or_default() += 1;
+            summary.excused_rows += r.excused;
+            summary.max_abs_err = summary.max_abs_err.max(r.max_abs_err);
+            summary.failed |= r.status.is_failure();
+        }
+        summary
+    }
 }
 
 impl Report {
@@ -50,14 +82,8 @@ impl Report {
     }
 
     fn of(backend: String, device: String, precision: Precision, seed: u64, results: Vec<CheckResult>) -> Report {
-        let mut summary = Summary::default();
-        for r in &results {
-            *summary.counts.entry(r.status).or_default() += 1;
-            summary.excused_rows += r.excused;
-            summary.max_abs_err = summary.max_abs_err.max(r.max_abs_err);
-            summary.failed |= r.status.is_failure();
-        }
-        Report { backend, device, precision, seed, specdec_version: env!("CARGO_PKG_VERSION"), engine_version: None, summary, results }
+        let summary = Summary::of(&results);
+        Report { backend, device, precision: precision.into(), seed, specdec_version: env!("CARGO_PKG_VERSION").into(), engine_version: None, shard: None, summary, results }
     }
 
     pub fn count(&self, status: Status) -> usize {

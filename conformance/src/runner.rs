@@ -38,7 +38,7 @@ impl<'a, B: Backend> Runner<'a, B> {
     /// Runs every section on `backend`.
     pub fn run(&self, backend: &B, cfg: &SuiteConfig, progress: &mut dyn FnMut(&CheckResult)) -> Report {
         let results = self.sections.iter().flat_map(|s| s.run(backend, cfg, progress)).collect();
-        Report::new(backend, cfg.seed, results)
+        Report { shard: cfg.shard, ..Report::new(backend, cfg.seed, results) }
     }
 }
 

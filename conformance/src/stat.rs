@@ -384,13 +384,24 @@ fn sample<B: Backend>(backend: &B, s: &Scenario, spec: &StatSpec, n: usize, seed
 }
 
 /// Judges a statistical family ([`judge_family`]) and settles each member's
-/// result in `results` (its slot), reporting each to `progress`.
-pub fn settle_family(results: &mut [CheckResult], outcomes: Vec<(usize, Outcome)>, selection: &Selection, progress: &mut dyn FnMut(&CheckResult)) {
+/// result in `results` (its slot), named as of `family`, reporting each to
+/// `progress`.
+pub fn settle_family(results: &mut [CheckResult], outcomes: Vec<(usize, Outcome)>, family: &str, selection: &Selection, progress: &mut dyn FnMut(&CheckResult)) {
     for (slot, verdict, report) in judge_family(outcomes) {
         let r = &mut results[slot];
         r.statistics = report;
+        r.family = Some(family.to_string());
         settle(r, verdict, selection);
         progress(r);
+    }
+}
+
+/// The verdict of a report Holm has judged.
+pub fn verdict_of(report: &TestReport) -> Verdict {
+    match report.decision {
+        Decision::NotRejected => Verdict::Pass { excused: 0, max_abs_err: 0.0 },
+        Decision::Reject => Verdict::Fail(format!("distribution differs from the target: {report}")),
+        Decision::Degenerate | Decision::Pending => Verdict::Fail(format!("no valid test: {report}")),
     }
 }
 
@@ -416,12 +427,7 @@ pub fn judge_family(outcomes: Vec<(usize, Outcome)>) -> Vec<(usize, Verdict, Opt
         return out;
     }
     for (slot, report) in slots.into_iter().zip(reports) {
-        let verdict = match report.decision {
-            Decision::NotRejected => Verdict::Pass { excused: 0, max_abs_err: 0.0 },
-            Decision::Reject => Verdict::Fail(format!("distribution differs from the target: {report}")),
-            Decision::Degenerate | Decision::Pending => Verdict::Fail(format!("no valid test: {report}")),
-        };
-        out.push((slot, verdict, Some(report)));
+        out.push((slot, verdict_of(&report), Some(report)));
     }
     out
 }

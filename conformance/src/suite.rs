@@ -141,6 +141,7 @@ pub fn run<B: Backend>(backend: &B, items: &[Item], cfg: &SuiteConfig, progress:
             millis: 0.0,
             repro: repro(&backend.name(), cfg.seed, &item.name),
             statistics: None,
+            family: None,
         };
         if !selected {
             result.message = "not selected".into();
@@ -182,7 +183,7 @@ pub fn run<B: Backend>(backend: &B, items: &[Item], cfg: &SuiteConfig, progress:
         progress(&result);
         results.push(result);
     }
-    stat::settle_family(&mut results, stats, &cfg.selection, progress);
+    stat::settle_family(&mut results, stats, "kernel", &cfg.selection, progress);
     results
 }
 

@@ -23,7 +23,7 @@
 //! [`plan_pooling`] can be called — and the power stated — before data are drawn.
 //! Differences between cells inside the pool are invisible to the test.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::StatsError;
 use crate::tail::{PValue, chi_squared_p_value};
@@ -33,7 +33,7 @@ use crate::validate;
 pub const MIN_EXPECTED_COUNT: f64 = 5.0;
 
 /// Which test produced a result.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TestKind {
     /// Pearson's chi-squared goodness of fit.

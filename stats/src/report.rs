@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::StatsError;
 use crate::binomial::BinomialTestResult;
@@ -14,7 +14,7 @@ use crate::validate;
 
 /// The power statement attached to a test: at level `alpha`, every alternative at
 /// TV distance `>= detectable_delta` is detected with probability `>= 1 - beta`.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct PowerClaim {
     pub alpha: f64,
     pub beta: f64,
@@ -22,7 +22,7 @@ pub struct PowerClaim {
 }
 
 /// Verdict of a test.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Decision {
     /// Not yet compared with an alpha.
@@ -34,8 +34,9 @@ pub enum Decision {
     Degenerate,
 }
 
-/// One test's result, ready to serialise or print (`Display` gives one line).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// One test's result, ready to serialise, read back (a sharded run's reports are
+/// judged again at their merge) or print (`Display` gives one line).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TestReport {
     /// Caller-chosen name of the check.
     pub label: String,

@@ -92,6 +92,12 @@ enum Task {
         /// How long each target runs.
         #[arg(long, default_value_t = 600)]
         seconds: u64,
+        /// Run shard I of N of the campaign (I counted from 0).
+        #[arg(long, value_parser = fuzz::parse_shard)]
+        shard: Option<(usize, usize)>,
+        /// Where findings and `fuzz.json` go.
+        #[arg(long, default_value = "reports/fuzz")]
+        out: PathBuf,
     },
     /// Opt-in, not in CI: trains a DFlash draft of SmolLM2-135M-Instruct on the CPU: greedy
     /// continuations and hidden states of `fixtures/dflash/prompts.json` (cached), then
@@ -189,7 +195,7 @@ fn run(task: Task) -> Result<(), String> {
             cargo_with(&root, &["bench", "-p", "specdec-benches", "--features", "libtorch", "--bench", "report"], &rest_after_dashdash(rest), Some(&lt), &env)
         }
         Task::TrainDflash { backend, steps, out } => train_dflash::train(&root, &backend, steps, out),
-        Task::Fuzz { targets, seconds } => fuzz::fuzz(&root, &targets, seconds),
+        Task::Fuzz { targets, seconds, shard, out } => fuzz::fuzz(&root, &targets, seconds, shard, &root.join(out)),
         Task::Bless { check } => {
             let args = if check { vec!["bless".to_string(), "--check".into()] } else { vec!["bless".to_string()] };
             cargo(&root, &["run", "--quiet", "-p", "specdec-cli", "--"], &args, None)

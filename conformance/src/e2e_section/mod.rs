@@ -319,7 +319,7 @@ pub fn run_with<B: ModelBackend>(backend: &B, cfg: &SuiteConfig, files: &ModelFi
         progress(&result);
         results.push(result);
     }
-    stat::settle_family(&mut results, sampled, &cfg.selection, progress);
+    stat::settle_family(&mut results, sampled, "e2e", &cfg.selection, progress);
     results
 }
 
