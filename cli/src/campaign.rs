@@ -15,7 +15,7 @@ use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use specdec_conformance::lossless::{Outcome, controls, lossless_checks, passed, run_controls, run_lossless_family};
-use specdec_conformance::shard::Shard;
+use specdec_conformance::shard::{Shard, check_complete};
 use specdec_conformance::stat::{BETA, DETECTABLE_DELTA, FAMILY_ALPHA};
 use specdec_stats::{chi_squared_gof, clopper_pearson_interval};
 
@@ -245,16 +245,14 @@ pub fn sweep_summary(t: &SweepTally) -> Result<(String, serde_json::Value), Stri
 pub fn merge_sweeps(shards: Vec<(String, SweepTally)>) -> Result<SweepTally, String> {
     let Some((first_from, first)) = shards.first().cloned() else { return Err("no sweep shards given".into()) };
     let count = first.shard.ok_or_else(|| format!("{first_from}: a whole sweep, not a shard"))?.count;
-    let mut seen: std::collections::BTreeMap<usize, String> = std::collections::BTreeMap::new();
+    let mut given = Vec::new();
     let mut total = SweepTally { shard: None, seeds_run: 0, family_failures: 0, failed_seeds: Vec::new(), rejections_at_0_01: 0, chi_squared_checks: 0, p_value_bins: vec![0; 10], ..first.clone() };
     for (from, t) in &shards {
         let shard = t.shard.ok_or_else(|| format!("{from}: a whole sweep, not a shard"))?;
         if shard.count != count || t.seeds != first.seeds || t.checks_per_seed != first.checks_per_seed || t.p_value_bins.len() != 10 {
             return Err(format!("{from} and {first_from}: shards of different sweeps (shard count, seeds or checks differ)"));
         }
-        if let Some(other) = seen.insert(shard.index, from.clone()) {
-            return Err(format!("sweep shard {shard} appears twice: {other} and {from}"));
-        }
+        given.push((shard.index, from.clone()));
         let expected = (1..=t.seeds).filter(|s| shard.owns_index(s - 1)).count() as u64;
         if t.seeds_run != expected || t.failed_seeds.iter().any(|s| !shard.owns_index(s - 1)) {
             return Err(format!("{from}: shard {shard} ran {} seeds, not its {expected}", t.seeds_run));
@@ -266,9 +264,7 @@ pub fn merge_sweeps(shards: Vec<(String, SweepTally)>) -> Result<SweepTally, Str
         total.chi_squared_checks += t.chi_squared_checks;
         total.p_value_bins.iter_mut().zip(&t.p_value_bins).for_each(|(a, b)| *a += b);
     }
-    if let Some(missing) = (0..count).find(|i| !seen.contains_key(i)) {
-        return Err(format!("sweep shard {missing}/{count} is missing ({} of {count} given)", seen.len()));
-    }
+    check_complete("sweep shard", count, given)?;
     total.failed_seeds.sort_unstable();
     Ok(total)
 }

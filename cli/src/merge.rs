@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use specdec_conformance::report::Report;
-use specdec_conformance::shard;
+use specdec_conformance::shard::{self, check_complete};
 
 use crate::campaign::{SWEEP_KIND, SweepTally, merge_sweeps, write_sweep};
 
@@ -67,16 +67,14 @@ fn merge_fuzz(shards: Vec<(String, Value)>, out: &Path) -> Result<bool, String> 
     let count = first["shard"]["count"].as_u64().ok_or_else(|| format!("{first_from}: a whole fuzz run, not a shard"))?;
     let targets: Vec<String> = serde_json::from_value(first["targets"].clone()).map_err(|e| format!("{first_from}: `targets`: {e}"))?;
     let replicas = first["replicas"].as_u64().ok_or_else(|| format!("{first_from}: no `replicas`"))?;
-    let mut seen = std::collections::BTreeMap::new();
+    let mut given = Vec::new();
     let mut units = std::collections::BTreeMap::new();
     for (from, v) in &shards {
         if plan(v) != plan(first) {
             return Err(format!("{from} and {first_from}: shards of different fuzz campaigns (seconds, targets, replicas or shard count differ)"));
         }
-        let index = v["shard"]["index"].as_u64().ok_or_else(|| format!("{from}: no `shard.index`"))?;
-        if let Some(other) = seen.insert(index, from.clone()) {
-            return Err(format!("fuzz shard {index}/{count} appears twice: {other} and {from}"));
-        }
+        let index = v["shard"]["index"].as_u64().and_then(|i| usize::try_from(i).ok()).ok_or_else(|| format!("{from}: no `shard.index`"))?;
+        given.push((index, from.clone()));
         for u in v["units"].as_array().ok_or_else(|| format!("{from}: no `units`"))? {
             let key = (u["replica"].as_u64().unwrap_or(u64::MAX), u["target"].as_str().unwrap_or("?").to_string());
             if !targets.contains(&key.1) || key.0 >= replicas {
@@ -87,9 +85,7 @@ fn merge_fuzz(shards: Vec<(String, Value)>, out: &Path) -> Result<bool, String> 
             }
         }
     }
-    if let Some(missing) = (0..count).find(|i| !seen.contains_key(i)) {
-        return Err(format!("fuzz shard {missing}/{count} is missing ({} of {count} given)", seen.len()));
-    }
+    check_complete("fuzz shard", usize::try_from(count).map_err(|e| e.to_string())?, given)?;
     if units.len() as u64 != replicas * targets.len() as u64 {
         return Err(format!("{} of {} units ran: a shard ran fewer than its own", units.len(), replicas * targets.len() as u64));
     }

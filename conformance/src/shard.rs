@@ -35,19 +35,16 @@ fn merge_backend(backend: &str, group: Vec<(String, Report)>) -> Result<Report, 
     let shard_of = |from: &str, r: &Report| r.shard.ok_or_else(|| format!("{from}: `{backend}` is a whole run, not a shard (no `shard`)"));
     let count = shard_of(&group[0].0, &group[0].1)?.count;
     let mut slots: BTreeMap<usize, (String, Report)> = BTreeMap::new();
+    let mut given = Vec::new();
     for (from, report) in group {
         let shard = shard_of(&from, &report)?;
         if shard.count != count {
             return Err(format!("{from}: `{backend}` shard {shard} is of {} shards, another of {count}", shard.count));
         }
-        if let Some((first, _)) = slots.get(&shard.index) {
-            return Err(format!("`{backend}` shard {shard} appears twice: {first} and {from}"));
-        }
+        given.push((shard.index, from.clone()));
         slots.insert(shard.index, (from, report));
     }
-    if let Some(missing) = (0..count).find(|i| !slots.contains_key(i)) {
-        return Err(format!("`{backend}` shard {missing}/{count} is missing ({} of {count} given)", slots.len()));
-    }
+    check_complete(&format!("`{backend}` shard"), count, given)?;
     let (first_from, first) = &slots[&0];
     for (from, r) in slots.values() {
         let same = r.device == first.device && r.precision == first.precision && r.seed == first.seed && r.specdec_version == first.specdec_version && r.engine_version == first.engine_version;
@@ -73,6 +70,24 @@ fn merge_backend(backend: &str, group: Vec<(String, Report)>) -> Result<Report, 
     judge_families(&mut results);
     let base = &slots[&0].1;
     Ok(Report { shard: None, summary: Summary::of(&results), results, ..base.clone() })
+}
+
+/// Checks that the shards given, each an index with the file it came from,
+/// are every shard `0..count` once; `what` names them in the error.
+pub fn check_complete(what: &str, count: usize, given: Vec<(usize, String)>) -> Result<(), String> {
+    let mut seen: BTreeMap<usize, String> = BTreeMap::new();
+    for (index, from) in given {
+        if index >= count {
+            return Err(format!("{from}: {what} {index}/{count} is not a shard of {count}"));
+        }
+        if let Some(first) = seen.insert(index, from.clone()) {
+            return Err(format!("{what} {index}/{count} appears twice: {first} and {from}"));
+        }
+    }
+    match (0..count).find(|i| !seen.contains_key(i)) {
+        Some(missing) => Err(format!("{what} {missing}/{count} is missing ({} of {count} given)", seen.len())),
+        None => Ok(()),
+    }
 }
 
 /// Judges every Holm family of `results` again over all its members, as the
