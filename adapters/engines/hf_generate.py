@@ -10,9 +10,13 @@ request's eos ids, and with speculation on the candidate generator the flag name
 (`prompt_lookup_num_tokens`, `assistant_model`, `assistant_early_exit`). Only the calling
 convention is translated here; every decision the checks judge is HF's.
 
-Stop strings need HF's tokenizer-based criteria, which a tiny model without a tokenizer does
-not have: the engine says it does not take them and refuses a request with one, and the
-stop check reports that as not supported.
+Stop strings go to HF's own `StopStringCriteria` (`stop_strings` with `tokenizer`), which
+needs a tokenizer: the tiny model's is built here as its ids read (`tiny_text`: id i is the
+two letters chr(65 + i) chr(97 + i)), a word-level tokenizer whose decoder joins pieces
+without spaces, plus six single letters outside the model's vocabulary, which HF's criteria
+need to clean a vocabulary (they tokenize "abcdef"); the model never generates those. When
+and where generation stops is HF's decision; the finish reason says `stop` when the text of
+the generated tokens holds a stop string, so tokens HF lets through after one are seen.
 """
 
 import argparse
@@ -23,6 +27,24 @@ import transformers
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from engine_loop import check_fields, serve
+
+
+def tiny_tokenizer(vocab_size):
+    """The tiny model's ids as text, for HF's stop-string criteria (module doc)."""
+    from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {chr(65 + i) + chr(97 + i): i for i in range(vocab_size)}
+    vocab.update({c: vocab_size + j for j, c in enumerate("abcdef")})
+    tok = Tokenizer(WordLevel(vocab, unk_token="a"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("[A-Z][a-z]|."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+def tiny_text(ids):
+    return "".join(chr(65 + i) + chr(97 + i) for i in ids)
 
 
 def load(path):
@@ -55,8 +77,9 @@ def main():
         # float32 logits: a greedy token may differ from the f64 reference's only near a tie.
         "greedy_epsilon": 1e-4,
         "batch_invariant": True,
-        "stop_strings": False,
+        "stop_strings": True,
     }
+    tokenizer = tiny_tokenizer(model.config.vocab_size)
 
     def generate(r):
         check_fields(r)
@@ -71,6 +94,9 @@ def main():
             pad_token_id=0,
         )
         extra = {}
+        if r["stop"]:
+            config.stop_strings = r["stop"]
+            extra["tokenizer"] = tokenizer
         if r["speculation"] and kind == "prompt-lookup":
             config.prompt_lookup_num_tokens = int(arg)
         elif r["speculation"] and kind == "assistant":
@@ -84,17 +110,15 @@ def main():
         tokens = out[0, prompt.shape[1]:].tolist()
         if tokens and tokens[-1] in r["eos"]:
             finish = "eos"
+        elif any(stop in tiny_text(tokens) for stop in r["stop"]):
+            finish = "stop"
         elif len(tokens) >= r["max_new_tokens"]:
             finish = "length"
         else:
             finish = "capacity"
         return {"tokens": tokens, "finish": finish}
 
-    def refuse(requests):
-        stops = [i for i, r in enumerate(requests) if r.get("stop")]
-        return (stops[0], "stop strings need a tokenizer") if stops else None
-
-    serve(info, generate, refuse)
+    serve(info, generate)
 
 if __name__ == "__main__":
     main()

@@ -59,5 +59,5 @@ fn a_failing_or_missing_engine_fails_with_a_repro_line() {
     let out = specdec(&["engine-check", "--engine", "exec:exit 3"]);
     assert_eq!(out.status.code(), Some(2), "ENGINE-1: an engine that does not start is an error: {}", text(&out));
     let out = specdec(&["engine-check", "--engine", "vllm:x"]);
-    assert!(text(&out).contains("expected decoder:BACKEND:PROPOSER, exec:COMMAND or http://HOST:PORT"), "{}", text(&out));
+    assert!(text(&out).contains("expected decoder:BACKEND:PROPOSER, exec:COMMAND, http://HOST:PORT or llama-cpp+http://HOST:PORT"), "{}", text(&out));
 }
