@@ -253,8 +253,13 @@ impl Shard {
     /// Whether this shard owns the check `name`: FNV-1a of the name modulo
     /// the count, so the partition depends on the name alone.
     pub fn owns(&self, name: &str) -> bool {
+        Shard::owner(name, self.count) == *self
+    }
+
+    /// The shard of `count` that owns the check `name`.
+    pub fn owner(name: &str, count: usize) -> Shard {
         let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
-        h % self.count as u64 == self.index as u64
+        Shard { index: (h % count as u64) as usize, count }
     }
 
     /// Whether this shard owns item `i` of a numbered campaign (seeds, corpus

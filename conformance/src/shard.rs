@@ -58,8 +58,7 @@ fn merge_backend(backend: &str, group: Vec<(String, Report)>) -> Result<Report, 
     }
     let mut results = Vec::with_capacity(first.results.len());
     for (j, check) in first.results.iter().enumerate() {
-        let owner = Shard { index: 0, count };
-        let owner = (0..count).map(|index| Shard { index, ..owner }).find(|s| s.owns(&check.name)).expect("some shard owns every name");
+        let owner = Shard::owner(&check.name, count);
         for (index, (from, r)) in &slots {
             if *index != owner.index && r.results[j].status != Status::Skipped {
                 return Err(format!("{from}: shard {index}/{count} ran `{}`, which shard {owner} owns", check.name));
