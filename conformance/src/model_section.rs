@@ -311,7 +311,7 @@ fn check_verify_window<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model) -> Out
         single.extend(logits_of(b, m, &mut c, &ForwardRequest::all_logits(&[vec![t]]), vocab)?);
     }
     let p = precision(b);
-    compare_rows("verify window vs one-token decodes", &batched, &single, p.logit_rel_tolerance, p.window_margin_epsilon)
+    compare_rows("verify window vs one-token decodes", &batched, &single, p.window_value_tolerance(), p.window_margin_epsilon)
 }
 
 fn check_kv_trim<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model) -> Outcome {
@@ -338,7 +338,7 @@ fn check_kv_trim<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model) -> Outcome {
     logits_of(b, m, &mut f, &ForwardRequest::last_logits(&ps), vocab)?;
     logits_of(b, m, &mut f, &ForwardRequest::all_logits(&[vec![], vec![extra[1][0]]]), vocab)?;
     let fresh = logits_of(b, m, &mut f, &ForwardRequest::all_logits(&after), vocab)?;
-    let (excused, mut max_abs) = compare_rows("logits after trim and re-append", &trimmed, &fresh, p.logit_rel_tolerance, p.window_margin_epsilon)?;
+    let (excused, mut max_abs) = compare_rows("logits after trim and re-append", &trimmed, &fresh, p.window_value_tolerance(), p.window_margin_epsilon)?;
     for layer in [0, s.weights.config.num_hidden_layers - 1] {
         for seq in 0..2 {
             let (tk, tv) = b.cache_contents(&t, layer, seq).map_err(err)?;
@@ -350,7 +350,7 @@ fn check_kv_trim<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model) -> Outcome {
                 let scale = row_scale(y);
                 let worst = x.iter().zip(y.iter()).map(|(a, b)| (a - b).abs()).fold(0.0f64, f64::max);
                 max_abs = max_abs.max(worst);
-                if !within(worst, p.logit_rel_tolerance * scale) {
+                if !within(worst, p.window_value_tolerance() * scale) {
                     return Err(format!("layer {layer} sequence {seq} {what}: |diff| {worst:.3e} from a fresh cache"));
                 }
             }

@@ -19,6 +19,11 @@ enum Defect {
     ShiftedWindow,
     /// Adds 1e-9 of the row scale to one logit: beyond a zero tolerance.
     Perturbed,
+    /// States a logit tolerance of 1e-6 and a window epsilon of 0 (batch
+    /// invariance), and rounds multi-token windows 1e-9 of the row scale
+    /// away from decodes: within the tolerance against the reference, but
+    /// not the bit-for-bit equality a window epsilon of 0 claims.
+    WindowRoundsApart,
 }
 
 struct Mutant(Defect);
@@ -42,7 +47,10 @@ impl ModelBackend for Mutant {
     type Model = RefModel;
     type ModelCache = RefCache;
     fn model_precision(&self) -> ModelPrecision {
-        ReferenceBackend.model_precision()
+        match self.0 {
+            Defect::WindowRoundsApart => ModelPrecision { logit_rel_tolerance: 1e-6, ..ReferenceBackend.model_precision() },
+            _ => ReferenceBackend.model_precision(),
+        }
     }
     fn load_model(&self, w: &LlamaWeights) -> Result<RefModel> {
         ReferenceBackend.load_model(w)
@@ -66,6 +74,10 @@ impl ModelBackend for Mutant {
                     }
                 }
                 Defect::Perturbed => {
+                    let scale = data[..vocab].iter().fold(0.0f64, |a, v| a.max(v.abs()));
+                    data[0] += 1e-9 * scale;
+                }
+                Defect::WindowRoundsApart if out.plan.rows.iter().any(|r| r.count > 1) => {
                     let scale = data[..vocab].iter().fold(0.0f64, |a, v| a.max(v.abs()));
                     data[0] += 1e-9 * scale;
                 }
@@ -111,6 +123,15 @@ fn each_defect_fails_the_checks_aimed_at_it() {
     for (defect, check) in [(Defect::TrimOneTooMany, "kv-trim"), (Defect::ShiftedWindow, "verify-window"), (Defect::ShiftedWindow, "forward"), (Defect::Perturbed, "forward")] {
         assert!(statuses(defect, check).iter().all(|s| *s == Status::Fail), "{defect:?} passed {check}");
     }
+}
+
+/// MODEL-13: a backend stating window epsilon 0 is held to bit-for-bit
+/// windows; the same drift passes the forward check, whose bound is the
+/// stated tolerance against the reference.
+#[test]
+fn a_window_epsilon_of_zero_is_held_to_equality() {
+    assert!(statuses(Defect::WindowRoundsApart, "verify-window").iter().all(|s| *s == Status::Fail), "drift of 1e-9 passed a claim of batch invariance");
+    assert!(statuses(Defect::WindowRoundsApart, "forward").iter().all(|s| *s == Status::Pass), "the forward check's bound is the logit tolerance");
 }
 
 /// MODEL-14's greedy loop on a tiny model: a ragged batch stopping at EOS

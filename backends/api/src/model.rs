@@ -48,8 +48,19 @@ pub struct ModelPrecision {
     /// (MODEL-13, DECODE-2). It bounds how far the backend's own windows and
     /// decodes round apart, which can be far less than its distance from the
     /// reference: a reduced-precision format must not borrow that distance to
-    /// excuse a lossy decoder.
+    /// excuse a lossy decoder. 0 claims batch invariance: windows equal
+    /// decodes bit for bit, values included, and the model section checks
+    /// exactly that ([`ModelPrecision::window_value_tolerance`]).
     pub window_margin_epsilon: f64,
+}
+
+impl ModelPrecision {
+    /// How far (relative to the row's scale) a window's logits may differ
+    /// from one-token decodes': 0 for a batch-invariant backend (window
+    /// epsilon 0, MODEL-13), else the logit tolerance.
+    pub fn window_value_tolerance(&self) -> f64 {
+        if self.window_margin_epsilon == 0.0 { 0.0 } else { self.logit_rel_tolerance }
+    }
 }
 
 /// Outputs of one forward call, on the device.

@@ -11,11 +11,17 @@ use specdec_backend::{
 use crate::check::{d1, d2, d3};
 use crate::tensor::{NAME, device, host, upload};
 use crate::verify::{Checks, Noise, RejectionIn};
-use crate::{NdKvCache, NdTensor, NdarrayBackend, glue, kv, ngram, sampling, verify};
+use crate::{NdKvCache, NdTensor, NdarrayBackend, WeightFormat, glue, kv, ngram, sampling, verify};
 
 impl NdarrayBackend {
+    /// f32 model weights.
     pub fn new() -> Self {
-        NdarrayBackend
+        NdarrayBackend { weights: WeightFormat::F32 }
+    }
+
+    /// Q8_0 model weights (`ndarray-q8_0`); the verify kernels are the same.
+    pub fn q8_0() -> Self {
+        NdarrayBackend { weights: WeightFormat::Q8_0 }
     }
 }
 
@@ -85,7 +91,10 @@ impl Backend for NdarrayBackend {
     type KvCache = NdKvCache;
 
     fn name(&self) -> String {
-        NAME.to_string()
+        match self.weights {
+            WeightFormat::F32 => NAME.to_string(),
+            WeightFormat::Q8_0 => format!("{NAME}-q8_0"),
+        }
     }
 
     fn device(&self) -> String {

@@ -45,6 +45,21 @@ pub use kv::NdKvCache;
 pub use model::{NdModel, NdModelCache};
 pub use tensor::NdTensor;
 
-/// The ndarray backend: stateless, on the CPU, f64 throughout.
+/// The ndarray backend: stateless, on the CPU, f64 throughout for the
+/// verify kernels; the model forward's weights in [`WeightFormat`].
 #[derive(Debug, Clone, Copy, Default)]
-pub struct NdarrayBackend;
+pub struct NdarrayBackend {
+    weights: WeightFormat,
+}
+
+/// How the model forward holds its projection weights (see `model.rs`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WeightFormat {
+    /// f32, as loaded.
+    #[default]
+    F32,
+    /// GGUF's Q8_0 (blocks of 32: an f16 scale and 32 signed bytes) where the
+    /// input width allows; the products are batch-invariant, so windows still
+    /// equal decodes bit for bit.
+    Q8_0,
+}

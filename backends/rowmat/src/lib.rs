@@ -1,0 +1,206 @@
+//! Batch-invariant few-row matrix products for the CPU forward pass.
+//!
+//! A speculative verify window of `k + 1` tokens and a one-token decode must
+//! round the same way, or speculation changes what the model says. BLAS
+//! kernels do not promise that: they pick another tiling, another
+//! accumulation order or another instruction mix by the number of rows. This
+//! crate computes `y = W x` for every row `x` of a few-row input with one
+//! fixed arithmetic, so an output row's bits depend only on that row's input
+//! and the weights, never on how many rows share the call, which threads
+//! computed it, or which instruction set ran it:
+//!
+//! - **The canonical dot product** ([`dot`]): sixteen lanes; element `i`
+//!   goes to lane `i mod 16` with one fused multiply-add (`acc = fma(w, x,
+//!   acc)`), in increasing `i`, every lane starting at `+0.0`; the lanes are
+//!   summed pairwise, `l[i] + l[i + 8]`, then `+ 4`, `+ 2`, `+ 1`. The
+//!   AVX-512 path (one register per lane set), the AVX2 + FMA path (two) and
+//!   the portable path (`f32::mul_add`) implement exactly this, so they
+//!   agree bit for bit (`tests/invariance.rs`), and a machine's results do
+//!   not depend on which one it has.
+//! - **Weights stream once per call** ([`matmul`]): each task takes a block
+//!   of weight rows and, while they sit in L1, multiplies them with every
+//!   input row (AVX-512's 32 registers hold tiles of up to 9 input rows
+//!   by 3 weight rows, so a verify window of up to 9 tokens loads each
+//!   weight chunk into a register once; AVX2's 16 hold 2 by 3),
+//!   so a 9-row window reads the weights from memory once, like a decode.
+//!   Tasks split the weight rows across rayon's threads; a row's result
+//!   does not depend on the split.
+//! - **Q8_0** ([`Weights::q8_0`], GGUF's layout: blocks of 32 inputs, one
+//!   f16 scale `d`, 32 signed bytes `q`): a weight is `d · q`, which f32
+//!   holds exactly (an 11-bit significand times an 8-bit integer), then the
+//!   same dot product. So a Q8_0 product equals the f32 product of the
+//!   dequantized matrix bit for bit, and inherits its batch invariance. The
+//!   quantization loses precision against the f32 weights (stated by the
+//!   backend that uses it), never between windows and decodes.
+//!
+//! Inputs are trusted shapes from the caller (a model whose shapes were
+//! validated when it loaded); a mismatch is a bug there, so it panics with
+//! the shapes named rather than returning an error.
+
+mod q8;
+mod simd;
+
+use rayon::prelude::*;
+use simd::Isa;
+
+pub use q8::{Q8_0_BLOCK, Q8Matrix};
+
+/// The lanes of the canonical dot product.
+pub const LANES: usize = 16;
+
+/// Weight rows one task multiplies with every input row: a multiple of
+/// every tile's weight rows (6, 5, 4, 3), and few enough that a Q8_0 task's
+/// dequantized rows stay in L2.
+const ROWS_PER_TASK: usize = 60;
+
+/// A weight matrix `[out, in]` (one row per output feature) in one of the
+/// formats [`matmul`] reads.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Weights {
+    /// Row-major f32.
+    F32 { rows: usize, cols: usize, data: Vec<f32> },
+    /// GGUF Q8_0 rows (see [`Q8Matrix`]).
+    Q8_0(Q8Matrix),
+}
+
+impl Weights {
+    /// f32 weights `[rows, cols]`, row-major.
+    pub fn f32(rows: usize, cols: usize, data: Vec<f32>) -> Weights {
+        assert_eq!(data.len(), rows * cols, "an f32 matrix [{rows}, {cols}] needs {} values", rows * cols);
+        Weights::F32 { rows, cols, data }
+    }
+
+    /// `data` `[rows, cols]` quantized to Q8_0, or `None` when `cols` is not
+    /// a multiple of the 32-value block (such a matrix stays f32).
+    pub fn q8_0(rows: usize, cols: usize, data: &[f32]) -> Option<Weights> {
+        Q8Matrix::quantize(rows, cols, data).map(Weights::Q8_0)
+    }
+
+    /// Output features (rows of `W`).
+    pub fn rows(&self) -> usize {
+        match self {
+            Weights::F32 { rows, .. } => *rows,
+            Weights::Q8_0(q) => q.rows(),
+        }
+    }
+
+    /// Input features (columns of `W`).
+    pub fn cols(&self) -> usize {
+        match self {
+            Weights::F32 { cols, .. } => *cols,
+            Weights::Q8_0(q) => q.cols(),
+        }
+    }
+
+    /// Bytes the weights occupy (what one product streams from memory).
+    pub fn bytes(&self) -> usize {
+        match self {
+            Weights::F32 { data, .. } => data.len() * 4,
+            Weights::Q8_0(q) => q.bytes(),
+        }
+    }
+
+    /// The format's name, as a backend states its weight dtype.
+    pub fn dtype(&self) -> &'static str {
+        match self {
+            Weights::F32 { .. } => "f32",
+            Weights::Q8_0(_) => "q8_0",
+        }
+    }
+
+    /// Row `r` as f32 values (Q8_0 dequantized exactly as the product reads it).
+    pub fn row(&self, r: usize) -> Vec<f32> {
+        match self {
+            Weights::F32 { cols, data, .. } => data[r * cols..(r + 1) * cols].to_vec(),
+            Weights::Q8_0(q) => q.dequantize_row(r),
+        }
+    }
+}
+
+/// The canonical dot product of two equally long slices (module doc).
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot of {} and {} values", a.len(), b.len());
+    simd::dot(a, b)
+}
+
+/// `x · Wᵀ` for `x` `[n, in]` row-major: returns `[n, out]` row-major.
+/// Every value is [`dot`] of an input row and a weight row (dequantized for
+/// Q8_0), whatever `n` is.
+pub fn matmul(x: &[f32], n: usize, w: &Weights) -> Vec<f32> {
+    matmul_on(simd::isa(), x, n, w)
+}
+
+fn matmul_on(isa: Isa, x: &[f32], n: usize, w: &Weights) -> Vec<f32> {
+    let (out, cols) = (w.rows(), w.cols());
+    assert_eq!(x.len(), n * cols, "input of {} values for {n} rows of {cols}", x.len());
+    if n == 0 || out == 0 {
+        return Vec::new();
+    }
+    // Output-major while computing (each task owns whole weight rows), then
+    // transposed: the transpose moves n · out values, the product reads
+    // out · in weights.
+    let mut by_row = vec![0.0f32; out * n];
+    by_row.par_chunks_mut(ROWS_PER_TASK * n).enumerate().for_each(|(task, chunk)| {
+        let first = task * ROWS_PER_TASK;
+        let count = chunk.len() / n;
+        match w {
+            Weights::F32 { data, .. } => simd::block_f32(&data[first * cols..(first + count) * cols], cols, x, n, chunk, isa),
+            Weights::Q8_0(q) => simd::block_q8(q, first, count, x, n, chunk, isa),
+        }
+    });
+    transpose(&by_row, out, n)
+}
+
+/// [`matmul`] against borrowed row-major f32 weights `[w.len() / cols,
+/// cols]` on the calling thread alone: for products too small to be worth
+/// waking other threads (attention scores over a sequence's cached keys).
+/// Every value is [`dot`] of an input row and a weight row, as in [`matmul`].
+pub fn matmul_serial(x: &[f32], n: usize, w: &[f32], cols: usize) -> Vec<f32> {
+    assert!(cols > 0 && w.len().is_multiple_of(cols) && x.len() == n * cols, "inputs [{n}, {cols}] ({} values) against weights of {} values", x.len(), w.len());
+    let out = w.len() / cols;
+    if n == 0 || out == 0 {
+        return Vec::new();
+    }
+    let mut by_row = vec![0.0f32; out * n];
+    simd::block_f32(w, cols, x, n, &mut by_row, simd::isa());
+    transpose(&by_row, out, n)
+}
+
+/// `[rows, cols]` row-major into `[cols, rows]`.
+fn transpose(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0.0f32; rows * cols];
+    for i in 0..rows {
+        for j in 0..cols {
+            t[j * rows + i] = a[i * cols + j];
+        }
+    }
+    t
+}
+
+/// Which instruction set [`dot`] and [`matmul`] run on this machine (the
+/// results are the same on each).
+pub fn instruction_set() -> &'static str {
+    isa_name(simd::isa())
+}
+
+fn isa_name(isa: Isa) -> &'static str {
+    match isa {
+        Isa::Avx512 => "avx512",
+        Isa::Avx2 => "avx2+fma",
+        Isa::Portable => "portable",
+    }
+}
+
+/// [`matmul`] on each instruction-set path this machine can run (the
+/// portable one always), named: for the tests that compare the paths.
+#[doc(hidden)]
+pub fn matmul_each_path(x: &[f32], n: usize, w: &Weights) -> Vec<(&'static str, Vec<f32>)> {
+    let mut paths = vec![Isa::Portable];
+    match simd::isa() {
+        Isa::Avx512 => paths.extend([Isa::Avx2, Isa::Avx512]),
+        Isa::Avx2 => paths.push(Isa::Avx2),
+        Isa::Portable => {}
+    }
+    // AVX-512 machines also have AVX2 and FMA (every x86 CPU with AVX-512F does).
+    paths.into_iter().map(|isa| (isa_name(isa), matmul_on(isa, x, n, w))).collect()
+}
