@@ -20,7 +20,10 @@ It writes `data.json` and `hidden.safetensors` exactly as
 `specdec_models::DraftData::write` does (format `specdec-draft-data/1`,
 hidden rows in f16); `DraftData::read`, which trusts nothing, is the check
 (`specdec-train` reads it). Seeded (`--seed`); a GPU's kernels may still
-round differently from run to run.
+round differently from run to run. `--time-budget S` bounds a lent GPU's
+minutes: once S seconds have passed since the start, no new batch is begun
+(synthesis or greedy continuation) and only the prompts continued so far
+are written, so a run ends with usable data instead of being killed.
 
 Usage (the model is `specdec model export`'s HF folder):
   python3 draft_data_hf.py --model DIR --prompts fixtures/dflash/prompts.json \
@@ -83,13 +86,21 @@ def generate(model, rows, pad, eos, max_new, sample, device):
     return cut
 
 
-def synthesize(model, tok, n, seed, batch, pad, eos, device, first_id):
+def over_budget(started, budget):
+    """Whether `--time-budget` seconds have passed since `started` (None: no budget)."""
+    return budget is not None and time.time() - started >= budget
+
+
+def synthesize(model, tok, n, seed, batch, pad, eos, device, first_id, started, budget):
     """Magpie-style user messages (module doc)."""
     sentinel = "\u0000SPLIT\u0000"
     rendered = tok.apply_chat_template([{"role": "user", "content": sentinel}], tokenize=False, add_generation_prompt=True)
     prefix = tok.encode(rendered.split(sentinel)[0], add_special_tokens=False)
     seen, prompts = set(), []
     for start in range(0, n, batch):
+        if over_budget(started, budget):
+            log(f"time budget reached: synthesis stopped after {start}/{n} requests")
+            break
         torch.manual_seed(seed + start)
         rows = [prefix] * min(batch, n - start)
         for new in generate(model, rows, pad, eos, SYNTH_MAX_TOKENS, True, device):
@@ -114,12 +125,15 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--time-budget", type=float, default=None, help="seconds after which no new batch is begun")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     if a.synthesize and a.split != "train":
         sys.exit("--synthesize makes training prompts; the held-out split is the file's own")
     if a.batch < 1 or a.max_tokens < 1 or a.synthesize < 0:
         sys.exit("--batch and --max-tokens must be at least 1, --synthesize at least 0")
+    if a.time_budget is not None and not a.time_budget > 0:
+        sys.exit("--time-budget must be a positive number of seconds")
     layers = [int(x) for x in a.layers.split(",")]
     started = time.time()
     tok = AutoTokenizer.from_pretrained(a.model)
@@ -134,7 +148,7 @@ def main():
         every = json.load(f)["prompts"]
     prompts = [p for p in every if p["split"] == a.split]
     if a.synthesize:
-        prompts += synthesize(model, tok, a.synthesize, a.seed, a.batch, pad, eos, a.device, max(p["id"] for p in every) + 1)
+        prompts += synthesize(model, tok, a.synthesize, a.seed, a.batch, pad, eos, a.device, max(p["id"] for p in every) + 1, started, a.time_budget)
 
     def encode(p):
         text = tok.apply_chat_template([{"role": "user", "content": p["text"]}], tokenize=False, add_generation_prompt=True) if p["chat"] else p["text"]
@@ -145,12 +159,18 @@ def main():
     order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
     tokens = [None] * len(prompts)
     for start in range(0, len(order), a.batch):
+        if over_budget(started, a.time_budget):
+            log(f"time budget reached: {start}/{len(prompts)} prompts continued, the rest dropped")
+            break
         idx = order[start:start + a.batch]
         for i, new in zip(idx, generate(model, [encoded[i] for i in idx], pad, eos, a.max_tokens, False, a.device)):
             tokens[i] = encoded[i] + new
         done = sum(len(tokens[i]) - len(encoded[i]) for i in order[: start + len(idx)])
         log(f"greedy {start + len(idx)}/{len(prompts)} prompts, {done} tokens, {time.time() - started:.0f} s")
 
+    # Prompts left without a continuation by the time budget are dropped.
+    kept = [i for i in range(len(prompts)) if tokens[i] is not None]
+    prompts, encoded, tokens = [prompts[i] for i in kept], [encoded[i] for i in kept], [tokens[i] for i in kept]
     hidden = {}
     by_len = sorted(range(len(prompts)), key=lambda i: len(tokens[i]))
     # Every layer's states of a whole batch are held at once: a quarter batch.

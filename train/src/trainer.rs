@@ -312,7 +312,9 @@ fn forward(p: &Params, f: &Frozen, batch: &Batch) -> Tensor {
         let v = Tensor::cat(&[&vc, &vb], 2).repeat_interleave_self_int(group, 1, None);
         let scores = (q.matmul(&k.transpose(-1, -2)) * scale).masked_fill(&batch.mask.logical_not(), f64::NEG_INFINITY);
         let att = scores.softmax(-1, Kind::Float).matmul(&v).transpose(1, 2).reshape([s, ab, nh * hd]);
-        x += att.matmul(&wo.tr());
+        // Not `+=`: from the second layer on, `x` is saved for the backward
+        // pass (this layer's norm), and an in-place add breaks autograd.
+        x = &x + att.matmul(&wo.tr());
         let h = rms_norm(&x, mlp_norm, g.eps);
         x = &x + (h.matmul(&w_gate.tr()).silu() * h.matmul(&w_up.tr())).matmul(&w_down.tr());
     }

@@ -121,6 +121,34 @@ fn training_learns_and_the_trained_draft_decodes_losslessly() {
     assert!((measured - last.accepted_per_block).abs() < 0.5, "the decoder accepts {measured} drafts per block, the trainer estimated {}", last.accepted_per_block);
 }
 
+/// A draft of two layers trains (an in-place residual add once broke
+/// autograd from the second layer on: `specdec-train --draft-layers 2`
+/// panicked on its first step), its held-out estimate is repeated by
+/// `evaluate_draft`, and it decodes losslessly.
+#[test]
+fn a_draft_of_two_layers_trains_and_decodes_losslessly() {
+    let w = target();
+    let train_data = data(&w, &prompts(0..12), 16);
+    let heldout = data(&w, &prompts(48..52), 16);
+    let (draft, log) = train(&w, &train_data, Some(&heldout), &TrainConfig { draft_layers: 2, ..config(6, 0) }, &mut Quiet).unwrap();
+    let last = log.evals.last().unwrap();
+    let again = evaluate_draft(&w, &draft, &heldout, "cpu").unwrap();
+    assert_eq!((again.loss.to_bits(), again.tau.to_bits()), (last.loss.to_bits(), last.tau.to_bits()), "evaluate_draft repeats the two-layer estimate");
+    let dir = std::env::temp_dir().join(format!("specdec-train-two-layers-{}", std::process::id()));
+    export_dflash(&draft, &dir, SaveDtype::F32).unwrap();
+    let loaded = load_dflash(&dir, &w.config).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    let b = ReferenceBackend;
+    let model = b.load_model(&w).unwrap();
+    let requests: Vec<Request> = prompts(48..52).into_iter().map(|p| Request::greedy(p, 12)).collect();
+    let plain = Engine::new(&b, &model, &w.config, EngineConfig { k: 0, ..EngineConfig::default() }).unwrap().generate(&requests, &mut NoProposer, None, &mut NoSink).unwrap();
+    let mut proposer = DflashProposer::new("dflash:two-layers", loaded, Arc::new(w.clone()), DflashMode::Parallel).unwrap();
+    let spec = Engine::new(&b, &model, &w.config, EngineConfig { k: 3, ..EngineConfig::default() }).unwrap().generate(&requests, &mut proposer, None, &mut NoSink).unwrap();
+    for (i, (p, s)) in plain.outputs.iter().zip(&spec.outputs).enumerate() {
+        assert_eq!(p.tokens, s.tokens, "DECODE-2: request {i}: a two-layer draft's output equals plain greedy decoding");
+    }
+}
+
 /// The device is named, checked against what libtorch sees, and never guessed.
 #[test]
 fn a_device_libtorch_does_not_have_is_refused() {
