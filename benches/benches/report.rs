@@ -70,7 +70,8 @@ impl Job for E2eJob<'_> {
         }
         let bar = ProgressBar::new(0).with_style(ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {msg}").expect("template").progress_chars("=> "));
         bar.set_prefix(name.to_string());
-        bar.set_length((self.prompts.len() * (1 + e2e::proposers().iter().map(|p| e2e::ks(p).len()).sum::<usize>())) as u64);
+        // Plain, every swept k, and one pay-off run per proposer.
+        bar.set_length((self.prompts.len() * (1 + e2e::proposers().iter().map(|p| e2e::ks(p).len() + 1).sum::<usize>())) as u64);
         let mut tick = |what: &str| {
             bar.set_message(what.to_string());
             bar.inc(1);

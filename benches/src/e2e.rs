@@ -10,6 +10,12 @@
 //! samples per configuration would not fit the report's time budget. Greedy
 //! runs must be token-identical to plain decoding: the bench fails on the
 //! first that is not, so every row of a report is a lossless run.
+//!
+//! Each proposer also runs once per prompt under the pay-off controller
+//! (CTRL-7 .. CTRL-10, `specdec generate`'s default for greedy decoding),
+//! which picks each step's `k` in `0 ..= K` (`K` the largest swept): its rows
+//! say what speculation gives when it is allowed to step back where it
+//! does not pay.
 
 use std::sync::Arc;
 
@@ -106,7 +112,12 @@ pub struct SpecRun {
     pub backend: String,
     pub proposer: String,
     pub prompt: String,
+    /// The drafts per step (with the controller: at most).
     pub k: usize,
+    /// Whether the pay-off controller picked each step's `k` in `0 ..= k`.
+    pub controlled: bool,
+    /// Steps run with each `k` (index `k`).
+    pub steps_by_k: Vec<u64>,
     pub tokens: usize,
     pub tokens_per_s: f64,
     pub speedup: f64,
@@ -180,16 +191,16 @@ struct Plain {
 }
 
 impl<B: ModelBackend> Runner<'_, B> {
-    fn run(&self, prompt: &[u32], k: usize, proposer: &ProposerChoice) -> Result<RunOutput, String> {
+    fn run(&self, prompt: &[u32], k: usize, proposer: &ProposerChoice, payoff: bool) -> Result<RunOutput, String> {
         let mut p = proposer.build(self.b, self.w, k.max(1)).map_err(|e| e.to_string())?;
-        let engine = Engine::new(self.b, &self.model, &self.w.config, EngineConfig { k, ..EngineConfig::default() }).map_err(|e| e.to_string())?;
+        let engine = Engine::new(self.b, &self.model, &self.w.config, EngineConfig { k, payoff, ..EngineConfig::default() }).map_err(|e| e.to_string())?;
         let sampling = SamplingParams::new(0.0, 0, 1.0);
         let request = Request { sampling, eos: self.w.config.eos_ids(), ..Request::greedy(prompt.to_vec(), self.max_tokens) };
         engine.generate(std::slice::from_ref(&request), p.as_mut(), None, &mut NoSink).map_err(|e| e.to_string())
     }
 
     fn plain(&self, p: &BenchPrompt) -> Result<(PlainRun, Plain), String> {
-        let r = self.run(&p.ids, 0, &ProposerChoice::None)?;
+        let r = self.run(&p.ids, 0, &ProposerChoice::None, false)?;
         let tokens = r.outputs[0].tokens.clone();
         let step_s = (r.timings.total_s() - r.timings.prefill_s) / tokens.len().max(1) as f64;
         let row = PlainRun { backend: self.name.into(), prompt: p.id.clone(), tokens: tokens.len(), tokens_per_s: r.decode_tokens_per_s(), step_s };
@@ -197,10 +208,11 @@ impl<B: ModelBackend> Runner<'_, B> {
     }
 
     /// One speculative run of `p`, judged against its plain run.
-    fn spec(&self, p: &BenchPrompt, k: usize, proposer: &ProposerChoice, plain: &Plain) -> Result<SpecRun, String> {
-        let r = self.run(&p.ids, k, proposer)?;
+    fn spec(&self, p: &BenchPrompt, k: usize, proposer: &ProposerChoice, plain: &Plain, controlled: bool) -> Result<SpecRun, String> {
+        let r = self.run(&p.ids, k, proposer, controlled)?;
         if r.outputs[0].tokens != plain.tokens {
-            return Err(format!("{}, {}, k = {k}, prompt {}: greedy speculative tokens differ from plain decoding", self.name, label(proposer), p.id));
+            let how = if controlled { " under the pay-off controller" } else { "" };
+            return Err(format!("{}, {}, k = {k}{how}, prompt {}: greedy speculative tokens differ from plain decoding", self.name, label(proposer), p.id));
         }
         let a = &r.acceptance;
         let drafts_per_step = if a.steps == 0 { 0.0 } else { a.proposed as f64 / a.steps as f64 };
@@ -212,6 +224,8 @@ impl<B: ModelBackend> Runner<'_, B> {
             proposer: label(proposer),
             prompt: p.id.clone(),
             k,
+            controlled,
+            steps_by_k: r.steps_by_k.clone(),
             tokens: r.outputs[0].tokens.len(),
             tokens_per_s: r.decode_tokens_per_s(),
             speedup,
@@ -243,7 +257,7 @@ pub fn measure<B: ModelBackend>(name: &str, b: &B, w: &Arc<LlamaWeights>, prompt
     for proposer in proposers() {
         let sweep = |k: usize, out: &mut E2e, progress: &mut dyn FnMut(&str)| -> Result<(), String> {
             for (p, plain) in prompts.iter().zip(&plains) {
-                out.spec.push(runner.spec(p, k, &proposer, plain)?);
+                out.spec.push(runner.spec(p, k, &proposer, plain, false)?);
                 progress(&format!("{name} {} {} k={k}", p.id, label(&proposer)));
             }
             Ok(())
@@ -258,6 +272,11 @@ pub fn measure<B: ModelBackend>(name: &str, b: &B, w: &Arc<LlamaWeights>, prompt
             sweep(theory_k, &mut out, progress)?;
         }
         out.best_k.push(best_k(name, &label(&proposer), swept, &out)?);
+        let kmax = *swept.last().ok_or("no k swept")?;
+        for (p, plain) in prompts.iter().zip(&plains) {
+            out.spec.push(runner.spec(p, kmax, &proposer, plain, true)?);
+            progress(&format!("{name} {} {} pay-off", p.id, label(&proposer)));
+        }
     }
     Ok(out)
 }
@@ -278,7 +297,7 @@ fn fit_beta(tokens_per_step: f64, k: usize) -> Result<f64, String> {
 /// over every k that ran.
 fn best_k(backend: &str, proposer: &str, swept: &[usize], e: &E2e) -> Result<BestK, String> {
     let kmax = *swept.last().ok_or("no k swept")?;
-    let at = |k: usize| e.spec.iter().filter(move |r| r.backend == backend && r.proposer == proposer && r.k == k);
+    let at = |k: usize| e.spec.iter().filter(move |r| r.backend == backend && r.proposer == proposer && r.k == k && !r.controlled);
     let n = at(kmax).count().max(1) as f64;
     let tokens_per_step = at(kmax).map(|r| r.tokens_per_step).sum::<f64>() / n;
     let proposed: u64 = at(kmax).map(|r| r.proposed).sum();
@@ -286,7 +305,7 @@ fn best_k(backend: &str, proposer: &str, swept: &[usize], e: &E2e) -> Result<Bes
     let fitted_beta = fit_beta(tokens_per_step, kmax)?;
     let (theory_k, theory_speedup) = theory::best_draft_length(fitted_beta, cost_ratio, kmax).map_err(|e| e.to_string())?;
     let mut measured_best = (swept[0], f64::NEG_INFINITY);
-    let mut ran: Vec<usize> = e.spec.iter().filter(|r| r.backend == backend && r.proposer == proposer).map(|r| r.k).collect();
+    let mut ran: Vec<usize> = e.spec.iter().filter(|r| r.backend == backend && r.proposer == proposer && !r.controlled).map(|r| r.k).collect();
     ran.sort_unstable();
     ran.dedup();
     for k in ran {
@@ -319,6 +338,8 @@ mod tests {
             proposer: "p".into(),
             prompt: format!("prompt-{speedup}"),
             k,
+            controlled: false,
+            steps_by_k: Vec::new(),
             tokens: 64,
             tokens_per_s: 0.0,
             speedup,

@@ -64,7 +64,7 @@ impl Report {
 
     fn speedup_lines(&self) -> Vec<Line> {
         let mut by: BTreeMap<(String, String), BTreeMap<usize, Vec<f64>>> = BTreeMap::new();
-        for r in &self.e2e.spec {
+        for r in self.e2e.spec.iter().filter(|r| !r.controlled) {
             by.entry((r.backend.clone(), r.proposer.clone())).or_default().entry(r.k).or_default().push(r.speedup.ln());
         }
         by.into_iter()
@@ -77,7 +77,7 @@ impl Report {
     fn acceptance_lines(&self) -> Vec<Line> {
         let Some(first) = self.e2e.spec.first().map(|r| r.backend.clone()) else { return Vec::new() };
         let mut widest: BTreeMap<(&str, &str), &crate::e2e::SpecRun> = BTreeMap::new();
-        for r in self.e2e.spec.iter().filter(|r| r.backend == first) {
+        for r in self.e2e.spec.iter().filter(|r| r.backend == first && !r.controlled) {
             let slot = widest.entry((r.proposer.as_str(), r.prompt.as_str())).or_insert(r);
             if r.k > slot.k {
                 *slot = r;
@@ -236,6 +236,29 @@ impl Report {
         let _ = writeln!(md);
     }
 
+    /// The pay-off controller's rows beside the fixed largest k and the
+    /// measured best k, per backend, proposer and prompt, and its floor.
+    fn controller_md(&self, md: &mut String) {
+        let e = &self.e2e;
+        let controlled: Vec<_> = e.spec.iter().filter(|r| r.controlled).collect();
+        if controlled.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            md,
+            "\n### The pay-off controller\n\nEach step's k in 0..=K picked by the pay-off controller (CTRL-7 .. CTRL-10: expected tokens per second from this run's own step times and acceptance; plain steps where drafts do not pay, with sparse probes), against K fixed and the measured best k. Steps by k: how many steps ran with k = 0, 1, ...\n\n| backend | proposer | prompt | pay-off speedup | K fixed | best fixed k | steps by k |\n|---|---|---|---|---|---|---|"
+        );
+        for r in &controlled {
+            let fixed = e.spec.iter().filter(|f| !f.controlled && f.backend == r.backend && f.proposer == r.proposer && f.prompt == r.prompt);
+            let at_k = fixed.clone().find(|f| f.k == r.k).map_or(f64::NAN, |f| f.speedup);
+            let best = fixed.map(|f| f.speedup).fold(f64::NEG_INFINITY, f64::max);
+            let steps: Vec<String> = r.steps_by_k.iter().map(u64::to_string).collect();
+            let _ = writeln!(md, "| {} | {} | {} | **{:.2}** | {:.2} | {:.2} | {} |", r.backend, r.proposer, r.prompt, r.speedup, at_k, best, steps.join(" "));
+        }
+        let floor = controlled.iter().map(|r| r.speedup).fold(f64::INFINITY, f64::min);
+        let _ = writeln!(md, "\nThe controller's lowest speedup over every backend, proposer and prompt: **{floor:.2}x**.");
+    }
+
     fn e2e_md(&self, md: &mut String, plots: &[&str]) {
         let e = &self.e2e;
         if e.plain.is_empty() {
@@ -264,6 +287,7 @@ impl Report {
                 b.backend, b.proposer, b.fitted_beta, b.cost_ratio, b.theory_k, b.theory_speedup, b.measured_k, b.measured_tau, b.measured_speedup
             );
         }
+        self.controller_md(md);
         if let Some(t) = crate::e2e::dflash_training() {
             let _ = writeln!(md, "\n### The DFlash draft\n\n{t}");
         }
@@ -273,13 +297,14 @@ impl Report {
         );
         for r in &e.spec {
             let per: Vec<String> = r.acceptance_per_position.iter().map(|a| format!("{a:.2}")).collect();
+            let k = if r.controlled { format!("0..{} (pay-off)", r.k) } else { r.k.to_string() };
             let _ = writeln!(
                 md,
                 "| {} | {} | {} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} | {:.2} | {} |",
                 r.backend,
                 r.proposer,
                 r.prompt,
-                r.k,
+                k,
                 r.tokens_per_s,
                 r.speedup,
                 r.mean_accepted,

@@ -32,7 +32,21 @@ pub struct Generate {
     pub json: bool,
     pub proposer: ProposerChoice,
     pub k: usize,
+    /// The pay-off controller picks each step's k in `0 ..= k` (CTRL-7).
+    pub payoff: bool,
     pub compare: bool,
+}
+
+/// `--controller`: `payoff` or `fixed`; unset, `payoff` for greedy decoding
+/// and `fixed` when sampling (a seeded sampled run then repeats its tokens
+/// on any machine).
+pub fn payoff_controller(flag: Option<&str>, sampling: &SamplingParams) -> Result<bool, String> {
+    match flag {
+        None => Ok(sampling.temperature == 0.0),
+        Some("payoff") => Ok(true),
+        Some("fixed") => Ok(false),
+        Some(other) => Err(format!("--controller {other:?} must be `payoff` or `fixed`")),
+    }
 }
 
 impl Generate {
@@ -161,7 +175,8 @@ impl Job for Generate {
         let mut proposer = self.proposer.build(b, weights, self.k).map_err(|e| e.to_string())?;
         let load_ms = load_start.elapsed().as_secs_f64() * 1e3;
         let k = if self.proposer == ProposerChoice::None { 0 } else { self.k };
-        let engine = Engine::new(b, &model, cfg, EngineConfig { k, ..EngineConfig::default() }).map_err(|e| e.to_string())?;
+        let payoff = self.payoff && k > 0;
+        let engine = Engine::new(b, &model, cfg, EngineConfig { k, payoff, ..EngineConfig::default() }).map_err(|e| e.to_string())?;
         let request = Request { sampling: self.sampling, logit_bias: self.logit_bias.clone(), seed: self.seed, eos: cfg.eos_ids(), ..Request::greedy(prompt_ids.clone(), self.max_tokens) };
         let stdout = std::io::stdout();
         let (mut streamed, mut printed) = (Vec::<u32>::new(), String::new());
@@ -202,6 +217,8 @@ impl Job for Generate {
                 "backend": b.name(),
                 "proposer": proposer_name,
                 "k": k,
+                "controller": if payoff { "payoff" } else { "fixed" },
+                "steps_by_k": run.steps_by_k,
                 "prompt_ids": prompt_ids,
                 "token_ids": out.tokens,
                 "text": text,
@@ -226,11 +243,12 @@ impl Job for Generate {
             let _ = writeln!(stdout.lock());
             let a = &run.acceptance;
             eprintln!(
-                "[{} tokens, finish {}; {} on {}, k {k}: {} steps, acceptance {:.2}, {:.2} tokens/step; decode {:.1} tokens/s; prefill {} tokens in {:.0} ms]",
+                "[{} tokens, finish {}; {} on {}, k {k}{}: {} steps, acceptance {:.2}, {:.2} tokens/step; decode {:.1} tokens/s; prefill {} tokens in {:.0} ms]",
                 out.tokens.len(),
                 out.finish.name(),
                 proposer_name,
                 b.name(),
+                if payoff { format!(" (pay-off controller; steps by k {:?})", run.steps_by_k) } else { String::new() },
                 a.steps,
                 a.acceptance_rate(),
                 a.tokens_per_step(),

@@ -109,6 +109,13 @@ enum Command {
         /// Drafts per step at most.
         #[arg(long, default_value_t = 4)]
         k: usize,
+        /// Who picks each step's k: `payoff` (speculate only where this run
+        /// measures that it pays, CTRL-7 .. CTRL-10) or `fixed` (always --k).
+        /// Default: `payoff` for greedy decoding; `fixed` when sampling, where
+        /// timing-driven choices would make a seeded run's tokens depend on
+        /// the machine (they keep the law).
+        #[arg(long)]
+        controller: Option<String>,
         /// Also run plain decoding and print the speedup (greedy: fails if the tokens differ).
         #[arg(long)]
         compare: bool,
@@ -319,24 +326,29 @@ fn main() -> ExitCode {
             suite_config(filter, xfails.as_deref(), seed, diff_cases, !no_stat).and_then(|cfg| conform(&backend, &SuiteConfig { shard, ..cfg }, &report, &files))
         }
         Command::Model { command } => model::run(command),
-        Command::Generate { model, backend, prompt, chat, max_tokens, sampling, seed, json, proposer, k, compare } => specdec_models::load(&model).map_err(|e| e.to_string()).and_then(|loaded| {
-            let mut job = generate::Generate {
-                weights: std::sync::Arc::new(loaded.weights),
-                tokenizer: loaded.tokenizer,
-                prompt,
-                chat,
-                max_tokens,
-                sampling: sampling.params()?,
-                logit_bias: sampling.logit_bias()?,
-                seed,
-                json,
-                proposer,
-                k,
-                compare,
-            };
-            job.validate()?;
-            with_backend(&backend, &mut job)?.map(|()| true)
-        }),
+        Command::Generate { model, backend, prompt, chat, max_tokens, sampling, seed, json, proposer, k, controller, compare } => {
+            specdec_models::load(&model).map_err(|e| e.to_string()).and_then(|loaded| {
+                let sampling_params = sampling.params()?;
+                let payoff = generate::payoff_controller(controller.as_deref(), &sampling_params)?;
+                let mut job = generate::Generate {
+                    weights: std::sync::Arc::new(loaded.weights),
+                    tokenizer: loaded.tokenizer,
+                    prompt,
+                    chat,
+                    max_tokens,
+                    sampling: sampling_params,
+                    logit_bias: sampling.logit_bias()?,
+                    seed,
+                    json,
+                    proposer,
+                    k,
+                    payoff,
+                    compare,
+                };
+                job.validate()?;
+                with_backend(&backend, &mut job)?.map(|()| true)
+            })
+        }
         Command::DraftData { model, backend, prompts, split, layers, max_tokens, batch, synthesize, seed, out } => specdec_models::load(&model).map_err(|e| e.to_string()).and_then(|loaded| {
             let mut job = draft_data::DraftDataJob { model: loaded, prompts, split, layers, max_tokens, batch, synthesize, seed, out };
             with_backend(&backend, &mut job)?.map(|()| true)

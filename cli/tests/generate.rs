@@ -117,6 +117,10 @@ fn every_proposer_gives_the_plain_greedy_tokens() {
     }
     let n = run("ngram");
     assert!(n["accepted"].as_u64().unwrap() > 0, "n-gram drafts on a repetitive prompt were never accepted: {n}");
+    // Greedy runs default to the pay-off controller, which counts its steps by k.
+    assert_eq!(n["controller"], "payoff", "CTRL-7: {n}");
+    let by_k: u64 = n["steps_by_k"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).sum();
+    assert_eq!(by_k, n["steps"].as_u64().unwrap(), "every step counted once: {n}");
     // A malformed proposer name is an error, not a plain run.
     let bad = specdec(&["generate", "--model", &gguf, "--proposer", "draft:", "--prompt", "x"]);
     assert!(!bad.status.success());
@@ -132,7 +136,7 @@ fn bad_input_is_refused() {
         assert!(err.contains(needle) && !err.contains("panicked"), "{args:?}: {err}");
     }
     let Some((gguf, _)) = smollm2() else { return };
-    for (flag, value) in [("--temperature", "-1"), ("--temperature", "nan"), ("--top-p", "0"), ("--top-p", "1.5"), ("--max-tokens", "0")] {
+    for (flag, value) in [("--temperature", "-1"), ("--temperature", "nan"), ("--top-p", "0"), ("--top-p", "1.5"), ("--max-tokens", "0"), ("--controller", "sometimes")] {
         let out = specdec(&["generate", "--model", &gguf, "--prompt", "x", &format!("{flag}={value}")]);
         assert_eq!(out.status.code(), Some(2), "{flag} {value}");
         assert!(String::from_utf8_lossy(&out.stderr).contains(flag), "{flag} {value}: the error names the flag");

@@ -38,6 +38,10 @@ pub struct EngineConfig {
     /// Seed 001's dynamic controller (CTRL-2 .. CTRL-4): when set, it picks
     /// each step's `k` (its `num_speculative_tokens` replaces `k`).
     pub controller: Option<SpecConfig>,
+    /// The pay-off controller (CTRL-7 .. CTRL-10, `payoff.rs`): each step's
+    /// `k` in `0 ..= k`, where expected tokens per second are highest by what
+    /// this run has measured. Exclusive with `controller`.
+    pub payoff: bool,
     /// Use the checked verify ops (a validity read-back per op) instead of
     /// the unchecked hot path (GLUE-6); the results are the same.
     pub checked: bool,
@@ -52,6 +56,7 @@ impl Default for EngineConfig {
             k: 4,
             rollback: Rollback::PerSequence,
             controller: None,
+            payoff: false,
             checked: false,
             on_proposer_error: OnProposerError::Fail,
             #[cfg(feature = "negative-controls")]

@@ -44,6 +44,9 @@ impl<'a, B: ModelBackend> Engine<'a, B> {
         if let Some(c) = &config.controller {
             c.validate().map_err(|e| DecodeError::Config(format!("controller: {e}")))?;
         }
+        if config.payoff && config.controller.is_some() {
+            return Err(DecodeError::Config("the pay-off controller and seed 001's controller both pick k: set one".into()));
+        }
         if config.max_k() > MAX_K {
             return Err(DecodeError::Config(format!("k = {} is above the engine's limit of {MAX_K}", config.max_k())));
         }
@@ -58,7 +61,7 @@ impl<'a, B: ModelBackend> Engine<'a, B> {
     /// is a no-op (seed 001, scenario 14).
     pub fn generate(&self, requests: &[Request], proposer: &mut dyn Proposer<B>, detok: Option<&dyn Detokenize>, sink: &mut dyn Sink) -> Result<RunOutput, DecodeError> {
         if requests.is_empty() {
-            return Ok(RunOutput { outputs: Vec::new(), acceptance: Acceptance::default(), batch_steps: 0, proposer_errors: 0, timings: Timings::default() });
+            return Ok(RunOutput { outputs: Vec::new(), acceptance: Acceptance::default(), batch_steps: 0, proposer_errors: 0, steps_by_k: Vec::new(), timings: Timings::default() });
         }
         self.run(requests, proposer, detok, sink).map(|(out, _)| out)
     }

@@ -226,6 +226,8 @@ pub struct RunOutput {
     pub batch_steps: u64,
     /// Steps a failing proposer turned into plain decode steps.
     pub proposer_errors: u64,
+    /// Batched steps run with each `k` (index `k`): what a controller chose.
+    pub steps_by_k: Vec<u64>,
     pub timings: Timings,
 }
 

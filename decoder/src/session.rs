@@ -20,6 +20,8 @@ use rand_pcg::Pcg64;
 use specdec_backend::model::{ForwardRequest, LogitRows, ModelBackend};
 use specdec_reference::controller::DynamicController;
 
+use crate::payoff::Payoff;
+
 use crate::DecodeError;
 use crate::commit::commit;
 use crate::config::OnProposerError;
@@ -47,6 +49,9 @@ pub struct Session<'s, B: ModelBackend> {
     cache: B::ModelCache,
     capacity: usize,
     controller: Option<DynamicController>,
+    payoff: Option<Payoff>,
+    /// Steps run with each `k` (index `k`).
+    steps_by_k: Vec<u64>,
     seqs: Vec<Seq>,
     slots: Vec<Slot>,
     timings: Timings,
@@ -79,7 +84,9 @@ impl<'s, B: ModelBackend> Session<'s, B> {
         proposer.begin(b, slots, capacity, engine.config.max_k())?;
         let timings = Timings { prefill_s: t.elapsed().as_secs_f64(), ..Timings::default() };
         let seqs = (0..slots).map(|_| Seq::vacant()).collect();
-        Ok(Session { engine, proposer, cache, capacity, controller, seqs, slots: vec![Slot::Free; slots], timings, batch_steps: 0, proposer_errors: 0 })
+        let payoff = engine.config.payoff.then(|| Payoff::new(engine.config.k));
+        let steps_by_k = vec![0; engine.config.max_k() + 1];
+        Ok(Session { engine, proposer, cache, capacity, controller, payoff, steps_by_k, seqs, slots: vec![Slot::Free; slots], timings, batch_steps: 0, proposer_errors: 0 })
     }
 
     /// Positions a slot's context may fill (prompt, output and one step's drafts).
@@ -179,7 +186,15 @@ impl<'s, B: ModelBackend> Session<'s, B> {
         if active.is_empty() {
             return Ok(finished);
         }
-        let k = self.controller.as_ref().map_or(config.k, |c| c.k(active.len()));
+        let k = match (&self.payoff, &self.controller) {
+            (Some(p), _) => p.k(),
+            (None, Some(c)) => c.k(active.len()),
+            (None, None) => config.k,
+        };
+        if let Some(n) = self.steps_by_k.get_mut(k) {
+            *n += 1;
+        }
+        let step_started = Instant::now();
 
         // 1. Propose.
         let t = Instant::now();
@@ -218,6 +233,11 @@ impl<'s, B: ModelBackend> Session<'s, B> {
         let observed: Vec<ObservedSeq<'_>> = active.iter().zip(&step.kept).map(|(&i, &kept)| ObservedSeq { slot: i, context: &seqs[i].context, kept, finished: seqs[i].finish.is_some() }).collect();
         self.proposer.observe(b, &Observed { seqs: &observed, plan: &win.plan, hidden: win.hidden.as_ref() })?;
         self.timings.propose_s += t.elapsed().as_secs_f64();
+        if let Some(p) = self.payoff.as_mut() {
+            // The whole step, the proposer's work included: what a draft costs here.
+            let counts = step.counts.step_counts();
+            p.record(k, proposed.iter().copied().max().unwrap_or(0), counts.proposed, counts.accepted, step_started.elapsed().as_secs_f64());
+        }
         finished.extend(active.into_iter().filter(|&i| self.seqs[i].finish.is_some()));
         Ok(finished)
     }
@@ -259,7 +279,7 @@ impl<'s, B: ModelBackend> Session<'s, B> {
         for o in &outputs {
             acceptance.merge(&o.acceptance);
         }
-        (RunOutput { outputs, acceptance, batch_steps: self.batch_steps, proposer_errors: self.proposer_errors, timings: self.timings }, self.cache)
+        (RunOutput { outputs, acceptance, batch_steps: self.batch_steps, proposer_errors: self.proposer_errors, steps_by_k: self.steps_by_k, timings: self.timings }, self.cache)
     }
 
     /// Asks the proposer for at most `k` drafts per active sequence (each

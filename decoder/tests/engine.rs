@@ -355,6 +355,32 @@ fn scenarios_10_to_12_the_controller_steers_k() {
     assert_eq!(out.outputs[0].acceptance.plain_steps, 14 - 9);
 }
 
+/// CTRL-7 .. CTRL-10: the pay-off controller picks each step's k from what
+/// it measured; whatever it picks, greedy output is plain greedy output, and
+/// every step is counted under the k it ran with. It cannot be combined
+/// with seed 001's controller.
+#[test]
+fn the_payoff_controller_keeps_greedy_output() {
+    for model in ["tiny-v12-l2", "tiny-v32-l2"] {
+        let w = tiny(model);
+        let reqs: Vec<Request> = PROMPTS.iter().map(|p| Request::greedy(p.iter().map(|&t| t % w.config.vocab_size as u32).collect(), 24)).collect();
+        let want: Vec<Vec<u32>> = reqs.iter().map(|r| plain_greedy(&w, &r.prompt, 24, &[])).collect();
+        for name in ["ngram", "draft", "dflash"] {
+            let out = run(&w, EngineConfig { k: 4, payoff: true, ..EngineConfig::default() }, &reqs, proposer(name, &w).as_mut());
+            for (i, o) in out.outputs.iter().enumerate() {
+                assert_eq!(o.tokens, want[i], "CTRL-10: {model} {name} request {i}");
+            }
+            assert_eq!(out.steps_by_k.len(), 5);
+            assert_eq!(out.steps_by_k.iter().sum::<u64>(), out.batch_steps, "{model} {name}: every step counted once");
+            assert!(out.steps_by_k[0] >= 1, "{model} {name}: the first step is plain (it times a plain step)");
+        }
+    }
+    let w = tiny("tiny-v12-l2");
+    let model = B.load_model(&w).unwrap();
+    let both = EngineConfig { payoff: true, ..controller(4, 0) };
+    assert!(matches!(Engine::new(&B, &model, &w.config, both), Err(DecodeError::Config(m)) if m.contains("set one")));
+}
+
 /// Seed 001 scenario 13: a failing proposer either fails the run with its
 /// typed error, or (by choice) turns the step into a plain decode step.
 #[test]

@@ -149,7 +149,9 @@ impl ModelBackend for NdarrayBackend {
     /// exactly, and the model section holds them to that.
     fn model_precision(&self) -> ModelPrecision {
         match self.weights {
-            WeightFormat::F32 => ModelPrecision { weight_dtype: "f32", compute_dtype: "f32", logit_rel_tolerance: 2e-5, hidden_rel_tolerance: 2e-5, argmax_margin_epsilon: 2e-3, window_margin_epsilon: 0.0 },
+            WeightFormat::F32 => {
+                ModelPrecision { weight_dtype: "f32", compute_dtype: "f32", logit_rel_tolerance: 2e-5, hidden_rel_tolerance: 2e-5, argmax_margin_epsilon: 2e-3, window_margin_epsilon: 0.0 }
+            }
             WeightFormat::Q8_0 => ModelPrecision {
                 weight_dtype: "q8_0",
                 compute_dtype: "f32 (products of the dequantized q8_0 weights)",

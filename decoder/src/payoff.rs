@@ -1,0 +1,225 @@
+//! The pay-off controller (CTRL-7 .. CTRL-10): speculate only where it
+//! pays, on this backend, this proposer and this prompt, as measured.
+//!
+//! Seed 001's controller (CTRL-2 .. CTRL-4) switches on acceptance alone
+//! and, once its average falls below the threshold, never proposes again,
+//! so it never learns that acceptance came back; and it does not know what a
+//! draft costs, which decides whether speculation pays: on a backend whose
+//! verify window costs two decodes, an acceptance that pays on another
+//! loses. This one keeps three running averages, from the steps it has
+//! seen:
+//!
+//! - `base`: the seconds of a step that verified no draft (a plain step);
+//! - `per_draft`: the seconds each verified draft adds to a step (the
+//!   window's extra rows, the drafter's work, the verify);
+//! - `acceptance`: accepted over proposed drafts (CTRL-2's start, 0.7).
+//!
+//! Before each step it picks the `k` in `0 ..= K` that maximises the
+//! expected tokens per second, `E(k) / (base + per_draft · k)`, with `E(k) =
+//! 1 + a + a² + … + a^k` (the leading drafts a verify accepts, each with
+//! probability `a`, plus the one token every verify emits). When that is 0
+//! it still probes: after `backoff` plain steps one step runs with one
+//! draft (the cheapest step that measures acceptance), so a change in
+//! acceptance is seen; `backoff` doubles (to at most
+//! [`MAX_BACKOFF`]) after a probe that did not pay and returns to
+//! [`MIN_BACKOFF`] after one that did. A plain stretch therefore costs at
+//! most one probe in `backoff + 1` steps.
+//!
+//! The choice of `k` uses past steps only, before the step's drafts are
+//! drawn, so it never changes what a step emits: greedy output stays plain
+//! greedy output, sampled output keeps plain sampling's law (CTRL-10). It
+//! reads wall-clock times, so which `k` a run uses, and hence which noise a
+//! seeded sampled run consumes, depends on the machine: `specdec generate`
+//! turns it on by default for greedy runs only.
+
+/// The weight of a new observation in each running average.
+pub const WEIGHT: f64 = 0.25;
+/// Plain steps before the first probe, and after a probe that paid.
+pub const MIN_BACKOFF: usize = 4;
+/// The longest run of plain steps between probes.
+pub const MAX_BACKOFF: usize = 64;
+
+/// What the controller has measured, and where it stands.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Payoff {
+    max_k: usize,
+    base: Option<f64>,
+    per_draft: Option<f64>,
+    acceptance: f64,
+    /// Plain steps since the last step with drafts.
+    plain_run: usize,
+    backoff: usize,
+    choices: Vec<u64>,
+}
+
+impl Payoff {
+    /// A controller choosing `k` in `0 ..= max_k`.
+    pub fn new(max_k: usize) -> Payoff {
+        Payoff { max_k, base: None, per_draft: None, acceptance: specdec_reference::controller::INITIAL_EMA, plain_run: 0, backoff: MIN_BACKOFF, choices: vec![0; max_k + 1] }
+    }
+
+    /// Expected tokens per step with `k` drafts at acceptance `a`.
+    pub fn expected_tokens(a: f64, k: usize) -> f64 {
+        (0..=k).map(|i| a.powi(i as i32)).sum()
+    }
+
+    /// The `k` that maximises expected tokens per second, before probing
+    /// (0 when speculation does not pay); 1 while a draft's cost is
+    /// unmeasured (the cheapest step that measures it).
+    pub fn best_k(&self) -> usize {
+        let (Some(base), Some(per_draft)) = (self.base, self.per_draft) else {
+            return self.max_k.min(1);
+        };
+        let rate = |k: usize| Self::expected_tokens(self.acceptance, k) / (base + per_draft * k as f64);
+        // Ties to the smaller k: a draft that buys nothing is not verified.
+        (1..=self.max_k).fold(0, |best, k| if rate(k) > rate(best) { k } else { best })
+    }
+
+    /// The next step's `k`: [`Payoff::best_k`], or one draft for a probe
+    /// after `backoff` plain steps; a plain step first when no plain step
+    /// has been timed yet.
+    pub fn k(&self) -> usize {
+        if self.base.is_none() {
+            return 0;
+        }
+        let best = self.best_k();
+        if best == 0 && self.plain_run >= self.backoff { self.max_k.min(1) } else { best }
+    }
+
+    /// Records a step: the `k` it was run with, the most drafts any of its
+    /// sequences verified, the drafts proposed and accepted over its
+    /// sequences, and its wall time in seconds.
+    pub fn record(&mut self, k: usize, drafted: usize, proposed: u64, accepted: u64, seconds: f64) {
+        if let Some(slot) = self.choices.get_mut(k) {
+            *slot += 1;
+        }
+        let avg = |old: Option<f64>, new: f64| Some(old.map_or(new, |o| o + WEIGHT * (new - o)));
+        if drafted == 0 {
+            self.base = avg(self.base, seconds);
+            self.plain_run += 1;
+            return;
+        }
+        let was_probe = self.best_k() == 0 && self.base.is_some();
+        if let Some(base) = self.base {
+            self.per_draft = avg(self.per_draft, ((seconds - base) / drafted as f64).max(0.0));
+        }
+        if proposed > 0 {
+            let rate = accepted as f64 / proposed as f64;
+            self.acceptance += WEIGHT * (rate - self.acceptance);
+        }
+        self.plain_run = 0;
+        if was_probe {
+            self.backoff = if self.best_k() > 0 { MIN_BACKOFF } else { (self.backoff * 2).min(MAX_BACKOFF) };
+        }
+    }
+
+    /// How many steps ran with each `k` (index `k`).
+    pub fn choices(&self) -> &[u64] {
+        &self.choices
+    }
+
+    /// The running averages: plain step seconds, seconds per draft, acceptance.
+    pub fn estimates(&self) -> (Option<f64>, Option<f64>, f64) {
+        (self.base, self.per_draft, self.acceptance)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A simulated backend: a plain step costs 1, each draft `cost`; each
+    /// draft is accepted with probability `a` (a fixed pseudo-random
+    /// sequence), stopping at the first rejection. Returns tokens per unit
+    /// time with the controller, and with speculation always at K.
+    fn simulate(a: f64, cost: f64, k_max: usize, steps: usize) -> (f64, f64) {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut uniform = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let run = |k: usize, uniform: &mut dyn FnMut() -> f64| {
+            let accepted = (0..k).take_while(|_| uniform() < a).count();
+            (accepted as u64, 1.0 + cost * k as f64, accepted + 1)
+        };
+        let (mut c, mut time, mut tokens) = (Payoff::new(k_max), 0.0, 0usize);
+        for _ in 0..steps {
+            let k = c.k();
+            let (accepted, t, emitted) = run(k, &mut uniform);
+            c.record(k, k, k as u64, accepted, t);
+            time += t;
+            tokens += emitted;
+        }
+        let (mut time_k, mut tokens_k) = (0.0, 0usize);
+        for _ in 0..steps {
+            let (_, t, emitted) = run(k_max, &mut uniform);
+            time_k += t;
+            tokens_k += emitted;
+        }
+        (tokens as f64 / time, tokens_k as f64 / time_k)
+    }
+
+    /// CTRL-9: wherever speculation loses, the controller stays within 5 %
+    /// of plain decoding (rate 1); wherever it pays, it keeps most of the gain.
+    #[test]
+    fn speculation_never_costs_more_than_five_percent() {
+        for &cost in &[0.05, 0.15, 0.3, 1.3] {
+            for &a in &[0.0, 0.05, 0.2, 0.5, 0.8, 0.95] {
+                let (with, always) = simulate(a, cost, 8, 4000);
+                assert!(with >= 0.95, "CTRL-9: acceptance {a}, draft cost {cost}: {with:.3} tokens per plain step time");
+                assert!(with >= 0.9 * always.max(1.0), "CTRL-9: acceptance {a}, draft cost {cost}: {with:.3} against {always:.3} always speculating");
+            }
+        }
+    }
+
+    /// Negative control: the simulation can fail the floor. Seed 001's rule
+    /// (speculate at K while the acceptance average is at least 0.3) loses
+    /// far more than 5 % where drafts are costly and half accepted.
+    #[test]
+    fn always_speculating_breaks_the_floor() {
+        let (_, always) = simulate(0.5, 1.3, 8, 4000);
+        assert!(always < 0.95, "{always}");
+    }
+
+    #[test]
+    fn it_times_a_plain_step_first_then_measures_drafts() {
+        let mut c = Payoff::new(4);
+        assert_eq!(c.k(), 0, "CTRL-7: no plain step timed yet");
+        c.record(0, 0, 0, 0, 1.0);
+        assert_eq!(c.k(), 1, "CTRL-7: a draft's cost is unmeasured: measure it with one draft");
+        c.record(1, 1, 1, 1, 1.0625);
+        assert_eq!(c.estimates(), (Some(1.0), Some(0.0625), 0.7 + WEIGHT * 0.3), "CTRL-7: the averages");
+        assert_eq!(c.k(), 4, "CTRL-8: cheap drafts, high acceptance: K");
+        // Costly drafts, none accepted: k falls step by step to plain.
+        let mut ks = Vec::new();
+        while c.k() > 0 && ks.len() < 20 {
+            let k = c.k();
+            ks.push(k);
+            c.record(k, k, k as u64, 0, 1.0 + 0.5 * k as f64);
+        }
+        assert_eq!(c.k(), 0, "CTRL-8: costly drafts, none accepted: plain after {ks:?}");
+        assert!(ks.windows(2).all(|w| w[1] <= w[0]), "CTRL-8: k never rises while drafts fail: {ks:?}");
+        assert_eq!(c.choices().iter().sum::<u64>(), 2 + ks.len() as u64, "every step counted under its k");
+    }
+
+    #[test]
+    fn a_losing_proposer_is_probed_ever_more_rarely() {
+        let mut c = Payoff::new(4);
+        c.record(0, 0, 0, 0, 1.0);
+        let mut probes = Vec::new();
+        for step in 0..400 {
+            let k = c.k();
+            if k > 0 {
+                probes.push(step);
+                c.record(k, k, k as u64, 0, 3.0);
+            } else {
+                c.record(0, 0, 0, 0, 1.0);
+            }
+        }
+        let gaps: Vec<usize> = probes.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(gaps.windows(2).all(|w| w[1] >= w[0]), "CTRL-9: gaps between probes never shrink: {gaps:?}");
+        assert_eq!(*gaps.last().unwrap(), MAX_BACKOFF + 1, "CTRL-9: they reach the longest backoff: {gaps:?}");
+    }
+}
