@@ -14,16 +14,20 @@
 //!   window's extra rows, the drafter's work, the verify);
 //! - `acceptance`: accepted over proposed drafts (CTRL-2's start, 0.7).
 //!
-//! Before each step it picks the `k` in `0 ..= K` that maximises the
+//! Before each step it picks the `k` in `1 ..= K` that maximises the
 //! expected tokens per second, `E(k) / (base + per_draft · k)`, with `E(k) =
 //! 1 + a + a² + … + a^k` (the leading drafts a verify accepts, each with
-//! probability `a`, plus the one token every verify emits). When that is 0
+//! probability `a`, plus the one token every verify emits), or 0 unless that
+//! beats plain decoding's `1 / base` by [`MARGIN`]. When that is 0
 //! it still probes: after `backoff` plain steps one step runs with one
 //! draft (the cheapest step that measures acceptance), so a change in
 //! acceptance is seen; `backoff` doubles (to at most
 //! [`MAX_BACKOFF`]) after a probe that did not pay and returns to
-//! [`MIN_BACKOFF`] after one that did. A plain stretch therefore costs at
-//! most one probe in `backoff + 1` steps.
+//! [`MIN_BACKOFF`] after one that did, and a probe also waits until the
+//! plain steps since the last costly step took `1 / PROBE_SHARE` times what
+//! that step cost beyond a plain one. A plain stretch therefore spends at
+//! most about [`PROBE_SHARE`] of its time on probes, whatever the drafter
+//! costs.
 //!
 //! The choice of `k` uses past steps only, before the step's drafts are
 //! drawn, so it never changes what a step emits: greedy output stays plain
@@ -38,6 +42,16 @@ pub const WEIGHT: f64 = 0.25;
 pub const MIN_BACKOFF: usize = 4;
 /// The longest run of plain steps between probes.
 pub const MAX_BACKOFF: usize = 64;
+/// Drafts are verified only where they are expected to give at least this
+/// many times plain decoding's tokens per second: the averages are noisy
+/// (a probe's one draft is one coin flip), and a gain within the noise is
+/// not worth a costly drafter's steps.
+pub const MARGIN: f64 = 1.05;
+/// The share of a plain stretch's time a probe may cost: a probe waits until
+/// the plain steps since the last one took `1 / PROBE_SHARE` times what the
+/// last costly step cost beyond a plain one (a drafter that catches up on
+/// every token since it last ran makes probes dear after long stretches).
+pub const PROBE_SHARE: f64 = 0.03;
 
 /// What the controller has measured, and where it stands.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,13 +63,15 @@ pub struct Payoff {
     /// Plain steps since the last step with drafts.
     plain_run: usize,
     backoff: usize,
+    /// Seconds the last step with drafts took beyond a plain step.
+    last_extra: f64,
     choices: Vec<u64>,
 }
 
 impl Payoff {
     /// A controller choosing `k` in `0 ..= max_k`.
     pub fn new(max_k: usize) -> Payoff {
-        Payoff { max_k, base: None, per_draft: None, acceptance: specdec_reference::controller::INITIAL_EMA, plain_run: 0, backoff: MIN_BACKOFF, choices: vec![0; max_k + 1] }
+        Payoff { max_k, base: None, per_draft: None, acceptance: specdec_reference::controller::INITIAL_EMA, plain_run: 0, backoff: MIN_BACKOFF, last_extra: 0.0, choices: vec![0; max_k + 1] }
     }
 
     /// Expected tokens per step with `k` drafts at acceptance `a`.
@@ -72,7 +88,8 @@ impl Payoff {
         };
         let rate = |k: usize| Self::expected_tokens(self.acceptance, k) / (base + per_draft * k as f64);
         // Ties to the smaller k: a draft that buys nothing is not verified.
-        (1..=self.max_k).fold(0, |best, k| if rate(k) > rate(best) { k } else { best })
+        let best = (1..=self.max_k).fold(1, |best, k| if rate(k) > rate(best) { k } else { best });
+        if rate(best) >= MARGIN * rate(0) { best } else { 0 }
     }
 
     /// The next step's `k`: [`Payoff::best_k`], or one draft for a probe
@@ -83,7 +100,9 @@ impl Payoff {
             return 0;
         }
         let best = self.best_k();
-        if best == 0 && self.plain_run >= self.backoff { self.max_k.min(1) } else { best }
+        let base = self.base.unwrap_or(0.0);
+        let due = self.plain_run >= self.backoff && self.plain_run as f64 * base * PROBE_SHARE >= self.last_extra;
+        if best == 0 && due { self.max_k.min(1) } else { best }
     }
 
     /// Records a step: the `k` it was run with, the most drafts any of its
@@ -101,7 +120,8 @@ impl Payoff {
         }
         let was_probe = self.best_k() == 0 && self.base.is_some();
         if let Some(base) = self.base {
-            self.per_draft = avg(self.per_draft, ((seconds - base) / drafted as f64).max(0.0));
+            self.last_extra = (seconds - base).max(0.0);
+            self.per_draft = avg(self.per_draft, self.last_extra / drafted as f64);
         }
         if proposed > 0 {
             let rate = accepted as f64 / proposed as f64;
@@ -204,22 +224,31 @@ mod tests {
         assert_eq!(c.choices().iter().sum::<u64>(), 2 + ks.len() as u64, "every step counted under its k");
     }
 
-    #[test]
-    fn a_losing_proposer_is_probed_ever_more_rarely() {
+    /// Gaps between probes of a proposer whose one draft costs `extra` plain
+    /// steps beyond a plain step and is never accepted.
+    fn probe_gaps(extra: f64) -> Vec<usize> {
         let mut c = Payoff::new(4);
         c.record(0, 0, 0, 0, 1.0);
         let mut probes = Vec::new();
-        for step in 0..400 {
+        for step in 0..600 {
             let k = c.k();
             if k > 0 {
                 probes.push(step);
-                c.record(k, k, k as u64, 0, 3.0);
+                c.record(k, k, k as u64, 0, 1.0 + extra);
             } else {
                 c.record(0, 0, 0, 0, 1.0);
             }
         }
-        let gaps: Vec<usize> = probes.windows(2).map(|w| w[1] - w[0]).collect();
+        probes.windows(2).map(|w| w[1] - w[0]).collect()
+    }
+
+    #[test]
+    fn a_losing_proposer_is_probed_ever_more_rarely() {
+        let gaps = probe_gaps(0.5);
         assert!(gaps.windows(2).all(|w| w[1] >= w[0]), "CTRL-9: gaps between probes never shrink: {gaps:?}");
         assert_eq!(*gaps.last().unwrap(), MAX_BACKOFF + 1, "CTRL-9: they reach the longest backoff: {gaps:?}");
+        // A dear probe waits until the plain stretch is worth 1 / PROBE_SHARE of its extra cost.
+        let dear = probe_gaps(3.0);
+        assert!(dear.iter().all(|&g| g as f64 * PROBE_SHARE >= 3.0), "CTRL-9: probes costing 3 plain steps come at most every 100: {dear:?}");
     }
 }

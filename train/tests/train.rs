@@ -14,10 +14,10 @@ use std::sync::Arc;
 
 use specdec_backend::ReferenceBackend;
 use specdec_backend::model::ModelBackend;
-use specdec_decoder::{DflashMode, DflashProposer, Engine, EngineConfig, NoProposer, NoSink, Request, record_hidden};
+use specdec_decoder::{DflashMode, DflashProposer, Engine, EngineConfig, NoProposer, NoSink, Request, RunOutput, record_hidden};
 use specdec_models::hf::SaveDtype;
 use specdec_models::tiny::TinySpec;
-use specdec_models::{DraftData, DraftSequence, LlamaWeights, Matrix, export_dflash, load_dflash};
+use specdec_models::{DflashDraft, DraftData, DraftSequence, LlamaWeights, Matrix, export_dflash, load_dflash};
 use specdec_train::trainer::{Quiet, TrainConfig, evaluate_draft, train};
 
 const LAYERS: [usize; 2] = [0, 1];
@@ -98,22 +98,7 @@ fn training_learns_and_the_trained_draft_decodes_losslessly() {
     assert!(last.loss < 0.8 * first.loss, "held-out loss falls: {} at step {} to {} at step {}", first.loss, first.step, last.loss, last.step);
     assert!(last.accepted_per_block > first.accepted_per_block + 0.2, "held-out accepted drafts per block rise: {} to {}", first.accepted_per_block, last.accepted_per_block);
 
-    // Export in f32, load back like any checkpoint, decode the held-out prompts.
-    let dir = std::env::temp_dir().join(format!("specdec-train-test-{}", std::process::id()));
-    export_dflash(&draft, &dir, SaveDtype::F32).unwrap();
-    let loaded = load_dflash(&dir, &w.config).unwrap();
-    std::fs::remove_dir_all(&dir).ok();
-    assert_eq!(loaded.weights(), draft.weights(), "an f32 export loads back bit-identical");
-
-    let b = ReferenceBackend;
-    let model = b.load_model(&w).unwrap();
-    let requests: Vec<Request> = prompts(48..60).into_iter().map(|p| Request::greedy(p, 24)).collect();
-    let plain = Engine::new(&b, &model, &w.config, EngineConfig { k: 0, ..EngineConfig::default() }).unwrap().generate(&requests, &mut NoProposer, None, &mut NoSink).unwrap();
-    let mut proposer = DflashProposer::new("dflash:trained", loaded, Arc::new(w.clone()), DflashMode::Parallel).unwrap();
-    let spec = Engine::new(&b, &model, &w.config, EngineConfig { k: 3, ..EngineConfig::default() }).unwrap().generate(&requests, &mut proposer, None, &mut NoSink).unwrap();
-    for (i, (p, s)) in plain.outputs.iter().zip(&spec.outputs).enumerate() {
-        assert_eq!(p.tokens, s.tokens, "DECODE-2: request {i}: the trained draft's output equals plain greedy decoding");
-    }
+    let spec = decode_with_export(&w, &draft, "trained", 48..60, 24);
     // The trainer's estimate is the decoder's acceptance: both count leading
     // drafts equal to the target's greedy tokens (blocks near the end of a
     // sequence, which the trainer skips, draft fewer).
@@ -134,19 +119,28 @@ fn a_draft_of_two_layers_trains_and_decodes_losslessly() {
     let last = log.evals.last().unwrap();
     let again = evaluate_draft(&w, &draft, &heldout, "cpu").unwrap();
     assert_eq!((again.loss.to_bits(), again.tau.to_bits()), (last.loss.to_bits(), last.tau.to_bits()), "evaluate_draft repeats the two-layer estimate");
-    let dir = std::env::temp_dir().join(format!("specdec-train-two-layers-{}", std::process::id()));
-    export_dflash(&draft, &dir, SaveDtype::F32).unwrap();
+    decode_with_export(&w, &draft, "two-layers", 48..52, 12);
+}
+
+/// Exports `draft` in f32, loads it back like any checkpoint (bit-identical),
+/// and decodes `prompts(range)` with it, `tokens` each at k = 3: the output
+/// must be plain greedy decoding's (DECODE-2). Returns the speculative run.
+fn decode_with_export(w: &LlamaWeights, draft: &DflashDraft, name: &str, range: std::ops::Range<usize>, tokens: usize) -> RunOutput {
+    let dir = std::env::temp_dir().join(format!("specdec-train-{name}-{}", std::process::id()));
+    export_dflash(draft, &dir, SaveDtype::F32).unwrap();
     let loaded = load_dflash(&dir, &w.config).unwrap();
     std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(loaded.weights(), draft.weights(), "an f32 export loads back bit-identical");
     let b = ReferenceBackend;
-    let model = b.load_model(&w).unwrap();
-    let requests: Vec<Request> = prompts(48..52).into_iter().map(|p| Request::greedy(p, 12)).collect();
+    let model = b.load_model(w).unwrap();
+    let requests: Vec<Request> = prompts(range).into_iter().map(|p| Request::greedy(p, tokens)).collect();
     let plain = Engine::new(&b, &model, &w.config, EngineConfig { k: 0, ..EngineConfig::default() }).unwrap().generate(&requests, &mut NoProposer, None, &mut NoSink).unwrap();
-    let mut proposer = DflashProposer::new("dflash:two-layers", loaded, Arc::new(w.clone()), DflashMode::Parallel).unwrap();
+    let mut proposer = DflashProposer::new(&format!("dflash:{name}"), loaded, Arc::new(w.clone()), DflashMode::Parallel).unwrap();
     let spec = Engine::new(&b, &model, &w.config, EngineConfig { k: 3, ..EngineConfig::default() }).unwrap().generate(&requests, &mut proposer, None, &mut NoSink).unwrap();
     for (i, (p, s)) in plain.outputs.iter().zip(&spec.outputs).enumerate() {
-        assert_eq!(p.tokens, s.tokens, "DECODE-2: request {i}: a two-layer draft's output equals plain greedy decoding");
+        assert_eq!(p.tokens, s.tokens, "DECODE-2: {name} request {i}: the draft's output equals plain greedy decoding");
     }
+    spec
 }
 
 /// The device is named, checked against what libtorch sees, and never guessed.
