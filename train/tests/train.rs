@@ -135,7 +135,7 @@ fn decode_with_export(w: &LlamaWeights, draft: &DflashDraft, name: &str, range: 
     let model = b.load_model(w).unwrap();
     let requests: Vec<Request> = prompts(range).into_iter().map(|p| Request::greedy(p, tokens)).collect();
     let plain = Engine::new(&b, &model, &w.config, EngineConfig { k: 0, ..EngineConfig::default() }).unwrap().generate(&requests, &mut NoProposer, None, &mut NoSink).unwrap();
-    let mut proposer = DflashProposer::new(&format!("dflash:{name}"), loaded, Arc::new(w.clone()), DflashMode::Parallel).unwrap();
+    let mut proposer = DflashProposer::new(format!("dflash:{name}"), loaded, Arc::new(w.clone()), DflashMode::Parallel).unwrap();
     let spec = Engine::new(&b, &model, &w.config, EngineConfig { k: 3, ..EngineConfig::default() }).unwrap().generate(&requests, &mut proposer, None, &mut NoSink).unwrap();
     for (i, (p, s)) in plain.outputs.iter().zip(&spec.outputs).enumerate() {
         assert_eq!(p.tokens, s.tokens, "DECODE-2: {name} request {i}: the draft's output equals plain greedy decoding");
