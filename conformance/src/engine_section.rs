@@ -603,6 +603,16 @@ impl<B: ModelBackend> Section<B> for DecoderEngineSection {
                 // here, as in the model and end-to-end sections; asked before a draft
                 // model is loaded on it.
                 backend.load_model(&w).map_err(|e| model_section::backend_verdict(&e))?;
+                // The section judges against the f64 reference's greedy output, excusing at
+                // most MAX_GREEDY_EPSILON; a backend whose forward states more (a quantized
+                // format) is not an engine it can judge. Its losslessness against its own
+                // plain decoding is the end-to-end section's.
+                let eps = backend.model_precision().argmax_margin_epsilon;
+                if eps > MAX_GREEDY_EPSILON {
+                    return Err(Verdict::NotSupported(format!(
+                        "the backend states an argmax epsilon of {eps:e} against the reference, beyond the {MAX_GREEDY_EPSILON:e} this section excuses; its decoder's losslessness is checked by the end-to-end section"
+                    )));
+                }
                 let p = build_proposer(backend, proposer, &w).map_err(Verdict::Fail)?;
                 let config = EngineConfig { k: K, ..engine_config() };
                 DecoderEngine::new(backend, Arc::clone(&w), p, config, Some(Box::new(tiny_text))).map(|e| Some((e, w))).map_err(|e| match e {

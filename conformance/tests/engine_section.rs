@@ -134,3 +134,61 @@ fn an_engine_that_states_too_much_fails_every_check() {
         assert!(failed.contains(&format!("engine/constant/{check}").as_str()), "ENGINE-3: {failed:?}");
     }
 }
+
+/// A backend whose forward states a quantized format's distance from the
+/// reference (argmax epsilon 15): the suite's engine checks of it are not
+/// supported, never failed by its own statement nor passed by an epsilon
+/// that would excuse anything.
+struct Quantized;
+
+impl specdec_backend::Backend for Quantized {
+    type Tensor = specdec_backend::RefTensor;
+    type KvCache = specdec_reference::kvcache::BatchKvCache;
+    specdec_backend::reference_transfers!();
+    fn name(&self) -> String {
+        "quantized".into()
+    }
+    fn device(&self) -> String {
+        "host".into()
+    }
+    fn precision(&self) -> specdec_backend::Precision {
+        ReferenceBackend.precision()
+    }
+}
+
+impl specdec_backend::model::ModelBackend for Quantized {
+    type Model = specdec_backend::model::RefModel;
+    type ModelCache = specdec_backend::model::RefCache;
+    fn model_precision(&self) -> specdec_backend::model::ModelPrecision {
+        specdec_backend::model::ModelPrecision { logit_rel_tolerance: 0.15, argmax_margin_epsilon: 15.0, ..ReferenceBackend.model_precision() }
+    }
+    fn load_model(&self, w: &specdec_backend::model::LlamaWeights) -> specdec_backend::Result<Self::Model> {
+        ReferenceBackend.load_model(w)
+    }
+    fn new_model_cache(&self, m: &Self::Model, batch: usize, capacity: usize) -> specdec_backend::Result<Self::ModelCache> {
+        ReferenceBackend.new_model_cache(m, batch, capacity)
+    }
+    fn forward(&self, m: &Self::Model, cache: &mut Self::ModelCache, req: &specdec_backend::model::ForwardRequest<'_>) -> specdec_backend::Result<specdec_backend::model::ForwardOutput<Self::Tensor>> {
+        ReferenceBackend.forward(m, cache, req)
+    }
+    fn cache_lens(&self, cache: &Self::ModelCache) -> Vec<usize> {
+        ReferenceBackend.cache_lens(cache)
+    }
+    fn cache_trim(&self, cache: &mut Self::ModelCache, amounts: &[usize]) -> specdec_backend::Result<()> {
+        ReferenceBackend.cache_trim(cache, amounts)
+    }
+    fn cache_contents(&self, cache: &Self::ModelCache, layer: usize, seq: usize) -> specdec_backend::Result<(Vec<f64>, Vec<f64>)> {
+        ReferenceBackend.cache_contents(cache, layer, seq)
+    }
+}
+
+#[test]
+fn a_quantized_backend_is_not_an_engine_the_section_can_judge() {
+    use specdec_conformance::section::Section;
+    let results = engine_section::DecoderEngineSection.run(&Quantized, &SuiteConfig::default(), &mut |_| {});
+    assert!(!results.is_empty());
+    for r in &results {
+        assert_eq!(r.status, Status::NotSupported, "ENGINE-1: {}: {}", r.name, r.message);
+        assert!(r.message.contains("argmax epsilon of 1.5e1"), "{}", r.message);
+    }
+}
