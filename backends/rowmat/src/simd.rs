@@ -188,6 +188,7 @@ macro_rules! each_tile {
         }
     };
 }
+#[cfg(target_arch = "x86_64")]
 use each_tile;
 
 /// Writes a tile's results for input rows `r ..` into `out[j · n + r + i]`.
