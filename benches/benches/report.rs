@@ -107,7 +107,8 @@ fn main() -> Result<(), String> {
     let sections = std::env::var("SPECDEC_BENCH_SECTIONS").unwrap_or_else(|_| "kernels,ngram,forward,e2e,serve".into());
     let want = |s: &str| sections.split(',').any(|x| x.trim() == s);
     let max_tokens = std::env::var("SPECDEC_BENCH_TOKENS").ok().map_or(Ok(MAX_TOKENS), |v| v.parse().map_err(|_| format!("SPECDEC_BENCH_TOKENS={v} is not a token count")))?;
-    let mut c = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2)).sample_size(10).configure_from_args();
+    // No plots: the report reads criterion's estimates only.
+    let mut c = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2)).sample_size(10).without_plots().configure_from_args();
     eprintln!("bench: measuring the machine's copy bandwidth");
     specdec_benches::run_started();
     let machine = Machine::measure();

@@ -9,19 +9,25 @@ use specdec_backend::{
 };
 
 use crate::check::{d1, d2, d3};
+use crate::kernels::Float;
 use crate::tensor::{NAME, device, host, upload};
 use crate::verify::{Checks, Noise, RejectionIn};
-use crate::{NdKvCache, NdTensor, NdarrayBackend, WeightFormat, glue, kv, ngram, sampling, verify};
+use crate::{NdKvCache, NdTensor, NdarrayBackend, Softmax, WeightFormat, glue, kv, ngram, sampling, softmax_f32, verify};
 
 impl NdarrayBackend {
-    /// f32 model weights.
+    /// f32 model weights, f64 verify kernels.
     pub fn new() -> Self {
-        NdarrayBackend { weights: WeightFormat::F32 }
+        NdarrayBackend { weights: WeightFormat::F32, softmax: Softmax::F64 }
     }
 
     /// Q8_0 model weights (`ndarray-q8_0`); the verify kernels are the same.
     pub fn q8_0() -> Self {
-        NdarrayBackend { weights: WeightFormat::Q8_0 }
+        NdarrayBackend { weights: WeightFormat::Q8_0, softmax: Softmax::F64 }
+    }
+
+    /// f32 model weights and the vectorised f32 softmax (`ndarray-f32`).
+    pub fn f32_softmax() -> Self {
+        NdarrayBackend { weights: WeightFormat::F32, softmax: Softmax::F32 }
     }
 }
 
@@ -55,29 +61,56 @@ fn reference_rejection(args: &RejectionArgs<'_, NdTensor>, u: &ArrayD<f64>, nois
 
 impl NdarrayBackend {
     pub(crate) fn greedy(&self, scores: &NdTensor, drafts: &NdTensor, lens: &NdTensor, checks: Checks) -> Result<Verified<NdTensor>> {
-        let (s, d, l) = (scores.floats("target_scores")?, drafts.ints("draft_tokens")?, lens.ints("proposal_lens")?);
+        let (d, l) = (drafts.ints("draft_tokens")?, lens.ints("proposal_lens")?);
         // The reference names the defect (a layout-only failure is one too).
         let named = || BackendError::named_by_reference(NAME, ReferenceBackend.greedy_verify(&scores.to_ref(), &drafts.to_ref(), &lens.to_ref()));
-        let layout = verify::greedy_ok(s, d, l).ok_or_else(named)?;
-        verify::greedy(view(d3(s), "target_scores")?, view(d2(d), "draft_tokens")?, &layout, checks).map(verified).ok_or_else(named)
+        fn run<F: Float>(s: &ArrayD<F>, d: &ArrayD<i64>, l: &ArrayD<i64>, checks: Checks, named: impl Fn() -> BackendError) -> Result<Verified<NdTensor>> {
+            let layout = verify::greedy_ok(s, d, l).ok_or_else(&named)?;
+            verify::greedy(view(d3(s), "target_scores")?, view(d2(d), "draft_tokens")?, &layout, checks).map(verified).ok_or_else(named)
+        }
+        // f32 scores (`ndarray-f32`'s uploads and logits) are read as they are.
+        match scores {
+            NdTensor::F32(s) => run(s, d, l, checks, named),
+            _ => run(&*scores.floats("target_scores")?, d, l, checks, named),
+        }
     }
 
     /// REJECT-1 .. REJECT-5 with the given noise (explicit or seeded). With
     /// `Checks::LayoutOnly` (GLUE-6) an input that fails even the layout
     /// check is still named by the reference, which checks everything.
     pub(crate) fn rejection(&self, args: &RejectionArgs<'_, NdTensor>, u: &ArrayD<f64>, noise: Noise<'_>, cmp: Comparator, checks: Checks) -> Result<Verified<NdTensor>> {
-        let input = RejectionIn {
-            p: args.target_probs.floats("target_probs")?,
-            q: args.draft_probs.map(|q| q.floats("draft_probs")).transpose()?,
-            drafts: args.draft_tokens.ints("draft_tokens")?,
-            lens: args.proposal_lens.ints("proposal_lens")?,
-            u,
-            noise,
+        let (drafts, lens) = (args.draft_tokens.ints("draft_tokens")?, args.proposal_lens.ints("proposal_lens")?);
+        let named = || BackendError::named_by_reference(NAME, reference_rejection(args, u, noise, cmp));
+        // f32 probabilities (`ndarray-f32`'s) are read as they are; a mix
+        // of f32 and f64 is widened to f64.
+        match (args.target_probs, args.draft_probs) {
+            (NdTensor::F32(p), None) => judged(&RejectionIn { p, q: None, drafts, lens, u, noise }, checks, cmp, named),
+            (NdTensor::F32(p), Some(NdTensor::F32(q))) => judged(&RejectionIn { p, q: Some(q), drafts, lens, u, noise }, checks, cmp, named),
+            _ => {
+                let p = args.target_probs.floats("target_probs")?;
+                let q = args.draft_probs.map(|q| q.floats("draft_probs")).transpose()?;
+                judged(&RejectionIn { p: &p, q: q.as_deref(), drafts, lens, u, noise }, checks, cmp, named)
+            }
+        }
+    }
+}
+
+/// The checks, then the verify; `named` names a defect the checks found.
+fn judged<F: Float>(input: &RejectionIn<'_, F>, checks: Checks, cmp: Comparator, named: impl FnOnce() -> BackendError) -> Result<Verified<NdTensor>> {
+    let Some(layout) = verify::rejection_ok(input, checks) else { return Err(named()) };
+    verify::rejection(input, &layout, cmp).map(verified).ok_or_else(|| device("rejection inputs changed rank after validation"))
+}
+
+impl NdarrayBackend {
+    /// [`NdarrayBackend::rejection`] with the caller's noise tensors.
+    fn rejection_explicit(&self, args: &RejectionArgs<'_, NdTensor>, noise: RejectionNoise<'_, NdTensor>, cmp: Comparator, checks: Checks) -> Result<Verified<NdTensor>> {
+        let u = noise.accept_uniforms.floats("accept_uniforms")?;
+        let (draw, uniforms) = match noise.draw {
+            DrawNoiseArg::InverseCdf(t) => (t.floats("draw_uniforms")?, true),
+            DrawNoiseArg::ExponentialRace(t) => (t.floats("draw_exponentials")?, false),
         };
-        let Some(layout) = verify::rejection_ok(&input, checks) else {
-            return Err(BackendError::named_by_reference(NAME, reference_rejection(args, u, noise, cmp)));
-        };
-        verify::rejection(&input, &layout, cmp).map(verified).ok_or_else(|| device("rejection inputs changed rank after validation"))
+        let draw = if uniforms { Noise::Uniforms(&draw) } else { Noise::Exponentials(&draw) };
+        self.rejection(args, &u, draw, cmp, checks)
     }
 }
 
@@ -91,9 +124,11 @@ impl Backend for NdarrayBackend {
     type KvCache = NdKvCache;
 
     fn name(&self) -> String {
-        match self.weights {
-            WeightFormat::F32 => NAME.to_string(),
-            WeightFormat::Q8_0 => format!("{NAME}-q8_0"),
+        match (self.weights, self.softmax) {
+            (WeightFormat::F32, Softmax::F64) => NAME.to_string(),
+            (WeightFormat::Q8_0, Softmax::F64) => format!("{NAME}-q8_0"),
+            (WeightFormat::F32, Softmax::F32) => format!("{NAME}-f32"),
+            (WeightFormat::Q8_0, Softmax::F32) => format!("{NAME}-q8_0-f32"),
         }
     }
 
@@ -102,7 +137,13 @@ impl Backend for NdarrayBackend {
     }
 
     fn precision(&self) -> Precision {
-        Precision { float_dtype: "f64", accumulate_dtype: "f64", margin_epsilon: 0.0, value_tolerance: 0.0 }
+        match self.softmax {
+            Softmax::F64 => Precision { float_dtype: "f64", accumulate_dtype: "f64", margin_epsilon: 0.0, value_tolerance: 0.0 },
+            // A probability is within about 2.2e-7 of the reference's,
+            // relative (`softmax_f32.rs`), and a ratio p / q that decides an
+            // acceptance within 4.4e-7; the statements leave a factor of 2.
+            Softmax::F32 => Precision { float_dtype: "f32", accumulate_dtype: "f64", margin_epsilon: 1e-6, value_tolerance: 1e-6 },
+        }
     }
 
     fn upload_f64(&self, t: &HostTensor<f64>) -> Result<NdTensor> {
@@ -113,8 +154,17 @@ impl Backend for NdarrayBackend {
         upload(t).map(NdTensor::I64)
     }
 
+    /// `ndarray-f32` keeps f32 data (a model's logits) as f32; the f64
+    /// port widens it, as the contract's default does.
+    fn upload_f32(&self, t: &HostTensor<f32>) -> Result<NdTensor> {
+        match self.softmax {
+            Softmax::F32 => upload(t).map(NdTensor::F32),
+            Softmax::F64 => self.upload_f64(&t.map(|&x| f64::from(x))),
+        }
+    }
+
     fn download_f64(&self, t: &NdTensor) -> Result<HostTensor<f64>> {
-        t.floats("tensor").map(host)
+        t.floats("tensor").map(|a| host(&a))
     }
 
     fn download_i64(&self, t: &NdTensor) -> Result<HostTensor<i64>> {
@@ -141,23 +191,13 @@ impl Backend for NdarrayBackend {
     }
 
     fn rejection_verify(&self, args: RejectionArgs<'_, NdTensor>, noise: RejectionNoise<'_, NdTensor>, cmp: Comparator) -> Result<Verified<NdTensor>> {
-        let u = noise.accept_uniforms.floats("accept_uniforms")?;
-        let draw = match noise.draw {
-            DrawNoiseArg::InverseCdf(t) => Noise::Uniforms(t.floats("draw_uniforms")?),
-            DrawNoiseArg::ExponentialRace(t) => Noise::Exponentials(t.floats("draw_exponentials")?),
-        };
-        self.rejection(&args, u, draw, cmp, Checks::All)
+        self.rejection_explicit(&args, noise, cmp, Checks::All)
     }
 
     /// GLUE-6: as [`NdarrayBackend::greedy_verify_unchecked`]; probability
     /// and noise rows are not checked.
     fn rejection_verify_unchecked(&self, args: RejectionArgs<'_, NdTensor>, noise: RejectionNoise<'_, NdTensor>, cmp: Comparator) -> Result<Verified<NdTensor>> {
-        let u = noise.accept_uniforms.floats("accept_uniforms")?;
-        let draw = match noise.draw {
-            DrawNoiseArg::InverseCdf(t) => Noise::Uniforms(t.floats("draw_uniforms")?),
-            DrawNoiseArg::ExponentialRace(t) => Noise::Exponentials(t.floats("draw_exponentials")?),
-        };
-        self.rejection(&args, u, draw, cmp, Checks::LayoutOnly)
+        self.rejection_explicit(&args, noise, cmp, Checks::LayoutOnly)
     }
 
     /// The backend's own generator: `rand_pcg::Pcg64::seed_from_u64(seed)`
@@ -185,7 +225,7 @@ impl Backend for NdarrayBackend {
     fn residual(&self, target: &NdTensor, draft: Option<&NdTensor>, drafted: &NdTensor) -> Result<NdTensor> {
         let p = target.floats("target_probs")?;
         let q = draft.map(|q| q.floats("draft_probs")).transpose()?;
-        let x = drafted.ints("drafted")?;
+        let (p, q, x) = (&*p, q.as_deref(), drafted.ints("drafted")?);
         if !verify::residual_ok(p, q, x) {
             let q_ref = draft.map(NdTensor::to_ref);
             return Err(BackendError::named_by_reference(NAME, ReferenceBackend.residual(&target.to_ref(), q_ref.as_ref(), &drafted.to_ref())));
@@ -204,6 +244,7 @@ impl Backend for NdarrayBackend {
             DrawNoiseArg::InverseCdf(t) => (t.floats("draw_uniforms")?, true),
             DrawNoiseArg::ExponentialRace(t) => (t.floats("draw_exponentials")?, false),
         };
+        let (w, n) = (&*w, &*n);
         if !sampling::draw_ok(w, n, uniforms) {
             let n_ref = RefTensor::F64(host(n));
             let arg = if uniforms { DrawNoiseArg::InverseCdf(&n_ref) } else { DrawNoiseArg::ExponentialRace(&n_ref) };
@@ -228,7 +269,7 @@ impl Backend for NdarrayBackend {
     }
 
     fn kv_append(&self, cache: &mut NdKvCache, keys: &NdTensor, values: &NdTensor, counts: &NdTensor) -> Result<()> {
-        cache.append(keys.floats("new_keys")?, values.floats("new_values")?, counts.ints("counts")?)
+        cache.append(&*keys.floats("new_keys")?, &*values.floats("new_values")?, counts.ints("counts")?)
     }
 
     fn kv_trim(&self, cache: &mut NdKvCache, amounts: &NdTensor, mode: TrimMode) -> Result<NdTensor> {
@@ -246,6 +287,7 @@ impl Backend for NdarrayBackend {
 
     fn paged_gather(&self, pages: &NdTensor, table: &NdTensor, lens: &NdTensor) -> Result<NdTensor> {
         let (p, t, l) = (pages.floats("pages")?, table.ints("block_table")?, lens.ints("context_lens")?);
+        let p = &*p;
         let Some(lens_ok) = kv::paged_ok(p, t, l) else {
             return Err(BackendError::named_by_reference(NAME, ReferenceBackend.paged_gather(&pages.to_ref(), &table.to_ref(), &lens.to_ref())));
         };
@@ -277,8 +319,7 @@ impl Backend for NdarrayBackend {
 /// LOGITS-7 .. LOGITS-10 as loops over the f64 arrays.
 impl ProcessorKernels for NdarrayBackend {
     fn processor_inputs_ok(&self, logits: &NdTensor, p: &LogitsParams<'_, NdTensor>) -> Result<bool> {
-        let Some(z) = d2(logits.floats("logits")?) else { return Ok(false) };
-        let (rows, vocab) = z.dim();
+        let &[rows, vocab] = logits.shape() else { return Ok(false) };
         let per_row = |t: &NdTensor, arg: &str, ok: &dyn Fn(f64) -> bool| -> Result<bool> {
             let a = t.floats(arg)?;
             Ok(a.shape() == [rows] && a.iter().all(|&x| ok(x)))
@@ -304,17 +345,15 @@ impl ProcessorKernels for NdarrayBackend {
     }
 
     fn bias_and_penalties(&self, logits: &NdTensor, penalties: Option<Penalties<'_, NdTensor>>, bias: Option<&NdTensor>) -> Result<NdTensor> {
-        let mut z = view(d2(logits.floats("logits")?), "logits")?.to_owned();
+        let mut z = view(d2(&*logits.floats("logits")?), "logits")?.to_owned();
         if let Some(b) = bias {
-            z += &view(d2(b.floats("logit_bias")?), "logit_bias")?;
+            z += &view(d2(&*b.floats("logit_bias")?), "logit_bias")?;
         }
         if let Some(x) = penalties {
-            let counts = view(d2(x.counts.floats("penalty_counts")?), "penalty_counts")?;
-            let (rep, pres, freq) = (
-                view(d1(x.repetition.floats("repetition_penalty")?), "repetition_penalty")?,
-                view(d1(x.presence.floats("presence_penalty")?), "presence_penalty")?,
-                view(d1(x.frequency.floats("frequency_penalty")?), "frequency_penalty")?,
-            );
+            let (counts, rep, pres, freq) =
+                (x.counts.floats("penalty_counts")?, x.repetition.floats("repetition_penalty")?, x.presence.floats("presence_penalty")?, x.frequency.floats("frequency_penalty")?);
+            let counts = view(d2(&counts), "penalty_counts")?;
+            let (rep, pres, freq) = (view(d1(&rep), "repetition_penalty")?, view(d1(&pres), "presence_penalty")?, view(d1(&freq), "frequency_penalty")?);
             for (r, (mut row, c)) in z.outer_iter_mut().zip(counts.outer_iter()).enumerate() {
                 for (l, &c) in row.iter_mut().zip(c) {
                     if c > 0.0 {
@@ -328,9 +367,9 @@ impl ProcessorKernels for NdarrayBackend {
     }
 
     fn min_p_cut(&self, logits: &NdTensor, params: LogitsParams<'_, NdTensor>, probs: &NdTensor, min_p: &NdTensor) -> Result<NdTensor> {
-        let mut p = view(d2(probs.floats("probs")?), "probs")?.to_owned();
-        let z = view(d2(logits.floats("logits")?), "logits")?;
-        let (m, t) = (view(d1(min_p.floats("min_p")?), "min_p")?, view(d1(params.temperature.floats("temperature")?), "temperature")?);
+        let mut p = view(d2(&*probs.floats("probs")?), "probs")?.to_owned();
+        let (z, m, t) = (logits.floats("logits")?, min_p.floats("min_p")?, params.temperature.floats("temperature")?);
+        let (z, m, t) = (view(d2(&z), "logits")?, view(d1(&m), "min_p")?, view(d1(&t), "temperature")?);
         for (r, mut row) in p.outer_iter_mut().enumerate() {
             if m[r] == 0.0 || t[r] == 0.0 {
                 continue; // off, or greedy (LOGITS-2)
@@ -349,16 +388,22 @@ impl ProcessorKernels for NdarrayBackend {
     }
 
     fn basic_process_logits(&self, logits: &NdTensor, params: LogitsParams<'_, NdTensor>) -> Result<NdTensor> {
-        let input =
-            sampling::LogitsIn { logits: logits.floats("logits")?, temperature: params.temperature.floats("temperature")?, top_k: params.top_k.ints("top_k")?, top_p: params.top_p.floats("top_p")? };
+        let (t, k, p) = (params.temperature.floats("temperature")?, params.top_k.ints("top_k")?, params.top_p.floats("top_p")?);
         let named = || {
             let (t, k, p) = (params.temperature.to_ref(), params.top_k.to_ref(), params.top_p.to_ref());
             BackendError::named_by_reference(NAME, ReferenceBackend.process_logits(&logits.to_ref(), LogitsParams::new(&t, &k, &p)))
         };
-        if !sampling::logits_ok(&input) {
+        if matches!(logits, NdTensor::I64(_)) || !sampling::logits_ok(logits.shape(), &t, k, &p) {
             return Err(named());
         }
-        let processed = sampling::process_logits(view(d2(input.logits), "logits")?, view(d1(input.temperature), "temperature")?, view(d1(input.top_k), "top_k")?, view(d1(input.top_p), "top_p")?);
-        processed.map(floats).ok_or_else(named)
+        let (t, k, p) = (view(d1(&t), "temperature")?, view(d1(k), "top_k")?, view(d1(&p), "top_p")?);
+        let vocab = logits.shape()[1];
+        let processed = match (self.softmax, logits) {
+            // The vectorised f32 rows, reading f32 or f64 logits as they are.
+            (Softmax::F32, NdTensor::F32(z)) if !sampling::sorts_needed(vocab, t, k, p) => softmax_f32::process(view(d2(z), "logits")?, t),
+            (Softmax::F32, NdTensor::F64(z)) if !sampling::sorts_needed(vocab, t, k, p) => softmax_f32::process(view(d2(z), "logits")?, t),
+            _ => sampling::process_logits(view(d2(&*logits.floats("logits")?), "logits")?, t, k, p).map(floats),
+        };
+        processed.ok_or_else(named)
     }
 }

@@ -9,7 +9,7 @@ use ndarray::{Array1, ArrayD, ArrayView1, ArrayView2, Axis, Ix1, Ix2, Ix3, Zip};
 use specdec_backend::PAD;
 use specdec_reference::{MAX_EXPONENTIAL, MIN_EXPONENTIAL, SUM_TOLERANCE};
 
-use crate::kernels::{below, sum_last};
+use crate::kernels::{Float, below, sum_last};
 
 /// A validated padded draft batch (CONV-5).
 pub(crate) struct Layout {
@@ -60,13 +60,13 @@ pub(crate) fn draft_layout(drafts: &ArrayD<i64>, lens: &ArrayD<i64>, vocab: usiz
 
 /// CONV-2 on rows `[N, V]` whose `live` flag is set; other rows (padding,
 /// CONV-7) are masked out before any reduction, so NaN there is ignored.
-pub(crate) fn prob_rows_ok(rows: ArrayView2<'_, f64>, live: ArrayView1<'_, bool>) -> bool {
+pub(crate) fn prob_rows_ok<F: Float>(rows: ArrayView2<'_, F>, live: ArrayView1<'_, bool>) -> bool {
     let live2 = live.insert_axis(Axis(1));
-    let elems = Zip::from(&rows).and_broadcast(live2).all(|&x, &l| !l || (x.is_finite() && x >= 0.0));
+    let elems = Zip::from(&rows).and_broadcast(live2).all(|&x, &l| !l || (x.into().is_finite() && x.into() >= 0.0));
     if !elems {
         return false;
     }
-    let masked = Zip::from(&rows).and_broadcast(live2).map_collect(|&x, &l| if l { x } else { 0.0 });
+    let masked = Zip::from(&rows).and_broadcast(live2).map_collect(|&x, &l| if l { x.into() } else { 0.0 });
     Zip::from(&sum_last(masked.view())).and(live).all(|&s, &l| !l || (s - 1.0).abs() <= SUM_TOLERANCE)
 }
 
@@ -90,7 +90,7 @@ pub(crate) fn all_finite(a: &ArrayD<f64>) -> bool {
 }
 
 /// Flattens `[B, K, V]` to `[B*K, V]` rows (a view when contiguous).
-pub(crate) fn rows_of<'a>(a: &'a ndarray::ArrayView3<'_, f64>) -> ndarray::CowArray<'a, f64, Ix2> {
+pub(crate) fn rows_of<'a, T: Clone>(a: &'a ndarray::ArrayView3<'_, T>) -> ndarray::CowArray<'a, T, Ix2> {
     let (b, k, v) = a.dim();
     a.to_shape((b * k, v)).expect("same element count")
 }

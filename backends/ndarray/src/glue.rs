@@ -37,6 +37,15 @@ impl NdarrayBackend {
         }
         Ok(match t {
             NdTensor::F64(a) => NdTensor::F64(to(a, shape)?),
+            // Into a pooled buffer: a verify reshapes its probabilities.
+            NdTensor::F32(a) => NdTensor::pooled_f32(shape, |buffer| {
+                match a.as_slice() {
+                    Some(values) => buffer.copy_from_slice(values),
+                    None => buffer.iter_mut().zip(a.iter()).for_each(|(o, &x)| *o = x),
+                }
+                true
+            })
+            .ok_or_else(|| device("reshape lost its element count"))?,
             NdTensor::I64(a) => NdTensor::I64(to(a, shape)?),
         })
     }
@@ -62,6 +71,7 @@ impl NdarrayBackend {
         }
         Ok(match t {
             NdTensor::F64(a) => NdTensor::F64(gather(a, &idx, r)),
+            NdTensor::F32(a) => NdTensor::F32(gather(a, &idx, r)),
             NdTensor::I64(a) => NdTensor::I64(gather(a, &idx, r)),
         })
     }
@@ -82,7 +92,14 @@ impl NdarrayBackend {
             concatenate(Axis(0), &views).map_err(device)
         }
         Ok(match first {
-            NdTensor::F64(_) => NdTensor::F64(cat(parts.iter().map(|p| p.floats("parts").map(|a| a.view())).collect::<Result<_>>()?)?),
+            // All f32: stays f32; any f64 part makes the whole f64.
+            NdTensor::F32(_) if parts.iter().all(|p| matches!(p, NdTensor::F32(_))) => {
+                NdTensor::F32(cat(parts.iter().filter_map(|p| if let NdTensor::F32(a) = p { Some(a.view()) } else { None }).collect())?)
+            }
+            NdTensor::F64(_) | NdTensor::F32(_) => {
+                let floats = parts.iter().map(|p| p.floats("parts")).collect::<Result<Vec<_>>>()?;
+                NdTensor::F64(cat(floats.iter().map(|a| a.view()).collect())?)
+            }
             NdTensor::I64(_) => NdTensor::I64(cat(parts.iter().map(|p| p.ints("parts").map(|a| a.view())).collect::<Result<_>>()?)?),
         })
     }

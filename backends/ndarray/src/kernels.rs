@@ -13,6 +13,20 @@ use std::cmp::Ordering;
 
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut2, Axis, Zip};
 
+/// The float types the row kernels read: f64, and f32 for `ndarray-f32`'s
+/// probabilities and f32 uploads. Widening to f64 is exact.
+pub(crate) trait Float: Copy + PartialOrd + Into<f64> + Send + Sync + 'static {
+    const NEG_INFINITY: Self;
+}
+
+impl Float for f64 {
+    const NEG_INFINITY: Self = f64::NEG_INFINITY;
+}
+
+impl Float for f32 {
+    const NEG_INFINITY: Self = f32::NEG_INFINITY;
+}
+
 /// Row sums over the last axis, accumulated in index order.
 pub(crate) fn sum_last(a: ArrayView2<'_, f64>) -> Array1<f64> {
     a.fold_axis(Axis(1), 0.0, |s, &x| s + x)
@@ -57,7 +71,7 @@ pub(crate) fn argmax_last(a: ArrayView2<'_, f64>) -> Array1<usize> {
 /// read: their argmax is 0. A greedy verify needs nothing else from the
 /// scores, so this one pass is the whole of its O(B k V) work; with enough
 /// to read, the rows are split across threads.
-pub(crate) fn argmax_rows_checked(a: ArrayView2<'_, f64>, live: ArrayView1<'_, bool>) -> (Array1<usize>, bool) {
+pub(crate) fn argmax_rows_checked<F: Float>(a: ArrayView2<'_, F>, live: ArrayView1<'_, bool>) -> (Array1<usize>, bool) {
     let mut out = Array2::zeros((a.nrows(), 1));
     let valid = for_rows(a, live, out.view_mut(), |_, row, top| {
         let (i, ok) = row_argmax(row);
@@ -73,13 +87,13 @@ pub(crate) fn argmax_rows_checked(a: ArrayView2<'_, f64>, live: ArrayView1<'_, b
 /// never has). With enough values
 /// to read, the rows are split across the machine's threads (each writes
 /// only its own output rows, so the result does not depend on the split).
-pub(crate) fn for_rows<T: Send>(a: ArrayView2<'_, f64>, live: ArrayView1<'_, bool>, mut out: ArrayViewMut2<'_, T>, f: impl Fn(usize, &[f64], &mut [T]) -> bool + Sync) -> bool {
+pub(crate) fn for_rows<F: Float, T: Send>(a: ArrayView2<'_, F>, live: ArrayView1<'_, bool>, mut out: ArrayViewMut2<'_, T>, f: impl Fn(usize, &[F], &mut [T]) -> bool + Sync) -> bool {
     /// Below this many live values a thread costs more than it saves.
     const PER_THREAD: usize = 1 << 18;
     let rows = a.nrows();
     let read = live.iter().filter(|&&l| l).count() * a.ncols();
     let threads = specdec_models::parallel::threads_for(read, PER_THREAD).min(rows.max(1));
-    let run = |first: usize, a: ArrayView2<'_, f64>, live: ArrayView1<'_, bool>, mut out: ArrayViewMut2<'_, T>| {
+    let run = |first: usize, a: ArrayView2<'_, F>, live: ArrayView1<'_, bool>, mut out: ArrayViewMut2<'_, T>| {
         let mut ok = true;
         for (r, ((row, &l), mut o)) in a.rows().into_iter().zip(live).zip(out.rows_mut()).enumerate() {
             if l {
@@ -114,25 +128,27 @@ pub(crate) fn for_rows<T: Send>(a: ArrayView2<'_, f64>, live: ArrayView1<'_, boo
 /// vectorise the one pass over the row (`x > m` ignores NaN, and a row with
 /// a NaN is invalid whatever its maximum); the first id holding the maximum
 /// is then found with an early-exit scan of a row still in cache.
-pub(crate) fn row_argmax(row: &[f64]) -> (usize, bool) {
+// `x != x` is the NaN test of any float type.
+#[allow(clippy::eq_op)]
+pub(crate) fn row_argmax<F: Float>(row: &[F]) -> (usize, bool) {
     const LANES: usize = 8;
-    let mut max = [f64::NEG_INFINITY; LANES];
+    let mut max = [F::NEG_INFINITY; LANES];
     let mut nan = [false; LANES];
     let chunks = row.chunks_exact(LANES);
     let tail = chunks.remainder();
     for c in chunks {
         for j in 0..LANES {
-            nan[j] |= c[j].is_nan();
+            nan[j] |= c[j] != c[j];
             max[j] = if c[j] > max[j] { c[j] } else { max[j] };
         }
     }
-    let (mut m, mut any_nan) = (f64::NEG_INFINITY, nan.contains(&true));
+    let (mut m, mut any_nan) = (F::NEG_INFINITY, nan.contains(&true));
     for &x in max.iter().chain(tail) {
-        any_nan |= x.is_nan();
+        any_nan |= x != x;
         m = if x > m { x } else { m };
     }
     // `m` is `+inf` (invalid), `-inf` (every id masked: invalid) or finite.
-    (row.iter().position(|&x| x == m).unwrap_or(0), !any_nan && m.is_finite())
+    (row.iter().position(|&x| x == m).unwrap_or(0), !any_nan && m.into().is_finite())
 }
 
 /// `a[r, idx[r]]`: one element per row (a gather on the flattened array).
@@ -161,11 +177,11 @@ pub(crate) fn take_rows<T: Clone>(a: ArrayView3<'_, T>, idx: ArrayView1<'_, usiz
 }
 
 /// `a[b, j, idx[b, j]]`: one element per row of a `[B, K, V]` array.
-pub(crate) fn take_ids(a: ArrayView3<'_, f64>, idx: ArrayView2<'_, usize>) -> Array2<f64> {
-    let (batch, rows, v) = a.dim();
-    let flat = a.to_shape((batch * rows, v)).expect("same element count");
-    let idx = idx.to_shape(batch * rows).expect("same element count");
-    take_along_last(flat.view(), idx.view()).into_shape_with_order((batch, rows)).expect("one value per row")
+/// Indexed in place: `a` may be a slice of a larger array (the first `k`
+/// of `k + 1` rows), which flattening would copy whole.
+pub(crate) fn take_ids<T: Clone>(a: ArrayView3<'_, T>, idx: ArrayView2<'_, usize>) -> Array2<T> {
+    let v = a.dim().2;
+    Array2::from_shape_fn(idx.dim(), |(b, j)| a[[b, j, idx[[b, j]].min(v - 1)]].clone())
 }
 
 /// Per-row argsort by `cmp`, ties to the lower id. ndarray has no sort, so

@@ -37,7 +37,9 @@ mod kernels;
 mod kv;
 mod model;
 mod ngram;
+mod pool;
 mod sampling;
+mod softmax_f32;
 mod tensor;
 mod verify;
 
@@ -46,10 +48,27 @@ pub use model::{NdModel, NdModelCache};
 pub use tensor::NdTensor;
 
 /// The ndarray backend: stateless, on the CPU, f64 throughout for the
-/// verify kernels; the model forward's weights in [`WeightFormat`].
+/// verify kernels unless [`Softmax::F32`] is chosen; the model forward's
+/// weights in [`WeightFormat`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NdarrayBackend {
     weights: WeightFormat,
+    softmax: Softmax,
+}
+
+/// The arithmetic of `process_logits`' softmax rows without top-k or top-p
+/// (the decoder's hot path, and most of a verify from logits).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Softmax {
+    /// f64 and the C library's `exp`, bit for bit the reference.
+    #[default]
+    F64,
+    /// `ndarray-f32`: f32 probabilities from vectorised f32 exponentials
+    /// summed in f64, within a stated tolerance of the reference (see
+    /// `softmax_f32.rs`). f32 uploads and the forward's outputs stay f32;
+    /// the rejection verify, reshape and the row glue read f32 as it is,
+    /// every other op widens it to f64 exactly and runs the f64 path.
+    F32,
 }
 
 /// How the model forward holds its projection weights (see `model.rs`).

@@ -29,7 +29,7 @@ use specdec_models::forward;
 use specdec_models::weights::Matrix;
 use specdec_rowmat::{Weights, dot, matmul, matmul_serial};
 
-use crate::{NdTensor, NdarrayBackend, WeightFormat};
+use crate::{NdTensor, NdarrayBackend, Softmax, WeightFormat};
 
 /// Weights resident for the forward.
 #[derive(Debug, Clone)]
@@ -120,9 +120,14 @@ fn attend(scores: &[f32], values: &[f32], hd: usize, out: &mut [f32]) {
     }
 }
 
-fn floats(rows: usize, cols: usize, v: Vec<f32>) -> NdTensor {
+/// The forward's f32 outputs: kept f32 by `ndarray-f32` (its softmax reads
+/// them as they are), widened exactly to f64 by the f64 port.
+fn floats(softmax: Softmax, rows: usize, cols: usize, v: Vec<f32>) -> NdTensor {
     let a = Array2::from_shape_vec((rows, cols), v).expect("rows · cols values");
-    NdTensor::F64(a.mapv(f64::from).into_dyn())
+    match softmax {
+        Softmax::F32 => NdTensor::F32(a.into_dyn()),
+        Softmax::F64 => NdTensor::F64(a.mapv(f64::from).into_dyn()),
+    }
 }
 
 impl ModelBackend for NdarrayBackend {
@@ -281,10 +286,10 @@ impl ModelBackend for NdarrayBackend {
                 let picked: Vec<f32> = rows.iter().flat_map(|&r| x[r * h..(r + 1) * h].iter().copied()).collect();
                 let normed = rms_norm(&picked, h, &model.final_norm, cfg.rms_norm_eps);
                 let vocab = model.head.rows();
-                Some(floats(rows.len(), vocab, matmul(&normed, rows.len(), &model.head)))
+                Some(floats(self.softmax, rows.len(), vocab, matmul(&normed, rows.len(), &model.head)))
             }
         };
-        let hidden = (k_width > 0).then(|| floats(n, k_width, hidden));
+        let hidden = (k_width > 0).then(|| floats(self.softmax, n, k_width, hidden));
         Ok(ForwardOutput { plan, logits, hidden })
     }
 

@@ -43,20 +43,11 @@ pub(crate) fn draw_ok(weights: &ArrayD<f64>, noise: &ArrayD<f64>, uniforms: bool
     rows >= 1 && vocab >= 1 && noise_ok && weight_rows_ok(w)
 }
 
-/// Per-row sampling parameters as given to `process_logits`.
-pub(crate) struct LogitsIn<'a> {
-    pub logits: &'a ArrayD<f64>,
-    pub temperature: &'a ArrayD<f64>,
-    pub top_k: &'a ArrayD<i64>,
-    pub top_p: &'a ArrayD<f64>,
-}
-
-/// LOGITS-1 fast check of the shapes and parameters; the score rows are
-/// checked by [`process_logits`] as it reads them.
-pub(crate) fn logits_ok(x: &LogitsIn<'_>) -> bool {
-    let Some(z) = d2(x.logits) else { return false };
-    let (rows, vocab) = z.dim();
-    let (Some(t), Some(k), Some(p)) = (d1(x.temperature), d1(x.top_k), d1(x.top_p)) else { return false };
+/// LOGITS-1 fast check of the logits' shape and the per-row parameters; the
+/// score rows are checked by [`process_logits`] as it reads them.
+pub(crate) fn logits_ok(shape: &[usize], temperature: &ArrayD<f64>, top_k: &ArrayD<i64>, top_p: &ArrayD<f64>) -> bool {
+    let &[rows, vocab] = shape else { return false };
+    let (Some(t), Some(k), Some(p)) = (d1(temperature), d1(top_k), d1(top_p)) else { return false };
     let shapes = rows >= 1 && vocab >= 1 && t.len() == rows && k.len() == rows && p.len() == rows;
     shapes && Zip::from(&t).and(&k).and(&p).all(|&t, &k, &p| t.is_finite() && t >= 0.0 && k >= 0 && p > 0.0 && p <= 1.0)
 }
@@ -112,9 +103,7 @@ enum Mode {
 /// bits, with rows split across threads. Otherwise the sorts dominate and
 /// the whole-array path below runs.
 pub(crate) fn process_logits(z: ArrayView2<'_, f64>, t: ArrayView1<'_, f64>, top_k: ArrayView1<'_, i64>, top_p: ArrayView1<'_, f64>) -> Option<Array2<f64>> {
-    let vocab = z.ncols();
-    let top_k_used = top_k.iter().any(|&k| k > 0 && (k as usize) < vocab);
-    let nucleus_used = Zip::from(&t).and(&top_p).fold(false, |any, &t, &p| any || (t > 0.0 && p < 1.0));
+    let (top_k_used, nucleus_used) = (top_k_used(z.ncols(), top_k), nucleus_used(t, top_p));
     let every = Array1::from_elem(z.nrows(), true);
     if top_k_used || nucleus_used {
         // The sorts dominate; one pass gives the argmax and the score check.
@@ -123,6 +112,22 @@ pub(crate) fn process_logits(z: ArrayView2<'_, f64>, t: ArrayView1<'_, f64>, top
     }
     let mut out = Array2::zeros(z.dim());
     for_rows(z, every.view(), out.view_mut(), |r, row, out| softmax_row(row, t[r], out)).then_some(out)
+}
+
+/// Whether some row keeps fewer than all `vocab` ids by top-k.
+fn top_k_used(vocab: usize, top_k: ArrayView1<'_, i64>) -> bool {
+    top_k.iter().any(|&k| k > 0 && (k as usize) < vocab)
+}
+
+/// Whether some sampled row uses top-p.
+fn nucleus_used(t: ArrayView1<'_, f64>, top_p: ArrayView1<'_, f64>) -> bool {
+    Zip::from(&t).and(&top_p).fold(false, |any, &t, &p| any || (t > 0.0 && p < 1.0))
+}
+
+/// Whether any row needs the sorted path (top-k or top-p); without it,
+/// every row is one fused softmax row.
+pub(crate) fn sorts_needed(vocab: usize, t: ArrayView1<'_, f64>, top_k: ArrayView1<'_, i64>, top_p: ArrayView1<'_, f64>) -> bool {
+    top_k_used(vocab, top_k) || nucleus_used(t, top_p)
 }
 
 /// LOGITS-2/3 for one row without top-k or top-p: one-hot at the lowest-id

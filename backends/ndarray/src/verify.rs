@@ -11,8 +11,8 @@ use rand_pcg::Pcg64;
 use specdec_backend::{Comparator, DrawMethod, PAD};
 
 use crate::check::{Layout, d1, d2, d3, draft_layout, exponentials_ok, prob_rows_ok, rows_of, uniforms_ok, valid_id};
-use crate::kernels::{argmax_rows_checked, below, leading_run, take_along_last, take_ids, take_rows};
-use crate::sampling::{exponential_race, inverse_cdf};
+use crate::kernels::{Float, argmax_rows_checked, below, leading_run, take_along_last, take_ids, take_rows};
+use crate::sampling::exponential_race;
 
 /// Verify outputs: `tokens [B, k+1]` and `num_accepted [B]`.
 pub(crate) type Emitted = (Array2<i64>, Array1<i64>);
@@ -52,7 +52,7 @@ pub(crate) enum Checks {
 
 /// GREEDY-1's shapes and CONV-5 draft layout; the score rows are checked
 /// by [`greedy`] in its one pass over them.
-pub(crate) fn greedy_ok(scores: &ArrayD<f64>, drafts: &ArrayD<i64>, lens: &ArrayD<i64>) -> Option<Layout> {
+pub(crate) fn greedy_ok<F>(scores: &ArrayD<F>, drafts: &ArrayD<i64>, lens: &ArrayD<i64>) -> Option<Layout> {
     let s = d3(scores)?;
     let vocab = s.dim().2;
     let layout = draft_layout(drafts, lens, vocab).filter(|_| vocab > 0)?;
@@ -62,7 +62,7 @@ pub(crate) fn greedy_ok(scores: &ArrayD<f64>, drafts: &ArrayD<i64>, lens: &Array
 /// GREEDY-1 (score rows, with `Checks::All`) and GREEDY-2 .. GREEDY-4 on
 /// input [`greedy_ok`] passed; `None` when a live score row is invalid.
 /// Only the live rows (CONV-7) are read, each once.
-pub(crate) fn greedy(scores: ArrayView3<'_, f64>, drafts: ArrayView2<'_, i64>, layout: &Layout, checks: Checks) -> Option<Emitted> {
+pub(crate) fn greedy<F: Float>(scores: ArrayView3<'_, F>, drafts: ArrayView2<'_, i64>, layout: &Layout, checks: Checks) -> Option<Emitted> {
     let (batch, k1, _) = scores.dim();
     let live = live_flat((&layout.lens + 1).view(), k1);
     let (top, valid) = argmax_rows_checked(rows_of(&scores).view(), live.view());
@@ -99,10 +99,11 @@ pub(crate) enum Noise<'a> {
     Exponentials(&'a ArrayD<f64>),
 }
 
-/// Everything a rejection verify reads (REJECT-1).
-pub(crate) struct RejectionIn<'a> {
-    pub p: &'a ArrayD<f64>,
-    pub q: Option<&'a ArrayD<f64>>,
+/// Everything a rejection verify reads (REJECT-1). The probabilities are
+/// f64, or f32 (`ndarray-f32`'s), read where needed and widened exactly.
+pub(crate) struct RejectionIn<'a, F> {
+    pub p: &'a ArrayD<F>,
+    pub q: Option<&'a ArrayD<F>>,
     pub drafts: &'a ArrayD<i64>,
     pub lens: &'a ArrayD<i64>,
     pub u: &'a ArrayD<f64>,
@@ -110,7 +111,7 @@ pub(crate) struct RejectionIn<'a> {
 }
 
 /// REJECT-1 fast check, in the reference's order of concerns.
-pub(crate) fn rejection_ok(x: &RejectionIn<'_>, checks: Checks) -> Option<Layout> {
+pub(crate) fn rejection_ok<F: Float>(x: &RejectionIn<'_, F>, checks: Checks) -> Option<Layout> {
     let p = d3(x.p)?;
     let vocab = p.dim().2;
     let layout = draft_layout(x.drafts, x.lens, vocab).filter(|_| vocab > 0)?;
@@ -166,7 +167,7 @@ fn residual_or_target(p: ArrayView2<'_, f64>, q: Option<ArrayView2<'_, f64>>, dr
 }
 
 /// REJECT-2 .. REJECT-5 on validated input.
-pub(crate) fn rejection(x: &RejectionIn<'_>, layout: &Layout, cmp: Comparator) -> Option<Emitted> {
+pub(crate) fn rejection<F: Float>(x: &RejectionIn<'_, F>, layout: &Layout, cmp: Comparator) -> Option<Emitted> {
     let (p, drafts, u) = (d3(x.p)?, d2(x.drafts)?, d2(x.u)?);
     let q = match x.q {
         Some(q) => Some(d3(q)?),
@@ -175,8 +176,9 @@ pub(crate) fn rejection(x: &RejectionIn<'_>, layout: &Layout, cmp: Comparator) -
     let k = layout.k;
     // PAD slots read id 0; they are masked out of every decision.
     let ids = drafts.mapv(|t| t.max(0) as usize);
-    let p_x = take_ids(p.slice(s![.., ..k, ..]), ids.view());
-    let q_x = q.map_or_else(|| Array2::ones((layout.batch, k)), |q| take_ids(q, ids.view()));
+    let widen = |a: Array2<F>| a.mapv(Into::<f64>::into);
+    let p_x = widen(take_ids(p.slice(s![.., ..k, ..]), ids.view()));
+    let q_x = q.map_or_else(|| Array2::ones((layout.batch, k)), |q| widen(take_ids(q, ids.view())));
     let live = below(layout.lens.view(), k);
     let accepted = Zip::from(&u).and(&p_x).and(&q_x).and(&live).map_collect(|&u, &p, &q, &l| l && accepts(cmp, u, p, q));
     let n = leading_run(accepted.view());
@@ -186,14 +188,94 @@ pub(crate) fn rejection(x: &RejectionIn<'_>, layout: &Layout, cmp: Comparator) -
     let rejected = Zip::from(&n).and(&layout.lens).map_collect(|&n, &len| n < len);
     let q_row = n.mapv(|n| n.min(k - 1));
     let drafted = take_along_last(ids.view(), q_row.view());
-    let p_row = take_rows(p, n.view());
-    let q_rows = q.map(|q| take_rows(q, q_row.view()));
-    let weights = residual_or_target(p_row.view(), q_rows.as_ref().map(|q| q.view()), drafted.view(), rejected.view());
     let next = match x.noise {
-        Noise::Uniforms(v) => inverse_cdf(weights.view(), take_along_last(d2(v)?, n.view()).view()),
-        Noise::Exponentials(e) => exponential_race(weights.view(), take_rows(d3(e)?, n.view()).view()),
+        Noise::Uniforms(v) => {
+            let v = take_along_last(d2(v)?, n.view());
+            Array1::from_shape_fn(layout.batch, |b| {
+                let q = q.as_ref().map(|q| q.slice(s![b, q_row[b], ..]));
+                inverse_cdf_row(p.slice(s![b, n[b], ..]), q, drafted[b], rejected[b], v[b])
+            })
+        }
+        Noise::Exponentials(e) => {
+            let p_row = widen(take_rows(p, n.view()));
+            let q_rows = q.map(|q| widen(take_rows(q, q_row.view())));
+            let weights = residual_or_target(p_row.view(), q_rows.as_ref().map(|q| q.view()), drafted.view(), rejected.view());
+            exponential_race(weights.view(), take_rows(d3(e)?, n.view()).view())
+        }
     };
     Some(emit(drafts, next.mapv(|t| t as i64).view(), n.view()))
+}
+
+/// One sequence's decision row with uniform draw noise `v`: REJECT-3's
+/// residual where the row was `rejected` and the residual has mass (RESID-3),
+/// else the target row (REJECT-4), drawn by SAMPLE-1, fused into passes over
+/// the row instead of whole-array temporaries. Every sum runs in index
+/// order from 0, as the whole-array path's (and the reference's) does, so
+/// the draw is the same bit for bit; the scan stops at the drawn id.
+fn inverse_cdf_row<F: Float>(p: ArrayView1<'_, F>, q: Option<ArrayView1<'_, F>>, drafted: usize, rejected: bool, v: f64) -> usize {
+    let mut mass = 0.0;
+    if rejected {
+        for_weights(p, q, drafted, true, |_, w| {
+            mass += w;
+            true
+        });
+    }
+    let residual = rejected && mass > 0.0;
+    let total = if residual {
+        mass
+    } else {
+        let mut total = 0.0;
+        for_weights(p, q, drafted, false, |_, w| {
+            total += w;
+            true
+        });
+        total
+    };
+    // C_i is non-decreasing, so the first `i` with `target < C_i` is the
+    // smallest; if rounding leaves none, the last id of positive weight.
+    let target = v * total;
+    let (mut cumulative, mut drawn, mut last_positive) = (0.0, None, 0);
+    for_weights(p, q, drafted, residual, |j, w| {
+        cumulative += w;
+        if w > 0.0 {
+            last_positive = j;
+        }
+        let found = target < cumulative;
+        if found {
+            drawn = Some(j);
+        }
+        !found
+    });
+    drawn.unwrap_or(last_positive)
+}
+
+/// `f(id, weight)` in id order until it returns `false`: the residual
+/// weights `max(0, p - q)` (or `p` with the drafted id zeroed, without `q`)
+/// when `residual`, else `p`.
+fn for_weights<F: Float>(p: ArrayView1<'_, F>, q: Option<ArrayView1<'_, F>>, drafted: usize, residual: bool, mut f: impl FnMut(usize, f64) -> bool) {
+    match (residual, q) {
+        (true, Some(q)) => {
+            for (j, (&p, &q)) in p.iter().zip(q).enumerate() {
+                if !f(j, (p.into() - q.into()).max(0.0)) {
+                    return;
+                }
+            }
+        }
+        (true, None) => {
+            for (j, &p) in p.iter().enumerate() {
+                if !f(j, if j == drafted { 0.0 } else { p.into() }) {
+                    return;
+                }
+            }
+        }
+        (false, _) => {
+            for (j, &p) in p.iter().enumerate() {
+                if !f(j, p.into()) {
+                    return;
+                }
+            }
+        }
+    }
 }
 
 /// The residual op's fast check (RESID-1, CONV-2): `[R, V]` rows, ids valid.

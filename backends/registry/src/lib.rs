@@ -45,11 +45,13 @@ impl Entry {
 }
 
 /// Every backend, in report order.
-pub const ENTRIES: [Entry; 9] = [
+pub const ENTRIES: [Entry; 10] = [
     Entry { name: "reference", aliases: &[], role: Role::Reference },
     Entry { name: "ndarray", aliases: &[], role: Role::Host },
     // Lossless Q8_0: batch-invariant products, so windows equal decodes.
     Entry { name: "ndarray-q8_0", aliases: &[], role: Role::Host },
+    // The vectorised f32 softmax, within a stated tolerance of the reference.
+    Entry { name: "ndarray-f32", aliases: &[], role: Role::Host },
     Entry { name: "candle-cpu", aliases: &["candle"], role: Role::Host },
     Entry { name: "candle-cuda", aliases: &[], role: Role::Accelerator },
     Entry { name: "tch-cpu", aliases: &["tch"], role: Role::Host },
@@ -84,6 +86,7 @@ pub fn with_backend<J: Job>(name: &str, job: &mut J) -> Result<J::Out, String> {
         "reference" => Ok(job.run(canonical, &ReferenceBackend)),
         "ndarray" => Ok(job.run(canonical, &specdec_ndarray::NdarrayBackend::new())),
         "ndarray-q8_0" => Ok(job.run(canonical, &specdec_ndarray::NdarrayBackend::q8_0())),
+        "ndarray-f32" => Ok(job.run(canonical, &specdec_ndarray::NdarrayBackend::f32_softmax())),
         "candle-cpu" => Ok(job.run(canonical, &specdec_candle::CandleBackend::cpu())),
         "candle-cpu-f16" => Ok(job.run(canonical, &specdec_candle::CandleBackend::cpu_f16())),
         "candle-cpu-q8_0" => Ok(job.run(canonical, &specdec_candle::CandleBackend::cpu_q8_0())),
@@ -157,6 +160,6 @@ mod tests {
         }
         let err = with_backend("nonesuch", &mut Name).unwrap_err();
         assert!(err.contains("unknown backend `nonesuch`") && err.contains("tch-cuda") && err.contains("candle-cpu-q8_0"), "{err}");
-        assert_eq!(all_names(), ["reference", "ndarray", "ndarray-q8_0", "candle-cpu", "candle-cuda", "tch-cpu", "tch-cuda"]);
+        assert_eq!(all_names(), ["reference", "ndarray", "ndarray-q8_0", "ndarray-f32", "candle-cpu", "candle-cuda", "tch-cpu", "tch-cuda"]);
     }
 }
