@@ -1,7 +1,9 @@
 //! `cargo xtask bench` runs this: the whole speedup report (see the crate
 //! docs), written to `reports/bench/`. `SPECDEC_BENCH_SECTIONS` picks
-//! sections (`kernels,ngram,forward,e2e,serve`, all by default); forward, e2e and serve need
-//! `SPECDEC_SMOLLM2_GGUF`; the peer column needs `SPECDEC_PEERS_PYTHON`.
+//! sections (`kernels,ngram,forward,e2e,mix,serve`, all by default); forward, e2e, mix and
+//! serve need `SPECDEC_SMOLLM2_GGUF`; the peer columns need `SPECDEC_PEERS_PYTHON` (and
+//! `SPECDEC_LLAMA_CPP_PATH` for llama.cpp in the mix). `SPECDEC_BENCH_MIX_BACKENDS` names
+//! the backends the prompt mix runs on (`ndarray`, the fastest CPU backend, by default).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,6 +14,7 @@ use specdec_backend::model::{LlamaWeights, ModelBackend};
 use specdec_benches::e2e::{self, BenchPrompt, E2e, PROMPTS};
 use specdec_benches::kernels::{self, Inputs, SHAPES};
 use specdec_benches::machine::Machine;
+use specdec_benches::mix;
 use specdec_benches::report::Report;
 use specdec_benches::{each_backend, forward, peer};
 use specdec_registry::Job;
@@ -21,6 +24,10 @@ const SERVE_BACKEND: &str = if cfg!(feature = "libtorch") { "tch-cpu" } else { "
 
 /// Default new tokens per end-to-end run (`SPECDEC_BENCH_TOKENS` overrides).
 const MAX_TOKENS: usize = 48;
+
+/// The prompt mix's backends by default: one, the fastest on a CPU, so the
+/// section fits the report's time budget.
+const MIX_BACKENDS: &str = "ndarray";
 
 struct KernelJob<'a> {
     c: &'a mut Criterion,
@@ -88,6 +95,40 @@ impl Job for E2eJob<'_> {
     }
 }
 
+struct MixJob<'a> {
+    weights: &'a std::sync::Arc<LlamaWeights>,
+    prompts: &'a [mix::MixPrompt],
+    max_tokens: usize,
+    /// The backends the mix runs on (`SPECDEC_BENCH_MIX_BACKENDS`).
+    wanted: Vec<String>,
+    out: mix::Mix,
+    failure: Option<String>,
+}
+
+impl Job for MixJob<'_> {
+    type Out = ();
+    fn run<B: ModelBackend>(&mut self, name: &str, b: &B) {
+        if self.failure.is_some() || !self.wanted.iter().any(|w| w == name) {
+            return;
+        }
+        let bar = ProgressBar::new((self.prompts.len() + mix::BATCHES.len()) as u64)
+            .with_style(ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {msg}").expect("template").progress_chars("=> "));
+        bar.set_prefix(format!("mix {name}"));
+        let mut tick = |what: &str| {
+            bar.set_message(what.to_string());
+            bar.inc(1);
+        };
+        match mix::measure(name, b, self.weights, self.prompts, self.max_tokens, &mut tick) {
+            Ok(m) => {
+                self.out.runs.extend(m.runs);
+                self.out.batches.extend(m.batches);
+            }
+            Err(why) => self.failure = Some(why),
+        }
+        bar.finish_and_clear();
+    }
+}
+
 fn bench_prompts(tokenizer: Option<&specdec_models::Tokenizer>) -> Result<Vec<BenchPrompt>, String> {
     let tok = tokenizer.ok_or("SmolLM2 has no tokenizer")?;
     let shipped = specdec_conformance::model_section::shipped_prompts();
@@ -104,7 +145,7 @@ fn bench_prompts(tokenizer: Option<&specdec_models::Tokenizer>) -> Result<Vec<Be
 fn main() -> Result<(), String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let criterion_dir = std::env::var("CARGO_TARGET_DIR").map_or_else(|_| root.join("target"), PathBuf::from).join("criterion");
-    let sections = std::env::var("SPECDEC_BENCH_SECTIONS").unwrap_or_else(|_| "kernels,ngram,forward,e2e,serve".into());
+    let sections = std::env::var("SPECDEC_BENCH_SECTIONS").unwrap_or_else(|_| "kernels,ngram,forward,e2e,mix,serve".into());
     let want = |s: &str| sections.split(',').any(|x| x.trim() == s);
     let max_tokens = std::env::var("SPECDEC_BENCH_TOKENS").ok().map_or(Ok(MAX_TOKENS), |v| v.parse().map_err(|_| format!("SPECDEC_BENCH_TOKENS={v} is not a token count")))?;
     // No plots: the report reads criterion's estimates only.
@@ -138,13 +179,13 @@ fn main() -> Result<(), String> {
         skipped.push("n-gram (not in SPECDEC_BENCH_SECTIONS)".into());
     }
 
-    for (section, name) in [("forward", "forward"), ("e2e", "end to end"), ("serve", "serve under load")] {
+    for (section, name) in [("forward", "forward"), ("e2e", "end to end"), ("mix", "prompt mix"), ("serve", "serve under load")] {
         if !want(section) {
             skipped.push(format!("{name} (not in SPECDEC_BENCH_SECTIONS)"));
         }
     }
     let model = match std::env::var_os("SPECDEC_SMOLLM2_GGUF") {
-        Some(path) if want("forward") || want("e2e") || want("serve") => Some(specdec_models::load(&path).map_err(|e| format!("SmolLM2: {e}"))?),
+        Some(path) if want("forward") || want("e2e") || want("mix") || want("serve") => Some(specdec_models::load(&path).map_err(|e| format!("SmolLM2: {e}"))?),
         Some(_) => None,
         None => {
             skipped.push("forward and end to end (SPECDEC_SMOLLM2_GGUF is not set: `eval \"$(cargo xtask model)\"`)".into());
@@ -155,6 +196,8 @@ fn main() -> Result<(), String> {
     let mut e2e = E2e::default();
     let mut e2e_failure = None;
     let mut serve = Err("not in SPECDEC_BENCH_SECTIONS, or SmolLM2 is not set".to_string());
+    let (mut mix_runs, mut mix_failure) = (mix::Mix::default(), None);
+    let mut mix_peers = Err("not in SPECDEC_BENCH_SECTIONS, or SmolLM2 is not set".to_string());
     if let Some(model) = model {
         // Shared by every DFlash drafter the end-to-end sweep builds (it reads the head).
         let weights = std::sync::Arc::new(model.weights);
@@ -172,6 +215,22 @@ fn main() -> Result<(), String> {
             each_backend(&mut job, false, false);
             (e2e, e2e_failure) = (job.out, job.failure);
         }
+        if want("mix") {
+            let tok = model.tokenizer.as_ref().ok_or("SmolLM2 has no tokenizer")?;
+            let prompts = mix::prompts(tok)?;
+            let wanted = std::env::var("SPECDEC_BENCH_MIX_BACKENDS").unwrap_or_else(|_| MIX_BACKENDS.into()).split(',').map(|s| s.trim().to_string()).collect();
+            let mut job = MixJob { weights: &weights, prompts: &prompts, max_tokens, wanted, out: mix::Mix::default(), failure: None };
+            each_backend(&mut job, false, false);
+            (mix_runs, mix_failure) = (job.out, job.failure);
+            mix_peers = match std::env::var_os("SPECDEC_PEERS_PYTHON") {
+                None => Err("SPECDEC_PEERS_PYTHON is not set (run `cargo xtask peers` for HF transformers, `cargo xtask engines` for llama.cpp)".into()),
+                Some(python) => {
+                    let (llama, hf, gguf) = (std::env::var_os("SPECDEC_LLAMA_CPP_PATH"), std::env::var_os("SPECDEC_SMOLLM2_HF"), std::env::var_os("SPECDEC_SMOLLM2_GGUF"));
+                    let setup = mix::PeerSetup { python: Path::new(&python), llama_cpp: llama.as_deref().map(Path::new), hf_dir: hf.as_deref().map(Path::new), gguf: gguf.as_deref().map(Path::new) };
+                    mix::peers(&setup, &prompts, max_tokens, &criterion_dir)
+                }
+            };
+        }
         if want("serve") {
             serve = match &model.tokenizer {
                 Some(tok) => specdec_benches::serve_load::measure(SERVE_BACKEND, &weights, tok),
@@ -181,11 +240,29 @@ fn main() -> Result<(), String> {
     }
     c.final_summary();
 
-    let report = Report { machine, command: "cargo xtask bench".into(), max_tokens, kernels: kernel_times, peer, ngram, forward: forward_times, e2e, e2e_failure: e2e_failure.clone(), serve, skipped };
+    let report = Report {
+        machine,
+        command: "cargo xtask bench".into(),
+        max_tokens,
+        kernels: kernel_times,
+        peer,
+        ngram,
+        forward: forward_times,
+        e2e,
+        e2e_failure: e2e_failure.clone(),
+        mix: mix_runs,
+        mix_peers,
+        mix_failure: mix_failure.clone(),
+        serve,
+        skipped,
+    };
     let dir = root.join("reports/bench");
     report.write(&dir)?;
     eprintln!("bench: wrote reports/bench/BENCH.md, bench.json and the plots");
     print!("{}", std::fs::read_to_string(dir.join("BENCH.md")).map_err(|e| e.to_string())?);
     // A lossless failure is the one outcome a report must not hide: exit non-zero.
+    if let Some(why) = mix_failure {
+        return Err(format!("prompt mix: {why}"));
+    }
     e2e_failure.map_or(Ok(()), |why| Err(format!("end to end: {why}")))
 }

@@ -190,13 +190,28 @@ struct Plain {
     step_s: f64,
 }
 
+/// One greedy run of a batch of `prompts` (stopping at the model's eos or
+/// after `max_tokens`) with `proposer` drafting up to `config.k` (under the
+/// pay-off controller when `config.payoff`).
+pub fn greedy_run<B: ModelBackend>(
+    b: &B,
+    model: &B::Model,
+    w: &Arc<LlamaWeights>,
+    prompts: &[&[u32]],
+    max_tokens: usize,
+    proposer: &ProposerChoice,
+    config: EngineConfig,
+) -> Result<RunOutput, String> {
+    let mut p = proposer.build(b, w, config.k.max(1)).map_err(|e| e.to_string())?;
+    let engine = Engine::new(b, model, &w.config, config).map_err(|e| e.to_string())?;
+    let sampling = SamplingParams::new(0.0, 0, 1.0);
+    let requests: Vec<Request> = prompts.iter().map(|ids| Request { sampling, eos: w.config.eos_ids(), ..Request::greedy(ids.to_vec(), max_tokens) }).collect();
+    engine.generate(&requests, p.as_mut(), None, &mut NoSink).map_err(|e| e.to_string())
+}
+
 impl<B: ModelBackend> Runner<'_, B> {
     fn run(&self, prompt: &[u32], k: usize, proposer: &ProposerChoice, payoff: bool) -> Result<RunOutput, String> {
-        let mut p = proposer.build(self.b, self.w, k.max(1)).map_err(|e| e.to_string())?;
-        let engine = Engine::new(self.b, &self.model, &self.w.config, EngineConfig { k, payoff, ..EngineConfig::default() }).map_err(|e| e.to_string())?;
-        let sampling = SamplingParams::new(0.0, 0, 1.0);
-        let request = Request { sampling, eos: self.w.config.eos_ids(), ..Request::greedy(prompt.to_vec(), self.max_tokens) };
-        engine.generate(std::slice::from_ref(&request), p.as_mut(), None, &mut NoSink).map_err(|e| e.to_string())
+        greedy_run(self.b, &self.model, self.w, &[prompt], self.max_tokens, proposer, EngineConfig { k, payoff, ..EngineConfig::default() })
     }
 
     fn plain(&self, p: &BenchPrompt) -> Result<(PlainRun, Plain), String> {

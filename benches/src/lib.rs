@@ -1,8 +1,9 @@
 //! The speedup report behind `cargo xtask bench`: kernels and forward passes
 //! timed under criterion next to the machine's measured memory limits, and
 //! end-to-end speculative decoding on SmolLM2 next to plain decoding and the
-//! theory's prediction, written as Markdown, JSON and SVG plots under
-//! `reports/bench/`.
+//! theory's prediction, the same on a mix of prompt categories beside the
+//! peers (HF transformers, llama.cpp), written as Markdown, JSON and SVG
+//! plots under `reports/bench/`.
 //!
 //! Invariants: every speed is a ratio measured in one run (to the machine's
 //! copy bandwidth, to the reference, to plain decoding, to a peer timed in
@@ -14,6 +15,7 @@ pub mod e2e;
 pub mod forward;
 pub mod kernels;
 pub mod machine;
+pub mod mix;
 pub mod ngram;
 pub mod peer;
 pub mod plot;

@@ -30,6 +30,11 @@ pub struct Report {
     /// Why the end-to-end section stopped early, if it did (e.g. a speculative
     /// run whose tokens differ from plain decoding): the rest is still reported.
     pub e2e_failure: Option<String>,
+    /// The prompt mix (`crate::mix`) and its peers, or why there are none.
+    pub mix: crate::mix::Mix,
+    pub mix_peers: Result<crate::mix::Peers, String>,
+    /// Why the mix stopped early (a speculative run that was not lossless).
+    pub mix_failure: Option<String>,
     /// `specdec serve` under load, plain against speculative, or why not.
     pub serve: Result<crate::serve_load::ServeLoad, String>,
     /// Sections left out of this run and why.
@@ -107,6 +112,9 @@ impl Report {
         if let Some(why) = &self.e2e_failure {
             let _ = writeln!(md, "**The end-to-end section failed:** {why}\n");
         }
+        if let Some(why) = &self.mix_failure {
+            let _ = writeln!(md, "**The prompt mix failed:** {why}\n");
+        }
         if !self.skipped.is_empty() {
             let _ = writeln!(md, "Left out of this run: {}.\n", self.skipped.join("; "));
         }
@@ -114,6 +122,9 @@ impl Report {
         self.ngram_md(&mut md);
         self.forward_md(&mut md);
         self.e2e_md(&mut md, plots);
+        if !self.mix.runs.is_empty() {
+            md.push_str(&crate::mix::markdown(&self.mix, &self.mix_peers, self.max_tokens));
+        }
         self.serve_md(&mut md);
         md
     }

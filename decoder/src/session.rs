@@ -236,7 +236,9 @@ impl<'s, B: ModelBackend> Session<'s, B> {
         if let Some(p) = self.payoff.as_mut() {
             // The whole step, the proposer's work included: what a draft costs here.
             let counts = step.counts.step_counts();
-            p.record(k, proposed.iter().copied().max().unwrap_or(0), counts.proposed, counts.accepted, step_started.elapsed().as_secs_f64());
+            // Sequences with drafts that did not keep them all: a rejection ended them.
+            let rejected = (proposed.iter().filter(|&&p| p > 0).count() as u64).saturating_sub(counts.bonus);
+            p.record(k, proposed.iter().copied().max().unwrap_or(0), counts.accepted, rejected, step_started.elapsed().as_secs_f64());
         }
         finished.extend(active.into_iter().filter(|&i| self.seqs[i].finish.is_some()));
         Ok(finished)

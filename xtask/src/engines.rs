@@ -329,6 +329,13 @@ impl Drop for Server {
     }
 }
 
+/// llama-cpp-python's directory when [`llama_cpp`] has installed it (for
+/// `PYTHONPATH`), without building or installing anything.
+pub fn installed_llama_cpp(root: &Path) -> Option<PathBuf> {
+    let dir = root.join(".cache/engines-llama");
+    dir.join("llama_cpp").is_dir().then_some(dir)
+}
+
 /// llama-cpp-python in `.cache/engines-llama`, from a wheel built once from PyPI's
 /// source into `.cache/wheels/llama` (about 10 minutes on 2 cores alone; no binary wheel
 /// for this platform exists), stamped with its pins.

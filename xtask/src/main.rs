@@ -192,6 +192,10 @@ fn run(task: Task) -> Result<(), String> {
             if let Some(python) = peers::installed_python(&root) {
                 env.push(("SPECDEC_PEERS_PYTHON".into(), python));
             }
+            // llama.cpp for the prompt mix, where `cargo xtask engines` installed it.
+            if let Some(dir) = engines::installed_llama_cpp(&root) {
+                env.push(("SPECDEC_LLAMA_CPP_PATH".into(), dir));
+            }
             cargo_with(&root, &["bench", "-p", "specdec-benches", "--features", "libtorch", "--bench", "report"], &rest_after_dashdash(rest), Some(&lt), &env)
         }
         Task::TrainDflash { backend, steps, out } => train_dflash::train(&root, &backend, steps, out),

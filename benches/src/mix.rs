@@ -1,0 +1,434 @@
+//! The speedup report on a prompt mix (`fixtures/prompts/mix.json`): seven
+//! categories of chat prompts (the six of a public speculative-decoding
+//! benchmark plus code editing), each run greedy, plain and with every
+//! proposer under the pay-off controller (`specdec generate`'s default), per
+//! category and overall; batches of 1, 4 and 16 requests for plain against
+//! speculative throughput; and the peers (HF transformers, llama.cpp), plain
+//! and with their own prompt lookup, timed in the same run on the same token
+//! ids (`adapters/peers/bench_generate.py`).
+//!
+//! Invariant: every speculative run, single or batched, must emit exactly
+//! the tokens of its plain run (greedy losslessness, DECODE-1); the first
+//! that does not stops the section with an error, so a row of the report is
+//! always a lossless run. Speedups are within one backend in one run; the
+//! peers' ratios are tokens per second in the same run on the same machine.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use specdec_backend::model::{LlamaWeights, ModelBackend};
+use specdec_decoder::{EngineConfig, ProposerChoice, RunOutput};
+
+use crate::e2e::{greedy_run, label};
+
+/// Requests per batch in the throughput table.
+pub const BATCHES: [usize; 3] = [1, 4, 16];
+
+/// The mix's proposers and the largest `k` the controller may pick: prompt
+/// lookup (`K = 8`, as the report's sweep) and the shipped DFlash draft
+/// (`K = 4`).
+pub fn proposers() -> Vec<(ProposerChoice, usize)> {
+    vec![(ProposerChoice::Ngram, 8), (ProposerChoice::Dflash(specdec_conformance::model_section::shipped_dflash_dir()), 4)]
+}
+
+#[derive(Deserialize)]
+struct Fixture {
+    categories: Vec<FixtureCategory>,
+}
+
+#[derive(Deserialize)]
+struct FixtureCategory {
+    id: String,
+    name: String,
+    prompts: Vec<FixturePrompt>,
+}
+
+#[derive(Deserialize)]
+struct FixturePrompt {
+    id: String,
+    turns: Vec<(String, String)>,
+}
+
+/// A prompt of the mix, rendered with the chat template and tokenized.
+#[derive(Debug, Clone)]
+pub struct MixPrompt {
+    pub category: String,
+    pub category_name: String,
+    pub id: String,
+    pub ids: Vec<u32>,
+}
+
+/// The fixture's prompts in category order, each conversation rendered by
+/// the model's chat template.
+pub fn prompts(tok: &specdec_models::Tokenizer) -> Result<Vec<MixPrompt>, String> {
+    let text = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/prompts/mix.json"));
+    let fixture: Fixture = serde_json::from_str(text).map_err(|e| format!("fixtures/prompts/mix.json: {e}"))?;
+    let mut out = Vec::new();
+    for c in fixture.categories {
+        for p in c.prompts {
+            let turns: Vec<(&str, &str)> = p.turns.iter().map(|(r, t)| (r.as_str(), t.as_str())).collect();
+            let chat = tok.chat_conversation(&turns).map_err(|e| format!("prompt {}: {e}", p.id))?;
+            let ids = tok.encode(&chat, false).map_err(|e| format!("prompt {}: {e}", p.id))?;
+            out.push(MixPrompt { category: c.id.clone(), category_name: c.name.clone(), id: format!("{}/{}", c.id, p.id), ids });
+        }
+    }
+    Ok(out)
+}
+
+/// One single-request run: plain (`proposer` `None`) or speculative.
+#[derive(Debug, Clone, Serialize)]
+pub struct MixRun {
+    pub backend: String,
+    pub category: String,
+    pub prompt: String,
+    pub proposer: Option<String>,
+    pub tokens: usize,
+    pub tokens_per_s: f64,
+    /// Over the same prompt's plain run (1 for the plain run).
+    pub speedup: f64,
+    pub steps: u64,
+    pub proposed: u64,
+    pub accepted: u64,
+    /// Steps run with each `k` (index `k`), as the controller chose.
+    pub steps_by_k: Vec<u64>,
+}
+
+/// One batch run: `batch` requests at once, plain or speculative.
+#[derive(Debug, Clone, Serialize)]
+pub struct BatchRun {
+    pub backend: String,
+    pub batch: usize,
+    pub proposer: Option<String>,
+    pub tokens: usize,
+    pub tokens_per_s: f64,
+    pub speedup: f64,
+}
+
+/// Everything the mix measured on the backends it ran on.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Mix {
+    pub runs: Vec<MixRun>,
+    pub batches: Vec<BatchRun>,
+}
+
+/// The mix's order for batches: round robin over the categories, so a batch
+/// of four holds four categories.
+fn round_robin(prompts: &[MixPrompt]) -> Vec<&MixPrompt> {
+    let mut by_category: BTreeMap<&str, Vec<&MixPrompt>> = BTreeMap::new();
+    let mut order = Vec::new();
+    for p in prompts {
+        if !by_category.contains_key(p.category.as_str()) {
+            order.push(p.category.as_str());
+        }
+        by_category.entry(&p.category).or_default().push(p);
+    }
+    let rounds = by_category.values().map(Vec::len).max().unwrap_or(0);
+    let by_category = &by_category;
+    (0..rounds).flat_map(|i| order.iter().filter_map(move |c| by_category[c].get(i).copied())).collect()
+}
+
+fn tokens_of(r: &RunOutput) -> Vec<Vec<u32>> {
+    r.outputs.iter().map(|o| o.tokens.clone()).collect()
+}
+
+/// Runs the mix on `b`; `progress` is told each finished run.
+pub fn measure<B: ModelBackend>(name: &str, b: &B, w: &Arc<LlamaWeights>, prompts: &[MixPrompt], max_tokens: usize, progress: &mut dyn FnMut(&str)) -> Result<Mix, String> {
+    let model = b.load_model(w).map_err(|e| e.to_string())?;
+    let run = |ids: &[&[u32]], k: usize, proposer: &ProposerChoice| greedy_run(b, &model, w, ids, max_tokens, proposer, EngineConfig { k, payoff: k > 0, ..EngineConfig::default() });
+    let mut mix = Mix::default();
+    for p in prompts {
+        let plain = run(&[&p.ids], 0, &ProposerChoice::None)?;
+        let row = |r: &RunOutput, proposer: Option<String>| MixRun {
+            backend: name.into(),
+            category: p.category.clone(),
+            prompt: p.id.clone(),
+            proposer,
+            tokens: r.outputs[0].tokens.len(),
+            tokens_per_s: r.decode_tokens_per_s(),
+            speedup: r.decode_tokens_per_s() / plain.decode_tokens_per_s(),
+            steps: r.acceptance.steps,
+            proposed: r.acceptance.proposed,
+            accepted: r.acceptance.accepted,
+            steps_by_k: r.steps_by_k.clone(),
+        };
+        mix.runs.push(row(&plain, None));
+        for (proposer, k) in proposers() {
+            let spec = run(&[&p.ids], k, &proposer)?;
+            if tokens_of(&spec) != tokens_of(&plain) {
+                return Err(format!("{name}, {}, prompt {}: greedy speculative tokens differ from plain decoding", label(&proposer), p.id));
+            }
+            mix.runs.push(row(&spec, Some(label(&proposer))));
+        }
+        progress(&format!("{name} {}", p.id));
+    }
+    let order = round_robin(prompts);
+    for batch in BATCHES {
+        let ids: Vec<&[u32]> = order.iter().cycle().take(batch).map(|p| p.ids.as_slice()).collect();
+        let plain = run(&ids, 0, &ProposerChoice::None)?;
+        let row = |r: &RunOutput, proposer: Option<String>| BatchRun {
+            backend: name.into(),
+            batch,
+            proposer,
+            tokens: r.outputs.iter().map(|o| o.tokens.len()).sum(),
+            tokens_per_s: r.decode_tokens_per_s(),
+            speedup: r.decode_tokens_per_s() / plain.decode_tokens_per_s(),
+        };
+        mix.batches.push(row(&plain, None));
+        for (proposer, k) in proposers() {
+            let spec = run(&ids, k, &proposer)?;
+            if tokens_of(&spec) != tokens_of(&plain) {
+                return Err(format!("{name}, {}, batch {batch}: greedy speculative tokens differ from plain decoding", label(&proposer)));
+            }
+            mix.batches.push(row(&spec, Some(label(&proposer))));
+        }
+        progress(&format!("{name} batch {batch}"));
+    }
+    Ok(mix)
+}
+
+/// A peer's runs in one mode, as `bench_generate.py` prints them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PeerEngine {
+    pub engine: String,
+    pub version: String,
+    pub mode: String,
+    pub runs: Vec<PeerRun>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PeerRun {
+    pub prompt: String,
+    pub tokens: usize,
+    pub decode_s: f64,
+    pub tokens_per_s: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Peers {
+    pub engines: Vec<PeerEngine>,
+    /// Why an engine that was asked for did not run.
+    pub skipped: Vec<String>,
+}
+
+/// Where the peers are: the peers' Python (HF transformers), llama-cpp-python's
+/// directory (put on `PYTHONPATH`), and the model in both layouts.
+pub struct PeerSetup<'a> {
+    pub python: &'a Path,
+    pub llama_cpp: Option<&'a Path>,
+    pub hf_dir: Option<&'a Path>,
+    pub gguf: Option<&'a Path>,
+}
+
+/// Times the peers on the mix's token ids (`adapters/peers/bench_generate.py`),
+/// with the n-gram proposer's `K` as their prompt-lookup length.
+pub fn peers(setup: &PeerSetup<'_>, prompts: &[MixPrompt], max_tokens: usize, scratch: &Path) -> Result<Peers, String> {
+    let k = proposers().iter().find(|(p, _)| *p == ProposerChoice::Ngram).map_or(8, |(_, k)| *k);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let job = serde_json::json!({
+        "prompts": prompts.iter().map(|p| serde_json::json!({"id": p.id, "ids": p.ids})).collect::<Vec<_>>(),
+        "max_tokens": max_tokens,
+        "k": k,
+        "threads": threads,
+        "hf_dir": setup.hf_dir,
+        "gguf": setup.llama_cpp.and(setup.gguf),
+    });
+    std::fs::create_dir_all(scratch).map_err(|e| format!("cannot create {}: {e}", scratch.display()))?;
+    let job_file = scratch.join("mix-peers.json");
+    std::fs::write(&job_file, job.to_string()).map_err(|e| format!("cannot write {}: {e}", job_file.display()))?;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../adapters/peers/bench_generate.py");
+    let mut cmd = std::process::Command::new(setup.python);
+    cmd.arg(&script).arg(&job_file);
+    if let Some(dir) = setup.llama_cpp {
+        cmd.env("PYTHONPATH", dir);
+    }
+    let out = cmd.output().map_err(|e| format!("cannot run {}: {e}", setup.python.display()))?;
+    if !out.status.success() {
+        return Err(format!("the peer script failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("the peer script printed no timings: {e}"))
+}
+
+/// The geometric mean (1 for none).
+fn geomean(xs: impl Iterator<Item = f64>) -> f64 {
+    let (sum, n) = xs.fold((0.0, 0usize), |(s, n), x| (s + x.ln(), n + 1));
+    if n == 0 { 1.0 } else { (sum / n as f64).exp() }
+}
+
+fn mean(xs: impl Iterator<Item = f64>) -> f64 {
+    let (sum, n) = xs.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
+    if n == 0 { 0.0 } else { sum / n as f64 }
+}
+
+/// One aggregate of runs: mean tokens/s, pooled acceptance and tokens per
+/// step, geometric-mean speedup, and the lowest speedup of any prompt.
+struct Pooled {
+    tokens_per_s: f64,
+    acceptance: f64,
+    tokens_per_step: f64,
+    speedup: f64,
+    worst: f64,
+}
+
+fn pool<'a>(runs: impl Iterator<Item = &'a MixRun> + Clone) -> Pooled {
+    let (proposed, accepted) = runs.clone().fold((0, 0), |(p, a), r| (p + r.proposed, a + r.accepted));
+    let (tokens, steps) = runs.clone().fold((0, 0), |(t, s), r| (t + r.tokens as u64, s + r.steps));
+    Pooled {
+        tokens_per_s: mean(runs.clone().map(|r| r.tokens_per_s)),
+        acceptance: if proposed == 0 { 0.0 } else { accepted as f64 / proposed as f64 },
+        tokens_per_step: if steps == 0 { 0.0 } else { tokens as f64 / steps as f64 },
+        speedup: geomean(runs.clone().map(|r| r.speedup)),
+        worst: runs.map(|r| r.speedup).fold(f64::INFINITY, f64::min),
+    }
+}
+
+/// The mix's Markdown: per backend a category table and a batch table, then
+/// the peers against the best backend's runs.
+pub fn markdown(mix: &Mix, peers: &Result<Peers, String>, max_tokens: usize) -> String {
+    let mut md = String::new();
+    let _ = writeln!(md, "## The prompt mix\n");
+    let _ = writeln!(
+        md,
+        "`fixtures/prompts/mix.json`: 7 categories of 3 chat prompts each, up to {max_tokens} tokens greedy, stopping at the model's end of sequence. Speculative runs use the pay-off controller (`specdec generate`'s default; n-gram K = 8, DFlash K = 4) and every one emitted exactly its plain run's tokens. Per category: mean tokens/s, acceptance pooled (accepted over proposed drafts), tokens per verify step pooled, speedup as the geometric mean over the prompts, and the lowest prompt's speedup.\n"
+    );
+    let backends: Vec<&str> = mix.runs.iter().map(|r| r.backend.as_str()).fold(Vec::new(), |mut v, b| {
+        if !v.contains(&b) {
+            v.push(b);
+        }
+        v
+    });
+    let categories: Vec<&str> = mix.runs.iter().map(|r| r.category.as_str()).fold(Vec::new(), |mut v, c| {
+        if !v.contains(&c) {
+            v.push(c);
+        }
+        v
+    });
+    for backend in &backends {
+        let names: Vec<String> = proposers().iter().map(|(p, _)| label(p)).collect();
+        let _ = writeln!(md, "### {backend}\n");
+        let mut header = "| category | plain tok/s |".to_string();
+        let mut rule = "|---|---|".to_string();
+        for p in &names {
+            let _ = write!(header, " {p} tok/s | acceptance | tokens/step | speedup (lowest) |");
+            rule.push_str("---|---|---|---|");
+        }
+        let _ = writeln!(md, "{header}\n{rule}");
+        for category in categories.iter().map(|c| Some(*c)).chain([None]) {
+            let of = |proposer: Option<&str>| -> Vec<&MixRun> {
+                mix.runs.iter().filter(|r| r.backend == *backend && category.is_none_or(|c| r.category == c) && r.proposer.as_deref() == proposer).collect()
+            };
+            let plain = pool(of(None).into_iter());
+            let _ = write!(md, "| {} | {:.1} |", category.unwrap_or("**overall**"), plain.tokens_per_s);
+            for p in &names {
+                let s = pool(of(Some(p)).into_iter());
+                let _ = write!(md, " {:.1} | {:.2} | {:.2} | **{:.2}x** ({:.2}x) |", s.tokens_per_s, s.acceptance, s.tokens_per_step, s.speedup, s.worst);
+            }
+            let _ = writeln!(md);
+        }
+        let _ = writeln!(
+            md,
+            "\nBatches (requests round robin over the categories; total tokens/s of the batch):\n\n| batch | plain tok/s | {} |\n|---|---|{}",
+            names.iter().map(|p| format!("{p} tok/s (speedup)")).collect::<Vec<_>>().join(" | "),
+            "---|".repeat(names.len())
+        );
+        for batch in BATCHES {
+            let rows: Vec<&BatchRun> = mix.batches.iter().filter(|r| r.backend == *backend && r.batch == batch).collect();
+            let Some(plain) = rows.iter().find(|r| r.proposer.is_none()) else { continue };
+            let spec: Vec<String> = names.iter().map(|p| rows.iter().find(|r| r.proposer.as_deref() == Some(p)).map_or("-".into(), |r| format!("{:.1} ({:.2}x)", r.tokens_per_s, r.speedup))).collect();
+            let _ = writeln!(md, "| {batch} | {:.1} | {} |", plain.tokens_per_s, spec.join(" | "));
+        }
+        let _ = writeln!(md);
+    }
+    match peers {
+        Err(why) => {
+            let _ = writeln!(md, "### Peers\n\nNot run: {why}\n");
+        }
+        Ok(peers) => peers_md(&mut md, mix, peers, &backends, &categories),
+    }
+    md
+}
+
+fn peers_md(md: &mut String, mix: &Mix, peers: &Peers, backends: &[&str], categories: &[&str]) {
+    let _ = writeln!(md, "### Peers, same run, same token ids\n");
+    for e in peers.engines.iter().map(|e| &e.version).fold(Vec::new(), |mut v: Vec<&String>, x| {
+        if !v.contains(&x) {
+            v.push(x);
+        }
+        v
+    }) {
+        let _ = writeln!(md, "- {e}");
+    }
+    for s in &peers.skipped {
+        let _ = writeln!(md, "- not run: {s}");
+    }
+    let _ = writeln!(
+        md,
+        "\nDecode tokens/s excluding the prompt (each peer timed generating the full answer and one token, best of two; `adapters/peers/bench_generate.py`), mean over the category's prompts. \"ours / X\": our tokens/s over the peer's, plain over plain and our faster proposer over the peer's prompt lookup, per category as the geometric mean over its prompts.\n"
+    );
+    let prompt_category: BTreeMap<&str, &str> = mix.runs.iter().map(|r| (r.prompt.as_str(), r.category.as_str())).collect();
+    let peer_rate = |e: &PeerEngine, category: Option<&str>| mean(e.runs.iter().filter(|r| category.is_none_or(|c| prompt_category.get(r.prompt.as_str()) == Some(&c))).map(|r| r.tokens_per_s));
+    let peer_ratio = |e: &PeerEngine, backend: &str, category: Option<&str>, speculative: bool| {
+        geomean(e.runs.iter().filter(|r| category.is_none_or(|c| prompt_category.get(r.prompt.as_str()) == Some(&c))).filter_map(|pr| {
+            let ours = mix.runs.iter().filter(|r| r.backend == backend && r.prompt == pr.prompt && r.proposer.is_some() == speculative).map(|r| r.tokens_per_s).fold(0.0, f64::max);
+            (pr.tokens_per_s > 0.0 && ours > 0.0).then(|| ours / pr.tokens_per_s)
+        }))
+    };
+    for backend in backends {
+        let mut header = format!("| category ({backend}) |");
+        let mut rule = "|---|".to_string();
+        for e in &peers.engines {
+            let _ = write!(header, " {} {} tok/s | ours / it |", e.engine, e.mode);
+            rule.push_str("---|---|");
+        }
+        let _ = writeln!(md, "{header}\n{rule}");
+        for category in categories.iter().map(|c| Some(*c)).chain([None]) {
+            let _ = write!(md, "| {} |", category.unwrap_or("**overall**"));
+            for e in &peers.engines {
+                let speculative = e.mode != "plain";
+                let _ = write!(md, " {:.1} | {:.2}x |", peer_rate(e, category), peer_ratio(e, backend, category, speculative));
+            }
+            let _ = writeln!(md);
+        }
+        let _ = writeln!(md);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prompt(category: &str, id: &str) -> MixPrompt {
+        MixPrompt { category: category.into(), category_name: category.into(), id: id.into(), ids: vec![1] }
+    }
+
+    #[test]
+    fn batches_take_the_categories_in_turn() {
+        let ps = [prompt("a", "a1"), prompt("a", "a2"), prompt("b", "b1"), prompt("c", "c1"), prompt("c", "c2")];
+        let order: Vec<&str> = round_robin(&ps).iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(order, ["a1", "b1", "c1", "a2", "c2"]);
+    }
+
+    #[test]
+    fn pooling_weighs_drafts_and_steps_and_takes_the_geometric_mean() {
+        let run = |speedup: f64, tokens: usize, steps: u64, proposed: u64, accepted: u64| MixRun {
+            backend: "b".into(),
+            category: "c".into(),
+            prompt: "p".into(),
+            proposer: Some("ngram".into()),
+            tokens,
+            tokens_per_s: 10.0 * speedup,
+            speedup,
+            steps,
+            proposed,
+            accepted,
+            steps_by_k: vec![],
+        };
+        let runs = [run(2.0, 30, 10, 20, 10), run(0.5, 10, 10, 0, 0)];
+        let p = pool(runs.iter());
+        assert!((p.speedup - 1.0).abs() < 1e-12, "geometric mean of 2 and 0.5");
+        assert_eq!((p.acceptance, p.tokens_per_step, p.worst), (0.5, 2.0, 0.5));
+        assert!((p.tokens_per_s - 12.5).abs() < 1e-12);
+    }
+}
