@@ -75,14 +75,10 @@ impl Job for E2eJob<'_> {
         if self.failure.is_some() {
             return;
         }
-        let bar = ProgressBar::new(0).with_style(ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {msg}").expect("template").progress_chars("=> "));
-        bar.set_prefix(name.to_string());
         // Plain, every swept k, and one pay-off run per proposer.
-        bar.set_length((self.prompts.len() * (1 + e2e::proposers().iter().map(|p| e2e::ks(p).len() + 1).sum::<usize>())) as u64);
-        let mut tick = |what: &str| {
-            bar.set_message(what.to_string());
-            bar.inc(1);
-        };
+        let runs = self.prompts.len() * (1 + e2e::proposers().iter().map(|p| e2e::ks(p).len() + 1).sum::<usize>());
+        let bar = progress_bar(name.to_string(), runs);
+        let mut tick = |what: &str| tick(&bar, what);
         match e2e::measure(name, b, self.weights, self.prompts, self.max_tokens, &mut tick) {
             Ok(e) => {
                 self.out.plain.extend(e.plain);
@@ -111,13 +107,8 @@ impl Job for MixJob<'_> {
         if self.failure.is_some() || !self.wanted.iter().any(|w| w == name) {
             return;
         }
-        let bar = ProgressBar::new((self.prompts.len() + mix::BATCHES.len()) as u64)
-            .with_style(ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {msg}").expect("template").progress_chars("=> "));
-        bar.set_prefix(format!("mix {name}"));
-        let mut tick = |what: &str| {
-            bar.set_message(what.to_string());
-            bar.inc(1);
-        };
+        let bar = progress_bar(format!("mix {name}"), self.prompts.len() + mix::BATCHES.len());
+        let mut tick = |what: &str| tick(&bar, what);
         match mix::measure(name, b, self.weights, self.prompts, self.max_tokens, &mut tick) {
             Ok(m) => {
                 self.out.runs.extend(m.runs);
@@ -127,6 +118,19 @@ impl Job for MixJob<'_> {
         }
         bar.finish_and_clear();
     }
+}
+
+/// A progress bar of `len` runs, labelled `prefix`.
+fn progress_bar(prefix: String, len: usize) -> ProgressBar {
+    let bar = ProgressBar::new(len as u64).with_style(ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {msg}").expect("template").progress_chars("=> "));
+    bar.set_prefix(prefix);
+    bar
+}
+
+/// One finished run on `bar`.
+fn tick(bar: &ProgressBar, what: &str) {
+    bar.set_message(what.to_string());
+    bar.inc(1);
 }
 
 fn bench_prompts(tokenizer: Option<&specdec_models::Tokenizer>) -> Result<Vec<BenchPrompt>, String> {
