@@ -88,10 +88,8 @@ def llama_engines(job):
             llm.reset()
             out = []
             for t in llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True):
-                if t == eos:
-                    break
-                out.append(t)
-                if len(out) >= n:
+                out.append(t)  # the end-of-sequence id counts, as in HF's and specdec's runs
+                if t == eos or len(out) >= n:
                     break
             return out
         return generate

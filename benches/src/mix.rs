@@ -365,7 +365,7 @@ fn peers_md(md: &mut String, mix: &Mix, peers: &Peers, backends: &[&str], catego
     }
     let _ = writeln!(
         md,
-        "\nDecode tokens/s excluding the prompt (each peer timed generating the full answer and one token, best of two; `adapters/peers/bench_generate.py`), mean over the category's prompts. \"ours / X\": our tokens/s over the peer's, plain over plain and our faster proposer over the peer's prompt lookup, per category as the geometric mean over its prompts.\n"
+        "\nDecode tokens/s excluding the prompt (each peer timed generating the full answer and one token, best of two; `adapters/peers/bench_generate.py`), mean over the category's prompts. \"ours / X\": our tokens/s over the peer's, plain over plain, and over the peer's prompt lookup the faster of our two proposers on each prompt (a best of two, so it leans our way), per category as the geometric mean over its prompts.\n"
     );
     let prompt_category: BTreeMap<&str, &str> = mix.runs.iter().map(|r| (r.prompt.as_str(), r.category.as_str())).collect();
     let peer_rate = |e: &PeerEngine, category: Option<&str>| mean(e.runs.iter().filter(|r| category.is_none_or(|c| prompt_category.get(r.prompt.as_str()) == Some(&c))).map(|r| r.tokens_per_s));

@@ -209,7 +209,7 @@ impl Backend for NdarrayBackend {
     /// two agree for equal seeds.
     fn rejection_verify_seeded(&self, args: RejectionArgs<'_, NdTensor>, method: DrawMethod, cmp: Comparator, seed: u64) -> Result<Verified<NdTensor>> {
         let drafts = args.draft_tokens.ints("draft_tokens")?;
-        let vocab = args.target_probs.floats("target_probs")?.shape().last().copied().unwrap_or(0);
+        let vocab = args.target_probs.shape().last().copied().unwrap_or(0);
         let (batch, k) = match drafts.shape() {
             [b, k] => (*b, *k),
             _ => (0, 0),

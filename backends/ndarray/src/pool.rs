@@ -11,10 +11,10 @@
 //!
 //! Invariants: a buffer handed out has exactly the length asked for and
 //! arbitrary (initialised) contents, so the caller must write every element;
-//! only buffers of at least [`MIN_LEN`] values are kept, at most
-//! [`MAX_BUFFERS`] of them and [`MAX_VALUES`] values in all, so the cache
-//! never holds more than 1 GiB. A buffer is only ever truncated, never
-//! grown in place, so no uninitialised value is exposed.
+//! only allocations of at least [`MIN_LEN`] values are kept, at most
+//! [`MAX_BUFFERS`] of them and [`MAX_VALUES`] values of capacity in all, so
+//! the cache never holds more than 1 GiB. A buffer grows only through
+//! `resize`, so no uninitialised value is exposed.
 
 use std::sync::Mutex;
 
@@ -26,14 +26,15 @@ const MAX_VALUES: usize = 1 << 28;
 static POOL: Mutex<Vec<Vec<f32>>> = Mutex::new(Vec::new());
 
 /// A buffer of `len` values with arbitrary contents: the smallest cached one
-/// that is long enough, else a fresh zeroed one.
+/// whose allocation holds them (grown within it by zeros where it was
+/// truncated shorter: its pages are mapped already), else a fresh zeroed one.
 pub(crate) fn take(len: usize) -> Vec<f32> {
     if len >= MIN_LEN {
         let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
-        let best = pool.iter().enumerate().filter(|(_, b)| b.len() >= len).min_by_key(|(_, b)| b.len()).map(|(i, _)| i);
+        let best = pool.iter().enumerate().filter(|(_, b)| b.capacity() >= len).min_by_key(|(_, b)| b.capacity()).map(|(i, _)| i);
         if let Some(i) = best {
             let mut buffer = pool.remove(i);
-            buffer.truncate(len);
+            buffer.resize(len, 0.0);
             return buffer;
         }
     }
@@ -44,12 +45,12 @@ pub(crate) fn take(len: usize) -> Vec<f32> {
 /// when the cache is full, the buffers returned longest ago go first, so a
 /// workload whose shapes change keeps the buffers of its current shape).
 pub(crate) fn give(buffer: Vec<f32>) {
-    if buffer.len() < MIN_LEN || buffer.len() > MAX_VALUES {
+    if buffer.capacity() < MIN_LEN || buffer.capacity() > MAX_VALUES {
         return;
     }
     let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
     pool.push(buffer);
-    while pool.len() > MAX_BUFFERS || pool.iter().map(Vec::len).sum::<usize>() > MAX_VALUES {
+    while pool.len() > MAX_BUFFERS || pool.iter().map(Vec::capacity).sum::<usize>() > MAX_VALUES {
         pool.remove(0);
     }
 }
@@ -68,6 +69,10 @@ mod tests {
         let again = take(big - 3);
         assert_eq!(again.len(), big - 3);
         assert!(again.iter().all(|&x| x == 1.0), "a cached buffer, truncated");
+        give(again);
+        let grown = take(big);
+        assert_eq!(grown.len(), big, "a truncated buffer serves its whole allocation again");
+        assert!(grown[..big - 3].iter().all(|&x| x == 1.0));
         give(vec![2.0; 10]);
         assert_eq!(take(10), vec![0.0; 10]);
         for _ in 0..MAX_BUFFERS {

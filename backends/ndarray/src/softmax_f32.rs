@@ -83,7 +83,14 @@ pub(crate) fn softmax_row<F: Float>(z: &[F], t: f64, out: &mut [f32]) -> bool {
         return false; // NaN or +inf: the output is discarded
     }
     let (max, inv_t) = (z[top].into(), 1.0 / t);
-    let scale = 1.0 / dispatch(z, max, inv_t, out);
+    let total = if inv_t.is_finite() {
+        dispatch(z, max, inv_t, out)
+    } else {
+        // A subnormal temperature: `1 / t` overflows, and `0 · inf` would
+        // make the maximum's weight NaN. Divide, as the reference does.
+        divided(z, max, t, out)
+    };
+    let scale = 1.0 / total;
     for o in out.iter_mut() {
         *o = (f64::from(*o) * scale) as f32;
     }
@@ -105,6 +112,16 @@ fn dispatch<F: Float>(z: &[F], max: f64, inv_t: f64, out: &mut [f32]) -> f64 {
         }
     }
     weights(z, max, inv_t, out)
+}
+
+/// The weights with `(l - max) / t` divided, not multiplied by `1 / t`.
+fn divided<F: Float>(z: &[F], max: f64, t: f64, out: &mut [f32]) -> f64 {
+    let mut total = 0.0;
+    for (&l, o) in z.iter().zip(out.iter_mut()) {
+        *o = exp_f32_poly((l.into() - max) / t) as f32;
+        total += f64::from(*o);
+    }
+    total
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -182,6 +199,16 @@ mod tests {
             f64::from(poly * r * r + r + 1.0) * 2f64.powi(n as i32)
         };
         assert!(worst_error(short) > EXP_REL_ERROR);
+    }
+
+    /// A subnormal temperature (LOGITS-1 accepts it; `1 / t` overflows): the
+    /// row is the reference's, one-hot on the maximum's ties.
+    #[test]
+    fn a_subnormal_temperature_gives_the_references_row() {
+        let z = [1.0f64, 3.0, 2.0, 3.0];
+        let mut out = [0.0f32; 4];
+        assert!(softmax_row(&z, 1e-310, &mut out));
+        assert_eq!(out, [0.0, 0.5, 0.0, 0.5]);
     }
 
     /// The vectorised row against the reference's f64 softmax, on rows with

@@ -251,8 +251,10 @@ mod avx512 {
             }
         }
         let mut out = [[0.0f32; NW]; NR];
-        if cols.is_multiple_of(LANES) {
-            // No tail: the tile's accumulators are reduced sixteen at a time.
+        // No tail: the tile's accumulators are reduced sixteen at a time (the
+        // reachable tiles hold at most 27; a larger one, which the dispatch
+        // lists but `avx512_tile_w` never picks, takes the scalar path).
+        if cols.is_multiple_of(LANES) && NR * NW <= 32 {
             let mut flat = [_mm512_setzero_ps(); 32];
             for i in 0..NR {
                 for j in 0..NW {
