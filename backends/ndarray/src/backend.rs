@@ -345,7 +345,8 @@ impl ProcessorKernels for NdarrayBackend {
     }
 
     fn bias_and_penalties(&self, logits: &NdTensor, penalties: Option<Penalties<'_, NdTensor>>, bias: Option<&NdTensor>) -> Result<NdTensor> {
-        let mut z = view(d2(&*logits.floats("logits")?), "logits")?.to_owned();
+        // One copy: f32 logits are widened into the array the processors edit.
+        let mut z = logits.floats("logits")?.into_owned().into_dimensionality::<ndarray::Ix2>().map_err(device)?;
         if let Some(b) = bias {
             z += &view(d2(&*b.floats("logit_bias")?), "logit_bias")?;
         }
