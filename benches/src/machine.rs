@@ -1,5 +1,5 @@
 //! The machine the report ran on: cores, CPU model, and its measured copy
-//! bandwidth, the yardstick every memory-bound limit in the report uses.
+//! and read bandwidths, the yardsticks of the report's memory-bound limits.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -19,6 +19,12 @@ pub struct Machine {
     pub all_threads_bytes_per_s: f64,
     /// The buffer copied (bytes), far larger than any cache.
     pub copy_buffer_bytes: usize,
+    /// Read bandwidth in bytes per second: a sum over the same buffer (a
+    /// read-only stream, which is what a decode's pass over its weights
+    /// is), the larger of one thread's and all threads', best of the
+    /// repetitions. On the 2-core development machine it measured about
+    /// half the copy convention's figure, not equal to it.
+    pub read_bytes_per_s: f64,
 }
 
 /// 256 MiB: far beyond the last-level cache of any CPU this runs on, so the
@@ -38,6 +44,7 @@ impl Machine {
         dst.copy_from_slice(&src); // fault every page in before timing
         let one = best_copy(&src, &mut dst, 1);
         let all = best_copy(&src, &mut dst, cores);
+        let read = best_read(&src, 1).max(best_read(&src, cores));
         Machine {
             cores,
             cpu: cpu_model().unwrap_or_else(|| "unknown CPU".into()),
@@ -45,6 +52,7 @@ impl Machine {
             one_thread_bytes_per_s: one,
             all_threads_bytes_per_s: all,
             copy_buffer_bytes: BUFFER,
+            read_bytes_per_s: read,
         }
     }
 
@@ -55,6 +63,42 @@ impl Machine {
         // moves it once, at the same bytes-per-second rate.
         bytes / self.copy_bytes_per_s
     }
+
+    /// The time (seconds) to read `bytes` once at the measured read-only
+    /// bandwidth: a decode's weight-bandwidth roofline on this machine as a
+    /// read stream meets it (the copy-convention limit above is stricter).
+    pub fn read_only_limit_s(&self, bytes: f64) -> f64 {
+        bytes / self.read_bytes_per_s
+    }
+}
+
+/// Best of [`REPEATS`] sums of `src` split across `threads`, in bytes read per second.
+fn best_read(src: &[u64], threads: usize) -> f64 {
+    let chunk = src.len().div_ceil(threads);
+    let mut best = f64::INFINITY;
+    for _ in 0..REPEATS {
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            for part in src.chunks(chunk) {
+                s.spawn(move || black_box(sum(black_box(part))));
+            }
+        });
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    std::mem::size_of_val(src) as f64 / best
+}
+
+/// A wrapping sum in eight independent lanes, so the loop is bound by the
+/// loads, not by one chain of adds.
+fn sum(words: &[u64]) -> u64 {
+    let mut lanes = [0u64; 8];
+    let mut chunks = words.chunks_exact(8);
+    for c in &mut chunks {
+        for (l, &w) in lanes.iter_mut().zip(c) {
+            *l = l.wrapping_add(w);
+        }
+    }
+    chunks.remainder().iter().chain(&lanes).fold(0u64, |s, &w| s.wrapping_add(w))
 }
 
 /// Best of [`REPEATS`] copies of `src` into `dst` split across `threads`, in bytes per second.

@@ -101,13 +101,14 @@ impl Report {
         let _ = writeln!(md, "Made by `{}`. Every ratio below is between times measured in this one run.\n", self.command);
         let _ = writeln!(
             md,
-            "**Machine:** {} cores, {}; copy bandwidth **{:.1} GB/s** (the larger of one thread's {:.1} and all threads' {:.1}; {} MiB buffer, read + write bytes, best of 7). A memory-bound limit below is the bytes a kernel must read once over this bandwidth; it is given for host backends only (an accelerator's bandwidth is not measured here).\n",
+            "**Machine:** {} cores, {}; copy bandwidth **{:.1} GB/s** (the larger of one thread's {:.1} and all threads' {:.1}; {} MiB buffer, read + write bytes, best of 7); read bandwidth **{:.1} GB/s** (a sum over the same buffer, the larger of one thread's and all threads', best of 7). A memory-bound limit below is the bytes a kernel must read once over the copy bandwidth (the stricter yardstick), and for the forward's decode also over the read bandwidth; both are given for host backends only (an accelerator's bandwidth is not measured here).\n",
             m.cores,
             m.cpu,
             m.copy_bytes_per_s / 1e9,
             m.one_thread_bytes_per_s / 1e9,
             m.all_threads_bytes_per_s / 1e9,
-            m.copy_buffer_bytes >> 20
+            m.copy_buffer_bytes >> 20,
+            m.read_bytes_per_s / 1e9
         );
         if let Some(why) = &self.e2e_failure {
             let _ = writeln!(md, "**The end-to-end section failed:** {why}\n");
@@ -226,14 +227,18 @@ impl Report {
         let _ = writeln!(md, "## SmolLM2-135M forward\n");
         let _ = writeln!(
             md,
-            "Criterion means. Context {CONTEXT} tokens; `verify9` is a {WINDOW}-token window (k = 8) at that context; `prefill64` a 64-token prompt into an empty cache. Roofline: the weights a decode step reads once over the copy bandwidth (q8_0: 34 bytes per 32 weights).\n"
+            "Criterion means. Context {CONTEXT} tokens; `verify9` is a {WINDOW}-token window (k = 8) at that context; `prefill64` a 64-token prompt into an empty cache. Each timing ends by downloading the last logit row (the verify ops read the rest on the device). Rooflines: the weights a decode step reads once (q8_0: 34 bytes per 32 weights) over the copy bandwidth, and over the read bandwidth.\n"
         );
-        let _ = writeln!(md, "| backend | weights | decode (ms) | tokens/s | x roofline | verify9 (ms) | verify9 / decode | prefill64 (ms) |\n|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(
+            md,
+            "| backend | weights | decode (ms) | tokens/s | x copy roofline | x read roofline | verify9 (ms) | verify9 / decode | prefill64 (ms) |\n|---|---|---|---|---|---|---|---|---|"
+        );
         for f in &self.forward {
-            let roofline = f.decode_times_roofline.map_or("-".into(), |x| format!("{x:.2}"));
+            let roofline = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.2}"));
+            let (copy, read) = (roofline(f.decode_times_roofline), roofline(f.decode_times_read_roofline));
             let _ = writeln!(
                 md,
-                "| {} | {} ({:.0} MB) | {} | {:.1} | {roofline} | {} | {:.2} | {} |",
+                "| {} | {} ({:.0} MB) | {} | {:.1} | {copy} | {read} | {} | {:.2} | {} |",
                 f.backend,
                 f.weight_dtype,
                 f.weight_bytes / 1e6,

@@ -42,6 +42,7 @@ mod sampling;
 mod softmax_f32;
 mod tensor;
 mod verify;
+mod widest;
 
 pub use kv::NdKvCache;
 pub use model::{NdModel, NdModelCache};

@@ -5,20 +5,24 @@
 //! only on that row and the cache before it, never on how many rows share
 //! the call: projections are `specdec_rowmat::matmul` (one fixed dot
 //! product per output, weights streamed once per call for a whole verify
-//! window); RMSNorm sums squares with the same dot product; attention
-//! scores are that dot product of a query and each cached key (one product
-//! per sequence and KV head for every window row and query head of the
-//! group), then per row a softmax over exactly the positions it sees (a max,
-//! exponentials and their sum in position order) and the weighted values
-//! added in position order; RoPE, SwiGLU and the residual adds are per
-//! element. So a `(k+1)`-token verify window's logits
+//! window; q, k and v stacked into one product, gate and up into another);
+//! RMSNorm sums squares with the same dot product; attention scores are
+//! that dot product of a query and each key its row sees (one product per
+//! window row and KV head, for the group's query heads), then per row a
+//! softmax over exactly those positions (a max, exponentials and their sum
+//! in a fixed order for the row's length) and the weighted values added in
+//! position order;
+//! RoPE, SwiGLU and the residual adds are per element (the exponentials
+//! of SwiGLU and the attention softmax are `ndarray-f32`'s vectorised one,
+//! relative error at most 1e-7). So a `(k+1)`-token verify window's logits
 //! equal `k+1` one-token decodes' bit for bit, and the stated
 //! `window_margin_epsilon` is 0 (the model section checks windows against
 //! decodes exactly). The KV cache is one preallocated `[batch, kv_heads,
 //! capacity, head_dim]` array per layer and kind (a head's keys contiguous,
 //! so they are the rows of one product); appending writes the new positions
 //! in place, trimming only moves a sequence's length.
-//! Precision against the f64 reference: f32 rounding (f32 weights), or the
+//! Precision against the f64 reference: f32 rounding (f32 weights) and
+//! those exponentials, or the
 //! Q8_0 quantization of every projection whose input width is a multiple
 //! of 32 (see [`NdarrayBackend::model_precision`]).
 
@@ -27,8 +31,11 @@ use specdec_backend::Result;
 use specdec_backend::model::{ForwardOutput, ForwardRequest, LlamaConfig, LlamaWeights, LogitRows, ModelBackend, ModelPrecision, check_cache_index};
 use specdec_models::forward;
 use specdec_models::weights::Matrix;
-use specdec_rowmat::{Weights, dot, matmul, matmul_serial};
+use specdec_rowmat::{Weights, dot, matmul, matmul_into, matmul_serial};
 
+use crate::pool;
+use crate::softmax_f32::exp_f32_poly;
+use crate::widest::widest;
 use crate::{NdTensor, NdarrayBackend, Softmax, WeightFormat};
 
 /// Weights resident for the forward.
@@ -46,13 +53,13 @@ pub struct NdModel {
 #[derive(Debug, Clone)]
 struct NdLayer {
     attn_norm: Vec<f32>,
-    wq: Weights,
-    wk: Weights,
-    wv: Weights,
+    /// The q, k and v projections stacked (rows in that order): one
+    /// product, so one pass of the threads over the three.
+    wqkv: Weights,
     wo: Weights,
     mlp_norm: Vec<f32>,
-    w_gate: Weights,
-    w_up: Weights,
+    /// The gate and up projections stacked, likewise.
+    w_gate_up: Weights,
     w_down: Weights,
 }
 
@@ -71,9 +78,19 @@ impl WeightFormat {
     /// be a multiple of its 32-value block; a matrix whose width is not (some
     /// tiny models') stays f32, as llama.cpp's quantizer leaves such tensors.
     fn weights(self, m: &Matrix) -> Weights {
+        self.stacked(&[m])
+    }
+
+    /// Projections of the same input stacked into one matrix, rows in the
+    /// order given. Each output is still the dot product of the input row
+    /// and one weight row (and Q8_0 quantizes row by row), so the stacked
+    /// product's values are the separate products' bit for bit.
+    fn stacked(self, parts: &[&Matrix]) -> Weights {
+        let (rows, cols) = (parts.iter().map(|m| m.rows()).sum(), parts[0].cols());
+        let data: Vec<f32> = parts.iter().flat_map(|m| m.data.iter().copied()).collect();
         match self {
-            WeightFormat::F32 => Weights::f32(m.rows(), m.cols(), m.data.clone()),
-            WeightFormat::Q8_0 => Weights::q8_0(m.rows(), m.cols(), &m.data).unwrap_or_else(|| Weights::f32(m.rows(), m.cols(), m.data.clone())),
+            WeightFormat::F32 => Weights::f32(rows, cols, data),
+            WeightFormat::Q8_0 => Weights::q8_0(rows, cols, &data).unwrap_or_else(|| Weights::f32(rows, cols, data)),
         }
     }
 }
@@ -88,6 +105,22 @@ fn rms_norm(x: &[f32], width: usize, w: &[f32], eps: f64) -> Vec<f32> {
     out
 }
 
+/// The rows of a stacked product `[n, Σ widths]` as one `[n, width]`
+/// matrix per part.
+fn split_columns<const P: usize>(y: &[f32], widths: [usize; P]) -> [Vec<f32>; P] {
+    let total: usize = widths.iter().sum();
+    let rows = y.len() / total;
+    let mut parts: [Vec<f32>; P] = widths.map(|w| Vec::with_capacity(rows * w));
+    for row in y.chunks_exact(total) {
+        let mut at = 0;
+        for (part, w) in parts.iter_mut().zip(widths) {
+            part.extend_from_slice(&row[at..at + w]);
+            at += w;
+        }
+    }
+    parts
+}
+
 /// Rotate-half RoPE in place on one row of `heads · hd` values (MODEL-10).
 fn rope_row(row: &mut [f32], hd: usize, cos: &[f32], sin: &[f32]) {
     let half = hd / 2;
@@ -100,19 +133,72 @@ fn rope_row(row: &mut [f32], hd: usize, cos: &[f32], sin: &[f32]) {
     }
 }
 
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+/// `e^x` for `x <= 0` in f32: `ndarray-f32`'s vectorisable exponential
+/// (relative error at most 1e-7, `softmax_f32.rs`), which the compiler
+/// vectorises where the C library's `expf` is a call per value.
+#[inline(always)]
+fn exp_nonpositive(x: f32) -> f32 {
+    exp_f32_poly(f64::from(x)) as f32
 }
 
-/// Softmax of one row's scores over the positions it sees, in position
-/// order, then the probability-weighted value rows (`[seen, hd]`) added in
-/// position order into `out` (`hd` values).
-fn attend(scores: &[f32], values: &[f32], hd: usize, out: &mut [f32]) {
-    let max = scores.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    let exps: Vec<f32> = scores.iter().map(|&v| (v - max).exp()).collect();
-    let total = exps.iter().fold(0.0f32, |s, &e| s + e);
+/// SwiGLU, `silu(g) · u` per element, with `silu(g) = g · σ(g)` and `σ`
+/// from `e^-|g|` (an argument never above 0): `1 / (1 + e)` for `g >= 0`,
+/// `e / (1 + e)` below. Per element, so a row's values do not depend on
+/// the rows beside it.
+/// `gate_up` holds each row's gate values, then its up values (the
+/// stacked product `[n, 2 · ff]`); the result is `[n, ff]`.
+fn swiglu(gate_up: &[f32], ff: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; gate_up.len() / 2];
+    // Plain loops (no `collect`, whose loop would be compiled outside `widest`).
+    widest(
+        #[inline(always)]
+        || {
+            for (o, row) in out.chunks_exact_mut(ff).zip(gate_up.chunks_exact(2 * ff)) {
+                let (gate, up) = row.split_at(ff);
+                for ((o, &g), &u) in o.iter_mut().zip(gate).zip(up) {
+                    let e = exp_nonpositive(-g.abs());
+                    let sigma = if g >= 0.0 { 1.0 / (1.0 + e) } else { e / (1.0 + e) };
+                    *o = g * sigma * u;
+                }
+            }
+        },
+    );
+    out
+}
+
+/// Softmax of one row's scores times `scale` over the positions it sees,
+/// then the probability-weighted value rows (`[seen, hd]`) added in
+/// position order into `out` (`hd` values). `weights` is scratch
+/// space of at least `scores.len()` values.
+fn attend(scores: &[f32], scale: f32, values: &[f32], hd: usize, weights: &mut [f32], out: &mut [f32]) {
+    widest(
+        #[inline(always)]
+        || attend_rows(scores, scale, values, hd, weights, out),
+    )
+}
+
+#[inline(always)]
+fn attend_rows(scores: &[f32], scale: f32, values: &[f32], hd: usize, weights: &mut [f32], out: &mut [f32]) {
+    // The max and the sum in sixteen lanes (position i in lane i mod 16,
+    // lanes then taken in order): a fixed order for a row of a given length,
+    // vectorised, where one chain of dependent adds cost more than the
+    // weighted values.
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    for (i, &v) in scores.iter().enumerate() {
+        lanes[i % 16] = lanes[i % 16].max(v * scale);
+    }
+    let max = lanes.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let weights = &mut weights[..scores.len()];
+    for (e, &v) in weights.iter_mut().zip(scores) {
+        *e = exp_nonpositive(v * scale - max);
+    }
+    let mut lanes = [0.0f32; 16];
+    for (i, &e) in weights.iter().enumerate() {
+        lanes[i % 16] += e;
+    }
+    let total = lanes.iter().fold(0.0f32, |s, &e| s + e);
     out.fill(0.0);
-    for (e, v) in exps.iter().zip(values.chunks_exact(hd)) {
+    for (e, v) in weights.iter().zip(values.chunks_exact(hd)) {
         let p = e / total;
         for (o, &x) in out.iter_mut().zip(v) {
             *o += p * x;
@@ -120,14 +206,74 @@ fn attend(scores: &[f32], values: &[f32], hd: usize, out: &mut [f32]) {
     }
 }
 
-/// The forward's f32 outputs: kept f32 by `ndarray-f32` (its softmax reads
-/// them as they are), widened exactly to f64 by the f64 port.
-fn floats(softmax: Softmax, rows: usize, cols: usize, v: Vec<f32>) -> NdTensor {
-    let a = Array2::from_shape_vec((rows, cols), v).expect("rows · cols values");
-    match softmax {
-        Softmax::F32 => NdTensor::F32(a.into_dyn()),
-        Softmax::F64 => NdTensor::F64(a.mapv(f64::from).into_dyn()),
+/// Causal attention over one layer's cache, after the window's keys and
+/// values went in: every window row's query heads of one KV head attend to
+/// the positions that row sees.
+struct Attention<'a> {
+    /// The rotated queries, `[rows, nh · hd]`.
+    q: &'a [f32],
+    /// `[batch, kv_heads, capacity, hd]`.
+    keys: &'a Array4<f32>,
+    values: &'a Array4<f32>,
+    nh: usize,
+    group: usize,
+    hd: usize,
+    scale: f32,
+}
+
+impl Attention<'_> {
+    /// The attended values `[rows, nh · hd]`, one (window row, KV head) at a
+    /// time: its group's scores are the canonical dot products of its
+    /// queries and the keys that row sees, then [`attend`] per query head.
+    /// On the calling thread: a 9-row window's attention is about 30 µs a
+    /// layer, and splitting it across rayon's threads measured no faster.
+    fn rows(&self, rows: &[forward::SeqRows]) -> Vec<f32> {
+        let (width, span) = (self.nh * self.hd, self.group * self.hd);
+        let mut attended = vec![0.0f32; rows.iter().map(|r| r.count).sum::<usize>() * width];
+        let mut weights = vec![0.0f32; rows.iter().map(|r| r.start_pos + r.count).max().unwrap_or(0)];
+        for r in rows {
+            for i in 0..r.count {
+                for kvh in 0..self.nh / self.group {
+                    let at = (r.token_row + i) * width + kvh * span;
+                    self.one(r, i, kvh, &mut weights, &mut attended[at..at + span]);
+                }
+            }
+        }
+        attended
     }
+
+    /// Window row `i` of `r` (at position `start_pos + i`, seeing every
+    /// position up to its own), the query heads of KV head `kvh`, into `out`.
+    fn one(&self, r: &forward::SeqRows, i: usize, kvh: usize, weights: &mut [f32], out: &mut [f32]) {
+        let (hd, group) = (self.hd, self.group);
+        let seen = r.start_pos + i + 1;
+        let keys = self.keys.slice(s![r.seq, kvh, ..seen, ..]);
+        let values = self.values.slice(s![r.seq, kvh, ..seen, ..]);
+        let (keys, values) = (keys.to_slice().expect("a standard-layout cache"), values.to_slice().expect("a standard-layout cache"));
+        let at = ((r.token_row + i) * self.nh + kvh * group) * hd;
+        let scores = matmul_serial(&self.q[at..at + group * hd], group, keys, hd);
+        for (g, out) in out.chunks_exact_mut(hd).enumerate() {
+            attend(&scores[g * seen..(g + 1) * seen], self.scale, values, hd, weights, out);
+        }
+    }
+}
+
+/// The forward's f32 outputs `[rows, cols]`, written by `fill` into a
+/// pooled buffer: kept f32 by `ndarray-f32` (its softmax reads them as they
+/// are), widened exactly to f64 (into a pooled buffer too) by the f64 port.
+fn floats(softmax: Softmax, rows: usize, cols: usize, fill: impl FnOnce(&mut [f32])) -> NdTensor {
+    let mut v = pool::take::<f32>(rows * cols);
+    fill(&mut v);
+    let v = match softmax {
+        Softmax::F32 => return NdTensor::F32(Array2::from_shape_vec((rows, cols), v).expect("rows · cols values").into_dyn()),
+        Softmax::F64 => {
+            let mut wide = pool::take::<f64>(rows * cols);
+            wide.iter_mut().zip(&v).for_each(|(w, &x)| *w = f64::from(x));
+            pool::give(v);
+            wide
+        }
+    };
+    NdTensor::F64(Array2::from_shape_vec((rows, cols), v).expect("rows · cols values").into_dyn())
 }
 
 impl ModelBackend for NdarrayBackend {
@@ -176,13 +322,10 @@ impl ModelBackend for NdarrayBackend {
             .iter()
             .map(|l| NdLayer {
                 attn_norm: l.attn_norm.data.clone(),
-                wq: f.weights(&l.wq),
-                wk: f.weights(&l.wk),
-                wv: f.weights(&l.wv),
+                wqkv: f.stacked(&[&l.wq, &l.wk, &l.wv]),
                 wo: f.weights(&l.wo),
                 mlp_norm: l.mlp_norm.data.clone(),
-                w_gate: f.weights(&l.w_gate),
-                w_up: f.weights(&l.w_up),
+                w_gate_up: f.stacked(&[&l.w_gate, &l.w_up]),
                 w_down: f.weights(&l.w_down),
             })
             .collect();
@@ -219,17 +362,13 @@ impl ModelBackend for NdarrayBackend {
         let scale = 1.0 / (hd as f32).sqrt();
         for (li, layer) in model.layers.iter().enumerate() {
             let normed = rms_norm(&x, h, &layer.attn_norm, cfg.rms_norm_eps);
-            let mut q = matmul(&normed, n, &layer.wq);
-            let mut k = matmul(&normed, n, &layer.wk);
-            let v = matmul(&normed, n, &layer.wv);
+            let [mut q, mut k, v] = split_columns(&matmul(&normed, n, &layer.wqkv), [nh * hd, nkv * hd, nkv * hd]);
             for row in 0..n {
                 let t = row * hd / 2..(row + 1) * hd / 2;
                 rope_row(&mut q[row * nh * hd..(row + 1) * nh * hd], hd, &cos[t.clone()], &sin[t.clone()]);
                 rope_row(&mut k[row * nkv * hd..(row + 1) * nkv * hd], hd, &cos[t.clone()], &sin[t]);
             }
-            let mut attended = vec![0.0f32; n * nh * hd];
             for r in &plan.rows {
-                let end = r.start_pos + r.count;
                 for kvh in 0..nkv {
                     let mut keys = cache.keys[li].slice_mut(s![r.seq, kvh, .., ..]);
                     let mut values = cache.values[li].slice_mut(s![r.seq, kvh, .., ..]);
@@ -239,32 +378,14 @@ impl ModelBackend for NdarrayBackend {
                         keys[to..to + hd].copy_from_slice(&k[from..from + hd]);
                         values[to..to + hd].copy_from_slice(&v[from..from + hd]);
                     }
-                    // Every window row's queries of this KV head's group, against every key up to
-                    // the window's end: each score is the dot product alone, whatever else is computed.
-                    let mut queries = Vec::with_capacity(r.count * group * hd);
-                    for i in 0..r.count {
-                        let at = ((r.token_row + i) * nh + kvh * group) * hd;
-                        queries.extend_from_slice(&q[at..at + group * hd]);
-                    }
-                    let scores = matmul_serial(&queries, r.count * group, &keys[..end * hd], hd);
-                    for i in 0..r.count {
-                        // Token i sits at start_pos + i and sees every position up to its own.
-                        let seen = r.start_pos + i + 1;
-                        for g in 0..group {
-                            let row = (i * group + g) * end;
-                            let at = ((r.token_row + i) * nh + kvh * group + g) * hd;
-                            let scaled: Vec<f32> = scores[row..row + seen].iter().map(|&s| s * scale).collect();
-                            attend(&scaled, &values[..seen * hd], hd, &mut attended[at..at + hd]);
-                        }
-                    }
                 }
             }
+            let attention = Attention { q: &q, keys: &cache.keys[li], values: &cache.values[li], nh, group, hd, scale };
+            let attended = attention.rows(&plan.rows);
             let o = matmul(&attended, n, &layer.wo);
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
             let normed = rms_norm(&x, h, &layer.mlp_norm, cfg.rms_norm_eps);
-            let gate = matmul(&normed, n, &layer.w_gate);
-            let up = matmul(&normed, n, &layer.w_up);
-            let act: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| silu(g) * u).collect();
+            let act = swiglu(&matmul(&normed, n, &layer.w_gate_up), layer.w_gate_up.rows() / 2);
             let down = matmul(&act, n, &layer.w_down);
             x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
             if let Some(slot) = req.hidden_layers.iter().position(|&l| l == li) {
@@ -286,10 +407,10 @@ impl ModelBackend for NdarrayBackend {
                 let picked: Vec<f32> = rows.iter().flat_map(|&r| x[r * h..(r + 1) * h].iter().copied()).collect();
                 let normed = rms_norm(&picked, h, &model.final_norm, cfg.rms_norm_eps);
                 let vocab = model.head.rows();
-                Some(floats(self.softmax, rows.len(), vocab, matmul(&normed, rows.len(), &model.head)))
+                Some(floats(self.softmax, rows.len(), vocab, |y| matmul_into(&normed, rows.len(), &model.head, y)))
             }
         };
-        let hidden = (k_width > 0).then(|| floats(self.softmax, n, k_width, hidden));
+        let hidden = (k_width > 0).then(|| floats(self.softmax, n, k_width, |y| y.copy_from_slice(&hidden)));
         Ok(ForwardOutput { plan, logits, hidden })
     }
 

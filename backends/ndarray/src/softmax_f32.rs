@@ -36,6 +36,7 @@ use ndarray::{Array1, ArrayView1, ArrayView2, ArrayViewMut2};
 use crate::NdTensor;
 
 use crate::kernels::{Float, for_rows, row_argmax};
+use crate::widest::widest;
 
 /// 1.5 * 2^52: adding it rounds a float below 2^51 to an integer, which then
 /// sits in the low bits of the sum's representation.
@@ -100,18 +101,10 @@ pub(crate) fn softmax_row<F: Float>(z: &[F], t: f64, out: &mut [f32]) -> bool {
 /// Writes each weight into `out` and returns the sum of what was written,
 /// on the widest instruction set the machine has.
 fn dispatch<F: Float>(z: &[F], max: f64, inv_t: f64, out: &mut [f32]) -> f64 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the feature was detected on this machine.
-            return unsafe { weights_avx512(z, max, inv_t, out) };
-        }
-        if std::is_x86_feature_detected!("avx2") {
-            // SAFETY: the feature was detected on this machine.
-            return unsafe { weights_avx2(z, max, inv_t, out) };
-        }
-    }
-    weights(z, max, inv_t, out)
+    widest(
+        #[inline(always)]
+        || weights(z, max, inv_t, out),
+    )
 }
 
 /// The weights with `(l - max) / t` divided, not multiplied by `1 / t`.
@@ -122,18 +115,6 @@ fn divided<F: Float>(z: &[F], max: f64, t: f64, out: &mut [f32]) -> f64 {
         total += f64::from(*o);
     }
     total
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn weights_avx512<F: Float>(z: &[F], max: f64, inv_t: f64, out: &mut [f32]) -> f64 {
-    weights(z, max, inv_t, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn weights_avx2<F: Float>(z: &[F], max: f64, inv_t: f64, out: &mut [f32]) -> f64 {
-    weights(z, max, inv_t, out)
 }
 
 /// The weights of a row in chunks of [`LANES`] (the loop the compiler

@@ -18,12 +18,13 @@ pub enum NdTensor {
     I64(ArrayD<i64>),
 }
 
-/// f32 buffers go back to [`crate::pool`] for the next output to reuse.
+/// Float buffers go back to [`crate::pool`] for the next output to reuse.
 impl Drop for NdTensor {
     fn drop(&mut self) {
-        if let NdTensor::F32(a) = self {
-            let (buffer, _) = std::mem::take(a).into_raw_vec_and_offset();
-            crate::pool::give(buffer);
+        match self {
+            NdTensor::F32(a) => crate::pool::give(std::mem::take(a).into_raw_vec_and_offset().0),
+            NdTensor::F64(a) => crate::pool::give(std::mem::take(a).into_raw_vec_and_offset().0),
+            NdTensor::I64(_) => {}
         }
     }
 }

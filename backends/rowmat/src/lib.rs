@@ -19,10 +19,14 @@
 //!   not depend on which one it has.
 //! - **Weights stream once per call** ([`matmul`]): each task takes a block
 //!   of weight rows and, while they sit in L1, multiplies them with every
-//!   input row (AVX-512's 32 registers hold tiles of up to 9 input rows
+//!   input row, writing its columns of the row-major result in place (AVX-512's 32 registers hold tiles of up to 9 input rows
 //!   by 3 weight rows, so a verify window of up to 9 tokens loads each
 //!   weight chunk into a register once; AVX2's 16 hold 2 by 3),
 //!   so a 9-row window reads the weights from memory once, like a decode.
+//!   Rows too long for the window's inputs to stay in L1 beside the
+//!   streaming weights (SmolLM2's 1536-wide down projection) go in column
+//!   spans, the accumulators waiting in a buffer between spans; each lane
+//!   still takes its elements in increasing order, so the bits are the same.
 //!   Tasks split the weight rows across rayon's threads; a row's result
 //!   does not depend on the split.
 //! - **Q8_0** ([`Weights::q8_0`], GGUF's layout: blocks of 32 inputs, one
@@ -41,7 +45,7 @@ mod q8;
 mod simd;
 
 use rayon::prelude::*;
-use simd::Isa;
+use simd::{Dest, Isa};
 
 pub use q8::{Q8_0_BLOCK, Q8Matrix};
 
@@ -127,28 +131,38 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// Every value is [`dot`] of an input row and a weight row (dequantized for
 /// Q8_0), whatever `n` is.
 pub fn matmul(x: &[f32], n: usize, w: &Weights) -> Vec<f32> {
-    matmul_on(simd::isa(), x, n, w)
+    let mut y = vec![0.0f32; n * w.rows()];
+    matmul_on(simd::isa(), x, n, w, &mut y);
+    y
 }
 
-fn matmul_on(isa: Isa, x: &[f32], n: usize, w: &Weights) -> Vec<f32> {
+/// [`matmul`] into `y` (`[n, out]`, every value overwritten): for a caller
+/// that reuses its output buffers.
+pub fn matmul_into(x: &[f32], n: usize, w: &Weights, y: &mut [f32]) {
+    matmul_on(simd::isa(), x, n, w, y)
+}
+
+fn matmul_on(isa: Isa, x: &[f32], n: usize, w: &Weights, y: &mut [f32]) {
     let (out, cols) = (w.rows(), w.cols());
     assert_eq!(x.len(), n * cols, "input of {} values for {n} rows of {cols}", x.len());
+    assert_eq!(y.len(), n * out, "output of {} values for {n} rows of {out}", y.len());
     if n == 0 || out == 0 {
-        return Vec::new();
+        return;
     }
-    // Output-major while computing (each task owns whole weight rows), then
-    // transposed: the transpose moves n · out values, the product reads
-    // out · in weights.
-    let mut by_row = vec![0.0f32; out * n];
-    by_row.par_chunks_mut(ROWS_PER_TASK * n).enumerate().for_each(|(task, chunk)| {
+    let base = y.as_mut_ptr() as usize;
+    // Each task owns whole weight rows, so whole columns of `y`: task `t`
+    // writes columns `t · ROWS_PER_TASK ..` of every row and nothing else.
+    (0..out.div_ceil(ROWS_PER_TASK)).into_par_iter().for_each(|task| {
         let first = task * ROWS_PER_TASK;
-        let count = chunk.len() / n;
+        let count = ROWS_PER_TASK.min(out - first);
+        // SAFETY: `y` outlives the loop; this task alone writes its columns
+        // `first .. first + count` of the `n` rows of `out` values.
+        let dest = unsafe { Dest::new((base as *mut f32).add(first), out) };
         match w {
-            Weights::F32 { data, .. } => simd::block_f32(&data[first * cols..(first + count) * cols], cols, x, n, chunk, isa),
-            Weights::Q8_0(q) => simd::block_q8(q, first, count, x, n, chunk, isa),
+            Weights::F32 { data, .. } => simd::block_f32(&data[first * cols..(first + count) * cols], cols, x, n, dest, isa),
+            Weights::Q8_0(q) => simd::block_q8(q, first, count, x, n, dest, isa),
         }
     });
-    transpose(&by_row, out, n)
 }
 
 /// [`matmul`] against borrowed row-major f32 weights `[w.len() / cols,
@@ -161,20 +175,11 @@ pub fn matmul_serial(x: &[f32], n: usize, w: &[f32], cols: usize) -> Vec<f32> {
     if n == 0 || out == 0 {
         return Vec::new();
     }
-    let mut by_row = vec![0.0f32; out * n];
-    simd::block_f32(w, cols, x, n, &mut by_row, simd::isa());
-    transpose(&by_row, out, n)
-}
-
-/// `[rows, cols]` row-major into `[cols, rows]`.
-fn transpose(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut t = vec![0.0f32; rows * cols];
-    for i in 0..rows {
-        for j in 0..cols {
-            t[j * rows + i] = a[i * cols + j];
-        }
-    }
-    t
+    let mut y = vec![0.0f32; n * out];
+    // SAFETY: the block writes `n` rows of `out` columns of `y`, on this thread.
+    let dest = unsafe { Dest::new(y.as_mut_ptr(), out) };
+    simd::block_f32(w, cols, x, n, dest, simd::isa());
+    y
 }
 
 /// Which instruction set [`dot`] and [`matmul`] run on this machine (the
@@ -202,5 +207,12 @@ pub fn matmul_each_path(x: &[f32], n: usize, w: &Weights) -> Vec<(&'static str, 
         Isa::Portable => {}
     }
     // AVX-512 machines also have AVX2 and FMA (every x86 CPU with AVX-512F does).
-    paths.into_iter().map(|isa| (isa_name(isa), matmul_on(isa, x, n, w))).collect()
+    paths
+        .into_iter()
+        .map(|isa| {
+            let mut y = vec![0.0f32; n * w.rows()];
+            matmul_on(isa, x, n, w, &mut y);
+            (isa_name(isa), y)
+        })
+        .collect()
 }
