@@ -20,6 +20,7 @@ use crate::error::{ModelError, Result};
 use crate::forward::rope_angles;
 use crate::reference::rope;
 use crate::weights::{LlamaWeights, Matrix};
+use specdec_rowmat::Weights;
 
 /// Up to this many rows a product streams the weight once, row by row
 /// (sgemm would first pack all of `wᵀ`, which for the target's head costs
@@ -114,11 +115,37 @@ impl ContextF32 {
 #[derive(Debug, Clone)]
 pub struct DflashF32 {
     draft: DflashDraft,
+    /// The target's head in Q8_0 for the drafter's own readout, when asked
+    /// for ([`DflashF32::with_q8_0_head`]); else the target's f32 head.
+    head: Option<Weights>,
 }
 
 impl DflashF32 {
     pub fn new(draft: DflashDraft) -> Self {
-        DflashF32 { draft }
+        DflashF32 { draft, head: None }
+    }
+
+    /// A drafter that reads its block out through a Q8_0 copy of `target`'s
+    /// head (GGUF's blocks of 32, `specdec_rowmat`), a quarter of the f32
+    /// head's bytes. The head was most of a block's cost (SmolLM2's is 113
+    /// MB in f32, a full pass over it for every draft step); the drafts and
+    /// their rows change by the quantization, and verification keeps the
+    /// output lossless whatever the drafter proposes (DECODE-1). Greedy
+    /// drafts and the sampled path's rows `q` both come from this head, so a
+    /// sampled draft's law is still the row it is passed with (DRAFT-5).
+    /// `None`-equivalent (the f32 head) when the hidden width is not a
+    /// multiple of 32.
+    pub fn with_q8_0_head(draft: DflashDraft, target: &LlamaWeights) -> Self {
+        let m = target.output_matrix();
+        DflashF32 { draft, head: Weights::q8_0(m.rows(), m.cols(), &m.data) }
+    }
+
+    /// `states [rows, hidden]` through the readout head.
+    fn head_logits(&self, target: &LlamaWeights, states: &[f32]) -> Vec<f32> {
+        match &self.head {
+            Some(head) => specdec_rowmat::matmul(states, states.len() / head.cols(), head),
+            None => linear(states, target.output_matrix()),
+        }
     }
 
     pub fn config(&self) -> &DflashConfig {
@@ -169,7 +196,7 @@ impl DflashF32 {
     /// [`DflashDraft::block_logits`].
     pub fn block_logits(&self, target: &LlamaWeights, ctx: &ContextF32, block_tokens: &[u32]) -> Result<Vec<f32>> {
         let states = self.block_states(target, ctx, block_tokens)?;
-        Ok(linear(&states, target.output_matrix()))
+        Ok(self.head_logits(target, &states))
     }
 
     /// The block's final states `[B, hidden]` (after the draft's norm), before the head.
@@ -244,7 +271,7 @@ impl DflashF32 {
         let block = self.draft.block_input(verified)?;
         let states = self.block_states(target, ctx, &block)?;
         let h = self.layers_config().hidden_size;
-        let logits = linear(&states[h..(count + 1) * h], target.output_matrix());
+        let logits = self.head_logits(target, &states[h..(count + 1) * h]);
         let v = self.layers_config().vocab_size;
         Ok(logits.chunks(v).map(|row| specdec_reference::greedy::lowest_argmax(row) as u32).collect())
     }
@@ -272,6 +299,38 @@ mod tests {
                     let want: f64 = (0..inp).map(|k| f64::from(x[r * inp + k]) * f64::from(w.data[o * inp + k])).sum();
                     assert!((f64::from(y[r * out + o]) - want).abs() < 1e-3, "rows {rows}: y[{r}, {o}] = {} vs {want}", y[r * out + o]);
                 }
+            }
+        }
+    }
+
+    /// The Q8_0 head reads a block out within the quantization's error of
+    /// the f32 head (a few thousandths of the logits' range, bounded here
+    /// at 5 %), and is really used (the logits differ); a hidden width that
+    /// is not a multiple of 32 keeps the f32 head, bit for bit.
+    #[test]
+    fn a_q8_0_head_reads_out_close_to_the_f32_head() {
+        use crate::dflash::{DflashSpec, seeded_dflash};
+        use crate::tiny::TinySpec;
+        for (preset, quantized) in [("tiny-v32-l2", true), ("tiny-v16-l1", false)] {
+            let target = TinySpec::preset(preset).unwrap().weights().unwrap();
+            let cfg = &target.config;
+            let ids: Vec<usize> = (0..cfg.num_hidden_layers).rev().collect();
+            let spec = DflashSpec { layers: 1, heads: 2, kv_heads: 1, intermediate: 2 * cfg.hidden_size, block_size: 4, target_layer_ids: ids, mask_token_id: (cfg.vocab_size - 1) as u32 };
+            let draft = seeded_dflash(cfg, spec, 7).unwrap();
+            let (plain, q8) = (DflashF32::new(draft.clone()), DflashF32::with_q8_0_head(draft, &target));
+            let mut ctx = plain.new_context();
+            let width = plain.config().feature_width();
+            let rows: Vec<f64> = (0..3 * width).map(|i| (i * 37 % 101) as f64 / 101.0 - 0.5).collect();
+            plain.extend(&mut ctx, &rows).unwrap();
+            let block = plain.draft().block_input(5).unwrap();
+            let (a, b) = (plain.block_logits(&target, &ctx, &block).unwrap(), q8.block_logits(&target, &ctx, &block).unwrap());
+            let range = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let diff = a.iter().zip(&b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            if quantized {
+                assert!(diff > 0.0, "{preset}: the Q8_0 head is the one used");
+                assert!(diff <= 0.05 * range, "{preset}: {diff} against logits up to {range}");
+            } else {
+                assert_eq!(a, b, "{preset}: hidden {} keeps the f32 head", cfg.hidden_size);
             }
         }
     }

@@ -15,7 +15,8 @@
 //!
 //! The drafter runs on the host on every backend: the target's hidden rows
 //! of the kept tokens are downloaded after each step. Parallel drafting uses
-//! the f32 forward (`specdec_models::dflash_f32`, sgemm on every core), so a
+//! the f32 forward (`specdec_models::dflash_f32`, sgemm on every core) and
+//! reads its block out through a Q8_0 copy of the target's head, so a
 //! block costs a fraction of a target step; the iterative variant runs the
 //! f64 reference forward. Either way verification decides what is emitted,
 //! so the forward's precision changes only how much is accepted. A device
@@ -100,7 +101,7 @@ impl DflashProposer {
         {
             return Err(DecodeError::Config(format!("{name}: {steps} unmasking steps for a block of {}", draft.config().block_size)));
         }
-        let fast = DflashF32::new(draft);
+        let fast = DflashF32::with_q8_0_head(draft, &target);
         let contexts = Contexts::new(&fast, mode, 0);
         Ok(DflashProposer { name, fast, target, mode, contexts })
     }
