@@ -1,8 +1,9 @@
 //! The DFlash drafter's fast host forward: the same computation as
 //! [`crate::dflash`] (DRAFT-7, DRAFT-8) in f32. Matrix products of many rows
 //! go through `matrixmultiply`'s sgemm; those of a few rows (a block, or the
-//! head over the rows a step verifies) stream each weight once, split
-//! across the cores when the weight is large.
+//! head over the rows a step verifies) stream each weight once through
+//! `specdec_rowmat`'s vectorised tiles, split across the cores when the
+//! weight is large.
 //!
 //! Role: the drafter the decoder runs. A drafter only proposes: whatever it
 //! drafts, verification keeps the output lossless (DECODE-1), so its forward
@@ -30,27 +31,6 @@ const FEW_ROWS: usize = 8;
 /// A weight at least this large is split across threads in the few-row path.
 const PARALLEL_ELEMENTS: usize = 1 << 20;
 
-/// `x · w[r]ᵀ` for the weight rows in `part`, written transposed:
-/// `yt[j·rows + row]` for the `j`-th row of `part`.
-fn few_rows_part(x: &[f32], inp: usize, part: &[f32], yt: &mut [f32]) {
-    let rows = x.len() / inp;
-    for (j, w) in part.chunks_exact(inp).enumerate() {
-        for row in 0..rows {
-            let xr = &x[row * inp..(row + 1) * inp];
-            // Sixteen partial sums so the loop vectorises.
-            let mut acc = [0.0f32; 16];
-            let (wc, xc) = (w.chunks_exact(16), xr.chunks_exact(16));
-            let tail: f32 = wc.remainder().iter().zip(xc.remainder()).map(|(a, b)| a * b).sum();
-            for (a, b) in wc.zip(xc) {
-                for l in 0..16 {
-                    acc[l] += a[l] * b[l];
-                }
-            }
-            yt[j * rows + row] = acc.iter().sum::<f32>() + tail;
-        }
-    }
-}
-
 /// `y[rows, out] = x[rows, in] · wᵀ` for `w` `[out, in]` row-major.
 fn linear(x: &[f32], w: &Matrix) -> Vec<f32> {
     let (out, inp) = (w.rows(), w.cols());
@@ -60,14 +40,9 @@ fn linear(x: &[f32], w: &Matrix) -> Vec<f32> {
         return Vec::new();
     }
     if rows <= FEW_ROWS {
-        let threads = if out * inp >= PARALLEL_ELEMENTS { crate::parallel::cores() } else { 1 };
-        // Transposed (`[out, rows]`) so each thread owns whole output rows.
-        let mut yt = vec![0.0f32; out * rows];
-        crate::parallel::split_rows(&mut yt, rows, threads, |first, part| few_rows_part(x, inp, &w.data[first * inp..(first + part.len() / rows) * inp], part));
-        if rows == 1 {
-            return yt; // `[out, 1]` is already `[1, out]`
-        }
-        return (0..rows * out).map(|i| yt[(i % out) * rows + i / out]).collect();
+        // Each weight row streamed once for all the rows, in `specdec_rowmat`'s
+        // vectorised tiles (split across the cores when the weight is large).
+        return if out * inp >= PARALLEL_ELEMENTS { specdec_rowmat::matmul_f32(x, rows, &w.data, inp) } else { specdec_rowmat::matmul_serial(x, rows, &w.data, inp) };
     }
     let mut y = vec![0.0f32; rows * out];
     // SAFETY: a is rows×inp (row stride inp), b = wᵀ is inp×out read from w

@@ -4,21 +4,88 @@
 use ndarray::{Array1, Array2, ArrayD, ArrayView1, ArrayView2, Axis, Zip, aview0, s};
 
 use crate::check::{d1, d2, exponentials_ok, uniforms_ok, weight_rows_ok};
-use crate::kernels::{arange, argmax_last, argmax_rows_checked, argsort_rows, cumsum_last, for_rows, row_argmax, sum_last, take_along_last, take_along_last2};
+use crate::kernels::{Float, arange, argmax_last, argmax_rows_checked, argsort_rows, cumsum_last, for_rows, row_argmax, sum_last, take_along_last, take_along_last2};
 
 /// SAMPLE-1: per row, the smallest `i` with `v * S < C_i`; if rounding
-/// leaves none, the last id of positive weight.
+/// leaves none, the last id of positive weight. One fused scan per row
+/// ([`inverse_cdf_row`], sums in index order as the reference's), not
+/// whole-array cumulative sums: a greedy DFlash step draws its target
+/// predictions from one-hot rows this way, and the whole-array form cost
+/// it several milliseconds of allocations and passes over the vocabulary.
 pub(crate) fn inverse_cdf(w: ArrayView2<'_, f64>, v: ArrayView1<'_, f64>) -> Array1<usize> {
-    let n = w.ncols();
-    let cum = cumsum_last(w);
-    let target = Zip::from(v).and(&sum_last(w)).map_collect(|&v, &s| v * s);
-    // Weights are >= 0, so C is non-decreasing (rounding is monotone) and
-    // the ids with `target < C_i` form a suffix, which starts at `n` minus
-    // its size. (A NaN target, `0 * inf`, passes no id, as in the reference.)
-    let suffix = Zip::from(&cum).and_broadcast(target.view().insert_axis(Axis(1))).map_collect(|&c, &t| usize::from(t < c)).fold_axis(Axis(1), 0, |a, &x| a + x);
-    let pos = arange(n);
-    let last_positive = Zip::from(&w).and_broadcast(pos.view().insert_axis(Axis(0))).map_collect(|&x, &j| if x > 0.0 { j } else { 0 }).fold_axis(Axis(1), 0, |a, &j| (*a).max(j));
-    Zip::from(&suffix).and(&last_positive).map_collect(|&s, &l| if s > 0 { n - s } else { l })
+    Zip::from(w.rows()).and(&v).map_collect(|row, &v| inverse_cdf_row(row, None, 0, false, v))
+}
+
+/// One sequence's decision row with uniform draw noise `v`: REJECT-3's
+/// residual where the row was `rejected` and the residual has mass (RESID-3),
+/// else the target row (REJECT-4), drawn by SAMPLE-1, fused into passes over
+/// the row instead of whole-array temporaries. Every sum runs in index
+/// order from 0, as the whole-array path's (and the reference's) does, so
+/// the draw is the same bit for bit; the scan stops at the drawn id.
+pub(crate) fn inverse_cdf_row<F: Float>(p: ArrayView1<'_, F>, q: Option<ArrayView1<'_, F>>, drafted: usize, rejected: bool, v: f64) -> usize {
+    let mut mass = 0.0;
+    if rejected {
+        for_weights(p, q, drafted, true, |_, w| {
+            mass += w;
+            true
+        });
+    }
+    let residual = rejected && mass > 0.0;
+    let total = if residual {
+        mass
+    } else {
+        let mut total = 0.0;
+        for_weights(p, q, drafted, false, |_, w| {
+            total += w;
+            true
+        });
+        total
+    };
+    // C_i is non-decreasing, so the first `i` with `target < C_i` is the
+    // smallest; if rounding leaves none, the last id of positive weight.
+    let target = v * total;
+    let (mut cumulative, mut drawn, mut last_positive) = (0.0, None, 0);
+    for_weights(p, q, drafted, residual, |j, w| {
+        cumulative += w;
+        if w > 0.0 {
+            last_positive = j;
+        }
+        let found = target < cumulative;
+        if found {
+            drawn = Some(j);
+        }
+        !found
+    });
+    drawn.unwrap_or(last_positive)
+}
+
+/// `f(id, weight)` in id order until it returns `false`: the residual
+/// weights `max(0, p - q)` (or `p` with the drafted id zeroed, without `q`)
+/// when `residual`, else `p`.
+fn for_weights<F: Float>(p: ArrayView1<'_, F>, q: Option<ArrayView1<'_, F>>, drafted: usize, residual: bool, mut f: impl FnMut(usize, f64) -> bool) {
+    match (residual, q) {
+        (true, Some(q)) => {
+            for (j, (&p, &q)) in p.iter().zip(q).enumerate() {
+                if !f(j, (p.into() - q.into()).max(0.0)) {
+                    return;
+                }
+            }
+        }
+        (true, None) => {
+            for (j, &p) in p.iter().enumerate() {
+                if !f(j, if j == drafted { 0.0 } else { p.into() }) {
+                    return;
+                }
+            }
+        }
+        (false, _) => {
+            for (j, &p) in p.iter().enumerate() {
+                if !f(j, p.into()) {
+                    return;
+                }
+            }
+        }
+    }
 }
 
 /// SAMPLE-2: per row, `argmax` of `w / e` over positive weights, ties to

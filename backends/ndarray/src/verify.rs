@@ -12,7 +12,7 @@ use specdec_backend::{Comparator, DrawMethod, PAD};
 
 use crate::check::{Layout, d1, d2, d3, draft_layout, exponentials_ok, prob_rows_ok, rows_of, uniforms_ok, valid_id};
 use crate::kernels::{Float, argmax_rows_checked, below, leading_run, take_along_last, take_ids, take_rows};
-use crate::sampling::exponential_race;
+use crate::sampling::{exponential_race, inverse_cdf_row};
 
 /// Verify outputs: `tokens [B, k+1]` and `num_accepted [B]`.
 pub(crate) type Emitted = (Array2<i64>, Array1<i64>);
@@ -204,78 +204,6 @@ pub(crate) fn rejection<F: Float>(x: &RejectionIn<'_, F>, layout: &Layout, cmp: 
         }
     };
     Some(emit(drafts, next.mapv(|t| t as i64).view(), n.view()))
-}
-
-/// One sequence's decision row with uniform draw noise `v`: REJECT-3's
-/// residual where the row was `rejected` and the residual has mass (RESID-3),
-/// else the target row (REJECT-4), drawn by SAMPLE-1, fused into passes over
-/// the row instead of whole-array temporaries. Every sum runs in index
-/// order from 0, as the whole-array path's (and the reference's) does, so
-/// the draw is the same bit for bit; the scan stops at the drawn id.
-fn inverse_cdf_row<F: Float>(p: ArrayView1<'_, F>, q: Option<ArrayView1<'_, F>>, drafted: usize, rejected: bool, v: f64) -> usize {
-    let mut mass = 0.0;
-    if rejected {
-        for_weights(p, q, drafted, true, |_, w| {
-            mass += w;
-            true
-        });
-    }
-    let residual = rejected && mass > 0.0;
-    let total = if residual {
-        mass
-    } else {
-        let mut total = 0.0;
-        for_weights(p, q, drafted, false, |_, w| {
-            total += w;
-            true
-        });
-        total
-    };
-    // C_i is non-decreasing, so the first `i` with `target < C_i` is the
-    // smallest; if rounding leaves none, the last id of positive weight.
-    let target = v * total;
-    let (mut cumulative, mut drawn, mut last_positive) = (0.0, None, 0);
-    for_weights(p, q, drafted, residual, |j, w| {
-        cumulative += w;
-        if w > 0.0 {
-            last_positive = j;
-        }
-        let found = target < cumulative;
-        if found {
-            drawn = Some(j);
-        }
-        !found
-    });
-    drawn.unwrap_or(last_positive)
-}
-
-/// `f(id, weight)` in id order until it returns `false`: the residual
-/// weights `max(0, p - q)` (or `p` with the drafted id zeroed, without `q`)
-/// when `residual`, else `p`.
-fn for_weights<F: Float>(p: ArrayView1<'_, F>, q: Option<ArrayView1<'_, F>>, drafted: usize, residual: bool, mut f: impl FnMut(usize, f64) -> bool) {
-    match (residual, q) {
-        (true, Some(q)) => {
-            for (j, (&p, &q)) in p.iter().zip(q).enumerate() {
-                if !f(j, (p.into() - q.into()).max(0.0)) {
-                    return;
-                }
-            }
-        }
-        (true, None) => {
-            for (j, &p) in p.iter().enumerate() {
-                if !f(j, if j == drafted { 0.0 } else { p.into() }) {
-                    return;
-                }
-            }
-        }
-        (false, _) => {
-            for (j, &p) in p.iter().enumerate() {
-                if !f(j, p.into()) {
-                    return;
-                }
-            }
-        }
-    }
 }
 
 /// The residual op's fast check (RESID-1, CONV-2): `[R, V]` rows, ids valid.

@@ -132,18 +132,48 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// Q8_0), whatever `n` is.
 pub fn matmul(x: &[f32], n: usize, w: &Weights) -> Vec<f32> {
     let mut y = vec![0.0f32; n * w.rows()];
-    matmul_on(simd::isa(), x, n, w, &mut y);
+    matmul_on(simd::isa(), x, n, w.view(), &mut y);
     y
 }
 
 /// [`matmul`] into `y` (`[n, out]`, every value overwritten): for a caller
 /// that reuses its output buffers.
 pub fn matmul_into(x: &[f32], n: usize, w: &Weights, y: &mut [f32]) {
-    matmul_on(simd::isa(), x, n, w, y)
+    matmul_on(simd::isa(), x, n, w.view(), y)
 }
 
-fn matmul_on(isa: Isa, x: &[f32], n: usize, w: &Weights, y: &mut [f32]) {
-    let (out, cols) = (w.rows(), w.cols());
+/// [`matmul`] against borrowed row-major f32 weights `[w.len() / cols,
+/// cols]`, split across rayon's threads like [`matmul`]: for weights the
+/// caller owns in another type (a drafter's layers).
+pub fn matmul_f32(x: &[f32], n: usize, w: &[f32], cols: usize) -> Vec<f32> {
+    assert!(cols > 0 && w.len().is_multiple_of(cols), "weights of {} values in rows of {cols}", w.len());
+    let view = View::F32 { data: w, rows: w.len() / cols, cols };
+    let mut y = vec![0.0f32; n * (w.len() / cols)];
+    matmul_on(simd::isa(), x, n, view, &mut y);
+    y
+}
+
+/// Weights as a product reads them, owned by a [`Weights`] or borrowed.
+#[derive(Debug, Clone, Copy)]
+enum View<'a> {
+    F32 { data: &'a [f32], rows: usize, cols: usize },
+    Q8_0(&'a Q8Matrix),
+}
+
+impl Weights {
+    fn view(&self) -> View<'_> {
+        match self {
+            Weights::F32 { rows, cols, data } => View::F32 { data, rows: *rows, cols: *cols },
+            Weights::Q8_0(q) => View::Q8_0(q),
+        }
+    }
+}
+
+fn matmul_on(isa: Isa, x: &[f32], n: usize, w: View<'_>, y: &mut [f32]) {
+    let (out, cols) = match w {
+        View::F32 { rows, cols, .. } => (rows, cols),
+        View::Q8_0(q) => (q.rows(), q.cols()),
+    };
     assert_eq!(x.len(), n * cols, "input of {} values for {n} rows of {cols}", x.len());
     assert_eq!(y.len(), n * out, "output of {} values for {n} rows of {out}", y.len());
     if n == 0 || out == 0 {
@@ -159,8 +189,8 @@ fn matmul_on(isa: Isa, x: &[f32], n: usize, w: &Weights, y: &mut [f32]) {
         // `first .. first + count` of the `n` rows of `out` values.
         let dest = unsafe { Dest::new((base as *mut f32).add(first), out) };
         match w {
-            Weights::F32 { data, .. } => simd::block_f32(&data[first * cols..(first + count) * cols], cols, x, n, dest, isa),
-            Weights::Q8_0(q) => simd::block_q8(q, first, count, x, n, dest, isa),
+            View::F32 { data, .. } => simd::block_f32(&data[first * cols..(first + count) * cols], cols, x, n, dest, isa),
+            View::Q8_0(q) => simd::block_q8(q, first, count, x, n, dest, isa),
         }
     });
 }
@@ -211,7 +241,7 @@ pub fn matmul_each_path(x: &[f32], n: usize, w: &Weights) -> Vec<(&'static str, 
         .into_iter()
         .map(|isa| {
             let mut y = vec![0.0f32; n * w.rows()];
-            matmul_on(isa, x, n, w, &mut y);
+            matmul_on(isa, x, n, w.view(), &mut y);
             (isa_name(isa), y)
         })
         .collect()
