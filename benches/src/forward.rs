@@ -2,8 +2,11 @@
 //! decode step at a 32-token context, a 9-token verify window (k = 8) at
 //! the same context, and a 64-token prefill, under criterion. A decode step
 //! must read every weight once, so its limit is the weight bytes over the
-//! machine's copy bandwidth (the embedding table counts once when it is tied
-//! to the head, and not at all otherwise: a lookup reads one row).
+//! machine's bandwidth, given both over the copy bandwidth and over the
+//! measured read bandwidth (the embedding table counts once when it is tied
+//! to the head, and not at all otherwise: a lookup reads one row). Each
+//! timing ends by downloading the forward's last logit row: the verify ops
+//! read the rest on the device, so a window and a decode pay the same sync.
 
 use criterion::Criterion;
 use serde::Serialize;

@@ -108,8 +108,9 @@ impl DflashF32 {
     /// output lossless whatever the drafter proposes (DECODE-1). Greedy
     /// drafts and the sampled path's rows `q` both come from this head, so a
     /// sampled draft's law is still the row it is passed with (DRAFT-5).
-    /// `None`-equivalent (the f32 head) when the hidden width is not a
-    /// multiple of 32.
+    /// The f32 head when the hidden width is not a multiple of 32. Use the
+    /// drafter with `target` only: its readouts ignore the head of whatever
+    /// target is passed later.
     pub fn with_q8_0_head(draft: DflashDraft, target: &LlamaWeights) -> Self {
         let m = target.output_matrix();
         DflashF32 { draft, head: Weights::q8_0(m.rows(), m.cols(), &m.data) }
@@ -118,7 +119,11 @@ impl DflashF32 {
     /// `states [rows, hidden]` through the readout head.
     fn head_logits(&self, target: &LlamaWeights, states: &[f32]) -> Vec<f32> {
         match &self.head {
-            Some(head) => specdec_rowmat::matmul(states, states.len() / head.cols(), head),
+            Some(head) => {
+                let m = target.output_matrix();
+                debug_assert_eq!((head.rows(), head.cols()), (m.rows(), m.cols()), "the Q8_0 head has the shape of the target it was made from, which it must be");
+                specdec_rowmat::matmul(states, states.len() / head.cols(), head)
+            }
             None => linear(states, target.output_matrix()),
         }
     }

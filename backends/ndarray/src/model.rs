@@ -14,7 +14,7 @@
 //! position order;
 //! RoPE, SwiGLU and the residual adds are per element (the exponentials
 //! of SwiGLU and the attention softmax are `ndarray-f32`'s vectorised one,
-//! relative error at most 1e-7). So a `(k+1)`-token verify window's logits
+//! about 1.6e-7 relative in f32). So a `(k+1)`-token verify window's logits
 //! equal `k+1` one-token decodes' bit for bit, and the stated
 //! `window_margin_epsilon` is 0 (the model section checks windows against
 //! decodes exactly). The KV cache is one preallocated `[batch, kv_heads,
@@ -134,11 +134,16 @@ fn rope_row(row: &mut [f32], hd: usize, cos: &[f32], sin: &[f32]) {
 }
 
 /// `e^x` for `x <= 0` in f32: `ndarray-f32`'s vectorisable exponential
-/// (relative error at most 1e-7, `softmax_f32.rs`), which the compiler
-/// vectorises where the C library's `expf` is a call per value.
+/// (`softmax_f32.rs`: within 1e-7 relative before the f32 rounding, so about
+/// 1.6e-7 after it; results below f32's normal range lose relative
+/// precision), which the compiler vectorises where the C library's `expf`
+/// is a call per value. NaN stays NaN (the polynomial alone would clamp it
+/// to the underflow bound), so a NaN score still poisons its row as the
+/// reference's does.
 #[inline(always)]
 fn exp_nonpositive(x: f32) -> f32 {
-    exp_f32_poly(f64::from(x)) as f32
+    let e = exp_f32_poly(f64::from(x)) as f32;
+    if x.is_nan() { x } else { e }
 }
 
 /// SwiGLU, `silu(g) · u` per element, with `silu(g) = g · σ(g)` and `σ`

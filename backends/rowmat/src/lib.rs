@@ -179,17 +179,17 @@ fn matmul_on(isa: Isa, x: &[f32], n: usize, w: View<'_>, y: &mut [f32]) {
     if n == 0 || out == 0 {
         return;
     }
-    let base = y.as_mut_ptr() as usize;
-    // Each task owns whole weight rows, so whole columns of `y`: task `t`
-    // writes columns `t · ROWS_PER_TASK ..` of every row and nothing else.
+    // SAFETY: `y` holds `n` rows of `out` values and outlives the loop (rayon
+    // joins every task); each task owns whole weight rows, so whole columns
+    // of `y`: task `t` writes columns `t · ROWS_PER_TASK ..` of every row and
+    // nothing else (`Dest::at`).
+    let whole = unsafe { Dest::new(y.as_mut_ptr(), out) };
     (0..out.div_ceil(ROWS_PER_TASK)).into_par_iter().for_each(|task| {
         let first = task * ROWS_PER_TASK;
         let count = ROWS_PER_TASK.min(out - first);
-        // SAFETY: `y` outlives the loop; this task alone writes its columns
-        // `first .. first + count` of the `n` rows of `out` values.
-        let dest = unsafe { Dest::new((base as *mut f32).add(first), out) };
+        let dest = whole.at(first);
         match w {
-            View::F32 { data, .. } => simd::block_f32(&data[first * cols..(first + count) * cols], cols, x, n, dest, isa),
+            View::F32 { data, .. } => simd::block_f32(&data[first * cols..(first + count) * cols], count, cols, x, n, dest, isa),
             View::Q8_0(q) => simd::block_q8(q, first, count, x, n, dest, isa),
         }
     });
@@ -208,7 +208,7 @@ pub fn matmul_serial(x: &[f32], n: usize, w: &[f32], cols: usize) -> Vec<f32> {
     let mut y = vec![0.0f32; n * out];
     // SAFETY: the block writes `n` rows of `out` columns of `y`, on this thread.
     let dest = unsafe { Dest::new(y.as_mut_ptr(), out) };
-    simd::block_f32(w, cols, x, n, dest, simd::isa());
+    simd::block_f32(w, out, cols, x, n, dest, simd::isa());
     y
 }
 

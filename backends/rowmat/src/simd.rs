@@ -67,7 +67,7 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut out = [0.0f32];
     // SAFETY: the block writes row 0, column 0: `out[0]`, owned here.
     let dest = unsafe { Dest::new(out.as_mut_ptr(), 1) };
-    block_f32(b, a.len(), a, 1, dest, isa());
+    block_f32(b, 1, a.len(), a, 1, dest, isa());
     out[0]
 }
 
@@ -95,6 +95,13 @@ impl Dest {
         Dest { ptr, ld }
     }
 
+    /// The columns from `first` on: the same rows, the block's column 0 at
+    /// `first`. Blocks written through different offsets must keep to
+    /// disjoint columns (the places `Dest::new`'s caller vouched for).
+    pub(crate) fn at(self, first: usize) -> Dest {
+        Dest { ptr: self.ptr.wrapping_add(first), ld: self.ld }
+    }
+
     fn put(self, r: usize, j: usize, v: f32) {
         // SAFETY: in bounds and exclusive by `Dest::new`'s contract.
         unsafe { *self.ptr.add(r * self.ld + j) = v }
@@ -102,9 +109,9 @@ impl Dest {
 }
 
 /// `dest(r, j) = dot(x row r, w row j)` for the `count` weight rows in `w`
-/// (`[count, cols]`) and the `n` input rows in `x`.
-pub(crate) fn block_f32(w: &[f32], cols: usize, x: &[f32], n: usize, dest: Dest, isa: Isa) {
-    let count = w.len() / cols;
+/// (`[count, cols]`; `cols` may be 0, when every product is 0) and the `n`
+/// input rows in `x`.
+pub(crate) fn block_f32(w: &[f32], count: usize, cols: usize, x: &[f32], n: usize, dest: Dest, isa: Isa) {
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Portable {
         // Input rows outer: a window of up to `max_x` rows passes the
@@ -131,7 +138,7 @@ pub(crate) fn block_f32(w: &[f32], cols: usize, x: &[f32], n: usize, dest: Dest,
                         let take = if count - j >= nw { nw } else { 1 };
                         let xr = |i: usize| &x[(r + i) * cols..(r + i + 1) * cols];
                         let wr = |i: usize| &w[(j + i) * cols..(j + i + 1) * cols];
-                        let at = Dest { ptr: dest.ptr.wrapping_add(j), ld: dest.ld };
+                        let at = dest.at(j);
                         // The weights PREFETCH_TILES tiles on, asked for while this tile computes.
                         let ahead = w.as_ptr().wrapping_add((j + PREFETCH_TILES * take) * cols);
                         let span = Span { from: span * per, to: ((span + 1) * per).min(chunks), first: span == 0, last: span + 1 == spans, spill: spill.as_mut_ptr().wrapping_add(j * nx * LANES) };
@@ -228,7 +235,7 @@ pub(crate) fn block_q8(q: &Q8Matrix, first: usize, count: usize, x: &[f32], n: u
             }
             dequantize_into(q, first + j, dst);
         }
-        block_f32(&buf[..count * cols], cols, x, n, dest, isa);
+        block_f32(&buf[..count * cols], count, cols, x, n, dest, isa);
     });
 }
 

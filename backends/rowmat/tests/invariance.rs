@@ -24,8 +24,10 @@ fn bits(v: &[f32]) -> Vec<u32> {
 }
 
 /// (weight rows, columns): columns that are and are not multiples of the 8
-/// lanes and the 32-value block, rows around the task and tile sizes.
-const SHAPES: [(usize, usize); 7] = [(1, 8), (5, 13), (17, 64), (33, 100), (64, 576), (7, 1536), (40, 96)];
+/// lanes and the 32-value block, rows around the task and tile sizes, and
+/// rows long enough to be split in column spans at 9 input rows (1536, and
+/// 1000 with a tail past its last whole chunk).
+const SHAPES: [(usize, usize); 8] = [(1, 8), (5, 13), (17, 64), (33, 100), (64, 576), (7, 1536), (40, 96), (13, 1000)];
 
 fn check(w: &Weights, seed: u64) {
     let cols = w.cols();
@@ -68,8 +70,8 @@ fn q8_0_equals_f32_on_its_dequantized_weights() {
         check(&q, i as u64);
         let dequantized: Vec<f32> = (0..rows).flat_map(|r| q.row(r)).collect();
         let f = Weights::f32(rows, cols, dequantized.clone());
-        let x = values(300 + i as u64, 4 * cols);
-        assert_eq!(bits(&matmul(&x, 4, &q)), bits(&matmul(&x, 4, &f)), "Q8_0 is f32 on d · q, bit for bit");
+        let x = values(300 + i as u64, 9 * cols);
+        assert_eq!(bits(&matmul(&x, 9, &q)), bits(&matmul(&x, 9, &f)), "Q8_0 is f32 on d · q, bit for bit");
         // The quantization's own error: half a step (d / 2) per weight, d = max|block| / 127,
         // plus the scale's rounding to f16 (2^-11 relative) times |q| <= 127.
         for (block, dq) in data.chunks(Q8_0_BLOCK).zip(dequantized.chunks(Q8_0_BLOCK)) {
@@ -80,6 +82,32 @@ fn q8_0_equals_f32_on_its_dequantized_weights() {
         }
         assert_eq!(q.bytes(), rows * cols / 32 * 34);
     }
+}
+
+/// More input rows than a tile holds (9, 9 and 2 here): groups of
+/// different sizes, so with different column spans, in one call, each row
+/// still rounding as it does alone.
+#[test]
+fn many_rows_round_like_one_row_each() {
+    for (i, &(rows, cols)) in [(13, 1000), (7, 1536), (64, 576)].iter().enumerate() {
+        let w = Weights::f32(rows, cols, values(400 + i as u64, rows * cols));
+        let x = values(500 + i as u64, 20 * cols);
+        let all = matmul(&x, 20, &w);
+        for (path, y) in matmul_each_path(&x, 20, &w) {
+            assert_eq!(bits(&y), bits(&all), "the {path} path agrees ({rows} x {cols}, 20 rows)");
+        }
+        for r in 0..20 {
+            let one = matmul(&x[r * cols..(r + 1) * cols], 1, &w);
+            assert_eq!(bits(&one), bits(&all[r * rows..(r + 1) * rows]), "row {r} of 20 rounds alone ({rows} x {cols})");
+        }
+    }
+}
+
+/// Empty rows: every product is the empty sum, +0.
+#[test]
+fn zero_width_products_are_zero() {
+    assert_eq!(dot(&[], &[]).to_bits(), 0.0f32.to_bits());
+    assert_eq!(matmul(&[], 2, &Weights::f32(3, 0, Vec::new())), vec![0.0; 6]);
 }
 
 #[test]

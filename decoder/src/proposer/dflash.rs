@@ -101,7 +101,8 @@ impl DflashProposer {
         {
             return Err(DecodeError::Config(format!("{name}: {steps} unmasking steps for a block of {}", draft.config().block_size)));
         }
-        let fast = DflashF32::with_q8_0_head(draft, &target);
+        // The iterative variant runs the f64 forward and never reads this head.
+        let fast = if mode == DflashMode::Parallel { DflashF32::with_q8_0_head(draft, &target) } else { DflashF32::new(draft) };
         let contexts = Contexts::new(&fast, mode, 0);
         Ok(DflashProposer { name, fast, target, mode, contexts })
     }
