@@ -5,12 +5,15 @@
 //! Role: [`ModelBackend`] for [`CandleBackend`]. Weights are uploaded once
 //! as f32 device tensors (or f16, or Q8_0 blocks), f32 and f16 linear weights pre-transposed to `[in, out]` so a
 //! projection of the call's new tokens `[N, in]` is one `matmul` (the weight
-//! streams once per call whatever N is). Embedding is an `index_select`;
-//! RMSNorm, rotate-half RoPE (host cos/sin tables per token position, from
-//! [`forward::rope_angles`]) and SwiGLU are whole-batch tensor ops; attention
-//! runs per sequence over its cached window `[0, start + count)` with an
-//! additive causal mask (`-inf` above the diagonal), query heads grouped per
-//! KV head (GQA) by a reshape rather than by repeating K/V.
+//! streams once per call whatever N is). Projections of the same input are
+//! stacked (q/k/v, gate/up): one product each. Embedding is an
+//! `index_select`; RMSNorm, rotate-half RoPE (host cos/sin tables per token
+//! position, from [`forward::rope_angles`]) and the attention softmax are
+//! candle-nn's fused kernels, one launch each for the whole batch (on a GPU
+//! a step is bound by its launches, not its bytes); attention runs per
+//! sequence over its cached window `[0, start + count)` with an additive
+//! causal mask (`-inf` above the diagonal), query heads grouped per KV head
+//! (GQA) by a reshape rather than by repeating K/V.
 //!
 //! Invariants:
 //! - Validation before computation (MODEL-8): [`forward::plan`],
@@ -37,7 +40,9 @@
 //!   measured, see [`CandleBackend::model_precision`].
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
-use candle_core::{D, DType, Device, Module, Tensor};
+use candle_core::{DType, Device, Module, Tensor};
+use candle_nn::ops::softmax_last_dim;
+use candle_nn::rotary_emb::rope;
 use specdec_backend::Result;
 use specdec_backend::model::{ForwardOutput, ForwardRequest, LlamaConfig, LlamaWeights, LogitRows, ModelBackend, ModelPrecision, check_cache_index};
 use specdec_models::ModelError;
@@ -100,6 +105,22 @@ impl Linear {
     /// of `tiny-v12-l2`'s, some of the other tiny models') stays f32, which
     /// only narrows the error.
     fn new(m: &Matrix, format: WeightFormat, dev: &Device) -> candle_core::Result<Self> {
+        Self::stacked(&[m], format, dev)
+    }
+
+    /// Host `[out_i, in]` weights of the same input stacked into one
+    /// `[Σ out_i, in]` weight, rows in the order given: one product (one
+    /// launch, one pass over the input) computes them all.
+    fn stacked(parts: &[&Matrix], format: WeightFormat, dev: &Device) -> candle_core::Result<Self> {
+        let m = match parts {
+            [one] => std::borrow::Cow::Borrowed(*one),
+            _ => {
+                let rows = parts.iter().map(|m| m.shape[0]).sum();
+                let data = parts.iter().flat_map(|m| m.data.iter().copied()).collect();
+                std::borrow::Cow::Owned(Matrix { shape: vec![rows, parts[0].shape[1]], data })
+            }
+        };
+        let m = m.as_ref();
         let block = GgmlDType::Q8_0.block_size();
         match format {
             WeightFormat::F16 => Ok(Linear::Half(upload_t(m, dev)?.to_dtype(DType::F16)?)),
@@ -131,13 +152,12 @@ impl Linear {
 #[derive(Debug, Clone)]
 struct CandleLayer {
     attn_norm: Tensor,
-    wq: Linear,
-    wk: Linear,
-    wv: Linear,
+    /// q, k and v stacked: `[N, (heads + 2·kv_heads)·head_dim]` out.
+    wqkv: Linear,
     wo: Linear,
     mlp_norm: Tensor,
-    w_gate: Linear,
-    w_up: Linear,
+    /// gate and up stacked: `[N, 2·intermediate]` out.
+    w_gate_up: Linear,
     w_down: Linear,
 }
 
@@ -166,8 +186,7 @@ impl CandleModel {
     /// machine's bandwidth.
     pub fn weight_bytes_per_step(&self) -> usize {
         let norm = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
-        let layers: usize =
-            self.layers.iter().map(|l| norm(&l.attn_norm) + norm(&l.mlp_norm) + [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down].iter().map(|w| w.bytes()).sum::<usize>()).sum();
+        let layers: usize = self.layers.iter().map(|l| norm(&l.attn_norm) + norm(&l.mlp_norm) + [&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down].iter().map(|w| w.bytes()).sum::<usize>()).sum();
         layers + norm(&self.final_norm) + self.head.bytes()
     }
 }
@@ -236,36 +255,14 @@ fn upload_t(m: &Matrix, dev: &Device) -> candle_core::Result<Tensor> {
     upload(m, dev)?.t()?.contiguous()
 }
 
-/// RMSNorm over each row of `x [N, hidden]`: `x / sqrt(mean(x²) + eps) · w`.
+/// RMSNorm over each row of `x [N, hidden]` (contiguous):
+/// `x / sqrt(Σx² / hidden + eps) · w`, candle-nn's fused kernel.
 fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
-    let inv = x.sqr()?.mean_keepdim(D::Minus1)?.affine(1.0, eps)?.sqrt()?.recip()?;
-    x.broadcast_mul(&inv)?.broadcast_mul(w)
-}
-
-/// Rotate-half RoPE (MODEL-10) of `x [N, heads·head_dim]` with per-token
-/// `cos`, `sin` `[N, 1, head_dim/2]`: the first half of each head becomes
-/// `a·cos - b·sin`, the second `b·cos + a·sin` (HF's `rotate_half` layout,
-/// which `LlamaWeights` guarantees).
-fn rope(x: &Tensor, heads: usize, head_dim: usize, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor> {
-    let n = x.dim(0)?;
-    let half = head_dim / 2;
-    let x = x.reshape((n, heads, head_dim))?;
-    let (a, b) = (x.narrow(2, 0, half)?, x.narrow(2, half, half)?);
-    let first = (a.broadcast_mul(cos)? - b.broadcast_mul(sin)?)?;
-    let second = (b.broadcast_mul(cos)? + a.broadcast_mul(sin)?)?;
-    Tensor::cat(&[first, second], 2)?.reshape((n, heads * head_dim))
-}
-
-/// Softmax over the last axis, stabilised by the row maximum; masked
-/// entries (`-inf`) become exactly 0, and every row keeps at least its
-/// first position unmasked, so the maximum is finite.
-fn softmax_last(s: &Tensor) -> candle_core::Result<Tensor> {
-    let e = s.broadcast_sub(&s.max_keepdim(D::Minus1)?)?.exp()?;
-    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+    candle_nn::ops::rms_norm(x, w, eps as f32)
 }
 
 /// The host rotary tables of the call's tokens, in row order, as device
-/// `[N, 1, head_dim/2]` (one upload each, shared by every layer).
+/// `[N, head_dim/2]` (one upload each, shared by every layer).
 fn rope_tables(plan: &ForwardPlan, head_dim: usize, theta: f64, dev: &Device) -> candle_core::Result<(Tensor, Tensor)> {
     let half = head_dim / 2;
     let (mut cos, mut sin) = (Vec::with_capacity(plan.total_tokens * half), Vec::with_capacity(plan.total_tokens * half));
@@ -276,7 +273,7 @@ fn rope_tables(plan: &ForwardPlan, head_dim: usize, theta: f64, dev: &Device) ->
             sin.extend(s.iter().map(|&v| v as f32));
         }
     }
-    let shape = (plan.total_tokens, 1, half);
+    let shape = (plan.total_tokens, half);
     Ok((Tensor::from_vec(cos, shape, dev)?, Tensor::from_vec(sin, shape, dev)?))
 }
 
@@ -293,16 +290,16 @@ fn causal_mask(r: &SeqRows, dev: &Device) -> candle_core::Result<Option<Tensor>>
     Tensor::from_vec(mask, (r.count, len), dev).map(Some)
 }
 
-/// One sequence's attention (MODEL-8): `q [c, heads·hd]` (rotated) against
-/// its cached keys and values `[kv_heads, capacity, hd]`, which already hold
-/// the `c` new positions; returns `[c, heads·hd]`.
+/// One sequence's attention (MODEL-8): `q [heads, c, hd]` (rotated,
+/// contiguous) against its cached keys and values `[kv_heads, capacity,
+/// hd]`, which already hold the `c` new positions; returns `[c, heads·hd]`.
 fn attend(q: &Tensor, keys: &Tensor, values: &Tensor, r: &SeqRows, mask: Option<&Tensor>, d: Dims) -> candle_core::Result<Tensor> {
     let (c, len) = (r.count, r.start_pos + r.count);
     let group = d.heads / d.kv_heads;
     // Query head h uses KV head h / group; heads are laid out KV head major,
     // so `[heads, c, hd]` reshapes to `[kv_heads, group·c, hd]` and one
     // batched matmul per KV head serves its whole group (no K/V copies).
-    let q = q.reshape((c, d.heads, d.head_dim))?.transpose(0, 1)?.contiguous()?.reshape((d.kv_heads, group * c, d.head_dim))?;
+    let q = q.reshape((d.kv_heads, group * c, d.head_dim))?;
     // cuBLAS reads the window in place (a batch stride of the capacity); the
     // CPU's batched GEMM wants it contiguous, and the copy costs what
     // reading it does there. On the GPU each copy is two more kernels per layer.
@@ -314,7 +311,9 @@ fn attend(q: &Tensor, keys: &Tensor, values: &Tensor, r: &SeqRows, mask: Option<
         Some(m) => scores.broadcast_add(m)?,
         None => scores,
     };
-    let probs = softmax_last(&scores)?.reshape((d.kv_heads, group * c, len))?;
+    // Stabilised by the row maximum; masked entries (`-inf`) become exactly
+    // 0, and every row keeps at least its first position unmasked.
+    let probs = softmax_last_dim(&scores)?.reshape((d.kv_heads, group * c, len))?;
     let out = probs.matmul(&v)?.reshape((d.heads, c, d.head_dim))?;
     out.transpose(0, 1)?.reshape((c, d.heads * d.head_dim))
 }
@@ -343,24 +342,31 @@ impl CandleBackend {
             Device::Cuda(d) => Some(d.enable_cuda_graph_htod_cache()),
             _ => None,
         };
+        let (n, ff) = (plan.total_tokens, cfg.intermediate_size);
+        let (q_heads, kv_heads) = (d.heads, d.kv_heads);
         for (li, layer) in model.layers.iter().enumerate() {
             let normed = rms_norm(&x, &layer.attn_norm, d.eps)?;
-            let q = rope(&layer.wq.forward(&normed)?, d.heads, d.head_dim, &cos, &sin)?;
-            let k = rope(&layer.wk.forward(&normed)?, d.kv_heads, d.head_dim, &cos, &sin)?;
-            let v = layer.wv.forward(&normed)?;
+            // `[N, (q + 2kv)·hd]` -> head major `[q + 2kv, N, hd]`: one copy
+            // leaves q, k and v each contiguous, k's heads already in the
+            // cache's layout, and q and k rotated by one launch.
+            let heads = layer.wqkv.forward(&normed)?.reshape((n, q_heads + 2 * kv_heads, d.head_dim))?.transpose(0, 1)?.contiguous()?;
+            let rotated = rope(&heads.narrow(0, 0, q_heads + kv_heads)?.unsqueeze(0)?, &cos, &sin)?.squeeze(0)?;
+            let (q, k, v) = (rotated.narrow(0, 0, q_heads)?, rotated.narrow(0, q_heads, kv_heads)?, heads.narrow(0, q_heads + kv_heads, kv_heads)?);
             let mut attended = Vec::with_capacity(plan.rows.len());
             for (r, mask) in plan.rows.iter().zip(&masks) {
                 let (keys, values) = (&cache.keys[li][r.seq], &cache.values[li][r.seq]);
-                // New keys/values `[c, kv·hd]` -> `[kv, c, hd]`, written at
-                // positions start .. start + c of this sequence.
-                let as_cache = |t: &Tensor| t.narrow(0, r.token_row, r.count)?.reshape((r.count, d.kv_heads, d.head_dim))?.transpose(0, 1)?.contiguous();
-                keys.slice_set(&as_cache(&k)?, 1, r.start_pos)?;
-                values.slice_set(&as_cache(&v)?, 1, r.start_pos)?;
-                attended.push(attend(&q.narrow(0, r.token_row, r.count)?, keys, values, r, mask.as_ref(), d)?);
+                // This sequence's rows `[heads, c, hd]` (no copy when the call
+                // has one sequence); keys and values go to positions
+                // start .. start + c of its cache.
+                let rows = |t: &Tensor| t.narrow(1, r.token_row, r.count)?.contiguous();
+                keys.slice_set(&rows(&k)?, 1, r.start_pos)?;
+                values.slice_set(&rows(&v)?, 1, r.start_pos)?;
+                attended.push(attend(&rows(&q)?, keys, values, r, mask.as_ref(), d)?);
             }
             x = (&x + layer.wo.forward(&Tensor::cat(&attended, 0)?)?)?;
             let normed = rms_norm(&x, &layer.mlp_norm, d.eps)?;
-            let act = (layer.w_gate.forward(&normed)?.silu()? * layer.w_up.forward(&normed)?)?;
+            let gate_up = layer.w_gate_up.forward(&normed)?;
+            let act = (gate_up.narrow(1, 0, ff)?.silu()? * gate_up.narrow(1, ff, ff)?)?;
             x = (&x + layer.w_down.forward(&act)?)?;
             // MODEL-9: the residual stream after layer `li`, in request order.
             if let Some(slot) = req.hidden_layers.iter().position(|&l| l == li) {
@@ -395,14 +401,16 @@ impl ModelBackend for CandleBackend {
     /// | model | worst relative | worst absolute | max abs logit |
     /// |---|---|---|---|
     /// | tiny presets (1-2 layers) | 4.3e-7 | 2.6e-6 | 11 |
-    /// | seeded 30 layers, hidden 64, 8/2 heads, vocab 256, 48 positions | 7.7e-7 | 3.8e-6 | 7 |
-    /// | SmolLM2-135M (30 layers, hidden 576, vocab 49152; Q4_1 GGUF dequantized), 112 positions | 2.6e-6 | 6.3e-5 | 31 |
+    /// | seeded 30 layers, hidden 64, 8/2 heads, vocab 256, 48 positions | 9.8e-7 | 3.8e-6 | 7 |
+    /// | SmolLM2-135M (30 layers, hidden 576, vocab 49152; Q4_1 GGUF dequantized), 112 positions | 3.7e-6 | 6.3e-5 | 31 |
     ///
-    /// Hidden states (MODEL-9) err like logits: 6.6e-7 of the row's largest
-    /// value on the 30-layer seeded model. The error grows with depth and
-    /// width (f32 sums over longer dot products), so the bound is set from the
-    /// largest model: `logit_rel_tolerance = 2e-5`, 7.7x its worst case (26x
-    /// the seeded 30-layer model's), leaving room for other shapes and for a
+    /// (Relative errors as measured with the fused RMSNorm, RoPE and softmax
+    /// kernels of candle-nn and the stacked projections; the unfused ops gave
+    /// 7.7e-7 and 2.6e-6, and the absolute column is theirs.) Hidden states (MODEL-9) err like logits: 8.2e-7 of
+    /// the row's largest value on the 30-layer seeded model. The error grows
+    /// with depth and width (f32 sums over longer dot products), so the bound
+    /// is set from the largest model: `logit_rel_tolerance = 2e-5`, 5.4x its
+    /// worst case (20x the seeded 30-layer model's), leaving room for other shapes and for a
     /// GPU GEMM that sums in another order. It assumes full-f32 GEMMs, candle's
     /// default; enabling candle's reduced-precision (TF32) f32 GEMM on CUDA
     /// voids it. An argmax can only flip where the reference's top-2 margin is
@@ -475,13 +483,10 @@ impl ModelBackend for CandleBackend {
             .map(|l| {
                 Ok(CandleLayer {
                     attn_norm: upload(&l.attn_norm, dev)?,
-                    wq: linear(&l.wq)?,
-                    wk: linear(&l.wk)?,
-                    wv: linear(&l.wv)?,
+                    wqkv: Linear::stacked(&[&l.wq, &l.wk, &l.wv], format, dev)?,
                     wo: linear(&l.wo)?,
                     mlp_norm: upload(&l.mlp_norm, dev)?,
-                    w_gate: linear(&l.w_gate)?,
-                    w_up: linear(&l.w_up)?,
+                    w_gate_up: Linear::stacked(&[&l.w_gate, &l.w_up], format, dev)?,
                     w_down: linear(&l.w_down)?,
                 })
             })
