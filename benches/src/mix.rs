@@ -65,12 +65,13 @@ fn in_rounds(
         }
         rounds.push((base, specs));
     }
-    let pick = |values: Vec<f64>| median_index(&values).ok_or_else(|| "no rounds".to_string());
-    let plain_at = pick(rounds.iter().map(|(p, _)| p.decode_tokens_per_s()).collect())?;
+    let pick = |values: &[f64]| median_index(values).ok_or_else(|| "no rounds".to_string());
+    let plain_rates: Vec<f64> = rounds.iter().map(|(p, _)| p.decode_tokens_per_s()).collect();
+    let plain_at = pick(&plain_rates)?;
     let mut chosen = Vec::with_capacity(proposers);
     for i in 0..proposers {
-        let ratios: Vec<f64> = rounds.iter().map(|(p, s)| s[i].decode_tokens_per_s() / p.decode_tokens_per_s()).collect();
-        let at = pick(ratios.clone())?;
+        let ratios: Vec<f64> = rounds.iter().zip(&plain_rates).map(|((_, s), plain)| s[i].decode_tokens_per_s() / plain).collect();
+        let at = pick(&ratios)?;
         chosen.push((rounds[at].1[i].clone(), ratios[at]));
     }
     Ok((rounds.swap_remove(plain_at).0, chosen))

@@ -40,6 +40,23 @@ impl Matrix {
         let c = self.cols();
         &self.data[r * c..(r + 1) * c]
     }
+
+    /// 2-D matrices of the same width stacked row-wise, in the order given:
+    /// projections of one input made one product (q/k/v, gate/up), whose
+    /// outputs are the parts' outputs side by side. A typed error for no
+    /// parts or parts of other widths (a hand-built `LlamaWeights` may hold
+    /// them).
+    pub fn stacked_rows(parts: &[&Matrix]) -> Result<Matrix> {
+        let widths: Vec<Vec<usize>> = parts.iter().map(|m| m.shape.clone()).collect();
+        let cols = parts.first().map(|m| m.cols());
+        match cols {
+            Some(cols) if parts.iter().all(|m| m.shape.len() == 2 && m.cols() == cols) => {
+                let rows = parts.iter().map(|m| m.rows()).sum();
+                Ok(Matrix { shape: vec![rows, cols], data: parts.iter().flat_map(|m| m.data.iter().copied()).collect() })
+            }
+            _ => Err(ModelError::InvalidInput { arg: "weights", reason: format!("projections of one input must be 2-D of one width to be stacked, got shapes {widths:?}") }),
+        }
+    }
 }
 
 /// One decoder layer.
@@ -173,5 +190,28 @@ impl LlamaWeights {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stacked_rows_put_the_parts_one_under_another() {
+        let a = Matrix::new(vec![1, 2], vec![1.0, 2.0], "a").unwrap();
+        let b = Matrix::new(vec![2, 2], vec![3.0, 4.0, 5.0, 6.0], "b").unwrap();
+        let s = Matrix::stacked_rows(&[&a, &b]).unwrap();
+        assert_eq!((s.shape.clone(), s.data.clone()), (vec![3, 2], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]));
+        assert_eq!(s.row(2), b.row(1));
+    }
+
+    #[test]
+    fn stacking_other_widths_or_nothing_is_a_typed_error() {
+        let a = Matrix::new(vec![1, 2], vec![1.0, 2.0], "a").unwrap();
+        let c = Matrix::new(vec![1, 3], vec![1.0, 2.0, 3.0], "c").unwrap();
+        let err = Matrix::stacked_rows(&[&a, &c]).unwrap_err().to_string();
+        assert!(err.contains("[1, 2]") && err.contains("[1, 3]"), "{err}");
+        assert!(Matrix::stacked_rows(&[]).is_err());
     }
 }

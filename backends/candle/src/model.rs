@@ -112,15 +112,15 @@ impl Linear {
     /// `[Σ out_i, in]` weight, rows in the order given: one product (one
     /// launch, one pass over the input) computes them all.
     fn stacked(parts: &[&Matrix], format: WeightFormat, dev: &Device) -> candle_core::Result<Self> {
+        let stacked;
         let m = match parts {
-            [one] => std::borrow::Cow::Borrowed(*one),
+            // One part (the head among them) is not copied.
+            [one] => *one,
             _ => {
-                let rows = parts.iter().map(|m| m.shape[0]).sum();
-                let data = parts.iter().flat_map(|m| m.data.iter().copied()).collect();
-                std::borrow::Cow::Owned(Matrix { shape: vec![rows, parts[0].shape[1]], data })
+                stacked = Matrix::stacked_rows(parts).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+                &stacked
             }
         };
-        let m = m.as_ref();
         let block = GgmlDType::Q8_0.block_size();
         match format {
             WeightFormat::F16 => Ok(Linear::Half(upload_t(m, dev)?.to_dtype(DType::F16)?)),

@@ -77,7 +77,7 @@ impl WeightFormat {
     /// A projection's weights in this format. Q8_0 needs the input width to
     /// be a multiple of its 32-value block; a matrix whose width is not (some
     /// tiny models') stays f32, as llama.cpp's quantizer leaves such tensors.
-    fn weights(self, m: &Matrix) -> Weights {
+    fn weights(self, m: &Matrix) -> Result<Weights> {
         self.stacked(&[m])
     }
 
@@ -85,13 +85,13 @@ impl WeightFormat {
     /// order given. Each output is still the dot product of the input row
     /// and one weight row (and Q8_0 quantizes row by row), so the stacked
     /// product's values are the separate products' bit for bit.
-    fn stacked(self, parts: &[&Matrix]) -> Weights {
-        let (rows, cols) = (parts.iter().map(|m| m.rows()).sum(), parts[0].cols());
-        let data: Vec<f32> = parts.iter().flat_map(|m| m.data.iter().copied()).collect();
-        match self {
+    fn stacked(self, parts: &[&Matrix]) -> Result<Weights> {
+        let m = Matrix::stacked_rows(parts)?;
+        let (rows, cols, data) = (m.rows(), m.cols(), m.data);
+        Ok(match self {
             WeightFormat::F32 => Weights::f32(rows, cols, data),
             WeightFormat::Q8_0 => Weights::q8_0(rows, cols, &data).unwrap_or_else(|| Weights::f32(rows, cols, data)),
-        }
+        })
     }
 }
 
@@ -325,16 +325,18 @@ impl ModelBackend for NdarrayBackend {
         let layers = w
             .layers
             .iter()
-            .map(|l| NdLayer {
-                attn_norm: l.attn_norm.data.clone(),
-                wqkv: f.stacked(&[&l.wq, &l.wk, &l.wv]),
-                wo: f.weights(&l.wo),
-                mlp_norm: l.mlp_norm.data.clone(),
-                w_gate_up: f.stacked(&[&l.w_gate, &l.w_up]),
-                w_down: f.weights(&l.w_down),
+            .map(|l| {
+                Ok(NdLayer {
+                    attn_norm: l.attn_norm.data.clone(),
+                    wqkv: f.stacked(&[&l.wq, &l.wk, &l.wv])?,
+                    wo: f.weights(&l.wo)?,
+                    mlp_norm: l.mlp_norm.data.clone(),
+                    w_gate_up: f.stacked(&[&l.w_gate, &l.w_up])?,
+                    w_down: f.weights(&l.w_down)?,
+                })
             })
-            .collect();
-        Ok(NdModel { config: w.config.clone(), embed: w.embed.data.clone(), layers, final_norm: w.final_norm.data.clone(), head: f.weights(w.output_matrix()) })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(NdModel { config: w.config.clone(), embed: w.embed.data.clone(), layers, final_norm: w.final_norm.data.clone(), head: f.weights(w.output_matrix())? })
     }
 
     fn new_model_cache(&self, model: &NdModel, batch: usize, capacity: usize) -> Result<NdModelCache> {
