@@ -1,4 +1,5 @@
-"""Turns the peers' conformance reports into the peer table of CONFORMANCE.md.
+"""Turns the peers' conformance reports into the peer table (`reports/peers/PEERS.md`,
+quoted in RESULTS.md).
 
 Usage: ``python3 peer_table.py DIVERGENCES.toml REPORT.json...`` (what
 ``cargo xtask peers`` runs); prints Markdown.

@@ -10,6 +10,25 @@
 //! the same run), never an absolute time asserted in a test; every backend
 //! times the same inputs, generated once from fixed seeds; an end-to-end row
 //! exists only for a run whose greedy tokens equal plain decoding's.
+//!
+//! Sections (one bench target, `benches/report.rs`): the machine's copy and
+//! read bandwidth ([`machine`]); the verify kernels as the decoder calls
+//! them, each next to its memory-bound limit ([`kernels`]); the n-gram index
+//! against a rescan at 1 M tokens ([`ngram`]); SmolLM2 forwards next to the
+//! weight-bandwidth roofline ([`forward`]); speculative against plain
+//! decoding per backend, proposer, prompt and k, with the THEORY-2/3/4
+//! predictions from the measured acceptance and cost ratio ([`e2e`]); the
+//! prompt mix ([`mix`], `fixtures/prompts/mix.json`: seven categories under
+//! the pay-off controller, batches of 1, 4 and 16, each in three rounds of
+//! plain-then-speculative runs with the median ratio within a round, since a
+//! small machine's memory speed drifts, and HF transformers and llama.cpp
+//! plain and with prompt lookup on the same token ids,
+//! `adapters/peers/bench_generate.py`); `specdec serve` under load
+//! ([`serve_load`]); HF transformers' verify timed in the same run when the
+//! peers are installed ([`peer`], `adapters/peers/bench_hf.py`); Markdown,
+//! JSON and SVG ([`report`], [`plot`]). Criterion times kernels and forwards;
+//! end-to-end runs are timed by the decoder's own clock (a multi-second run
+//! per configuration, where criterion's ten samples would not fit).
 
 pub mod e2e;
 pub mod forward;

@@ -22,7 +22,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use specdec_backend::SamplingParams;
 use specdec_backend::model::ModelBackend;
 use specdec_decoder::{Engine, EngineConfig, FinishReason, NoProposer, NoSink, Request, record_hidden};
-use specdec_models::draft_data::{DraftData, DraftPrompt, DraftSequence, read_prompts};
+use specdec_models::draft_data::{DraftData, DraftSequence};
+use specdec_models::prompts::{DraftPrompt, read_prompts};
 use specdec_models::{LlamaConfig, LoadedModel, Matrix, Tokenizer};
 
 use specdec_registry::Job;
@@ -90,7 +91,7 @@ impl Job for DraftDataJob {
         if self.synthesize > 0 && self.split != "train" {
             return Err("--synthesize makes training prompts; the held-out split is the file's own".into());
         }
-        let all = read_prompts(&self.prompts).map_err(|e| e.to_string())?;
+        let all = read_prompts::<DraftPrompt>(&self.prompts).map_err(|e| e.to_string())?;
         let first_id = all.iter().map(|p| p.id + 1).max().unwrap_or(0);
         let mut prompts: Vec<_> = all.into_iter().filter(|p| p.split == self.split).collect();
         if prompts.is_empty() {

@@ -121,7 +121,7 @@ fn large_model(path: &Path) -> Result<LargeModel, String> {
     let loaded = specdec_models::load(path).map_err(|e| e.to_string())?;
     let tok = loaded.tokenizer.as_ref().ok_or_else(|| format!("{}: the model checks need the model's tokenizer", path.display()))?;
     let prompts = specdec_conformance::model_section::shipped_prompts();
-    let encode = |p: &specdec_conformance::model_section::Prompt| -> Result<Vec<u32>, String> {
+    let encode = |p: &specdec_models::prompts::Prompt| -> Result<Vec<u32>, String> {
         let text = if p.chat { tok.chat_prompt(&p.text).map_err(|e| e.to_string())? } else { p.text.clone() };
         tok.encode(&text, false).map_err(|e| e.to_string())
     };

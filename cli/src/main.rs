@@ -1,6 +1,21 @@
 //! `specdec`: run the conformance suite on any backend in this build, check
 //! external case files, bless golden cases from the reference, and run the
 //! statistics campaign. Exit status is non-zero whenever a check fails.
+//!
+//! Commands: `backends`; `conform` (the suite, `--shard I/N` for one shard)
+//! and `check` (a vendor's case file); `bless`; `stats` (the losslessness
+//! campaign with plots, seed sweeps: `campaign.rs`); `model info`, `model
+//! export` and `model tiny` (`model.rs`); `generate` (plain or speculative
+//! decoding through the decoder, `--compare`); `draft-data` (DFlash training
+//! data, with prompts the target writes itself); `engine-check` (the engine
+//! section on `decoder:..`, `exec:..`, `http://..` or `llama-cpp+http://..`)
+//! and `engine-adapter` (specdec's decoder as an exec engine); `report merge`
+//! (`merge.rs`: conformance, sweep and fuzz shards into one report;
+//! `recipes/sharded/` runs the shards on Slurm, Kubernetes or a CI matrix);
+//! `serve` (`specdec-serve`; `--model` may be `tiny:NAME`) and `load` (the
+//! load generator against any OpenAI-compatible server). Backends come from
+//! `specdec-registry`; each failing check prints a command that reruns it
+//! (`tests/check.rs`).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -28,9 +28,9 @@ use std::time::Instant;
 
 use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg64;
-use serde::Deserialize;
 use specdec_backend::model::{ForwardRequest, LogitRows, ModelBackend, ModelPrecision};
 use specdec_backend::{BackendError, ReferenceBackend};
+use specdec_models::prompts::Prompt;
 use specdec_models::tiny::TinySpec;
 use specdec_models::{LlamaWeights, LoadedModel, RefModel};
 
@@ -514,32 +514,15 @@ pub fn greedy<B: ModelBackend>(b: &B, m: &B::Model, prompts: &[Vec<u32>], max_to
     Ok(runs)
 }
 
-/// The prompts of `fixtures/prompts/smollm2.json`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Prompt {
-    pub id: String,
-    pub chat: bool,
-    pub text: String,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PromptFile {
-    #[allow(dead_code)]
-    description: String,
-    prompts: Vec<Prompt>,
-}
-
-/// The shipped SmolLM2 prompts.
 /// The shipped DFlash draft of SmolLM2-135M-Instruct (`cargo xtask train-dflash`).
 pub fn shipped_dflash_dir() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/dflash/smollm2-135m-instruct")
 }
 
+/// The shipped SmolLM2 prompts (`fixtures/prompts/smollm2.json`).
 pub fn shipped_prompts() -> Vec<Prompt> {
     let text = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/prompts/smollm2.json"));
-    serde_json::from_str::<PromptFile>(text).expect("the shipped prompt file parses (checked by the model tests)").prompts
+    specdec_models::prompts::parse_prompts("fixtures/prompts/smollm2.json", text).expect("the shipped prompt file parses (checked by the model tests)")
 }
 
 fn reference_greedy(s: &Subject, prompts: &[Vec<u32>]) -> Result<Vec<GreedyRun>, String> {

@@ -1,17 +1,20 @@
 //! Proposers by name, as `specdec generate --proposer` spells them:
 //! `none`, `ngram`, `draft:PATH`, `early-exit:L`, `dflash:PATH`,
-//! `dflash-iter:PATH`. The one parser of proposer names: the end-to-end
-//! section of the suite reads its names (`draft:seeded`, `dflash:trained`,
-//! ...) with it too, and only resolves what their argument stands for.
+//! `dflash-iter:PATH`. The one parser of proposer names and the one
+//! builder of proposers: the end-to-end section of the suite reads its names
+//! (`draft:seeded`, `dflash:trained`, ...) with it too, and gives its own
+//! [`DraftSource`] for what their argument stands for.
 
-use std::path::PathBuf;
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use specdec_backend::NgramConfig;
 use specdec_backend::model::{LlamaWeights, ModelBackend};
+use specdec_models::DflashDraft;
 
-use crate::DecodeError;
-use crate::proposer::{DflashMode, DraftModelProposer, NgramProposer, NoProposer, Proposer};
+use crate::error::DecodeError;
+use crate::proposer::{DflashMode, DflashProposer, DraftModelProposer, NgramProposer, NoProposer, Proposer};
 
 /// The unmasking of `dflash-iter`: two steps, cosine schedule.
 pub const ITERATIVE: DflashMode = DflashMode::Iterative { steps: 2, schedule: specdec_models::dflash::Schedule::Cosine };
@@ -62,22 +65,49 @@ impl std::fmt::Display for ProposerChoice {
     }
 }
 
+/// What the argument of `draft:ARG`, `dflash:ARG` and `dflash-iter:ARG` stands for.
+pub trait DraftSource {
+    /// The draft model `draft:ARG` names, for `target` (borrowed when it is `target` itself).
+    fn draft_model<'t>(&self, arg: &Path, target: &'t LlamaWeights) -> Result<Cow<'t, LlamaWeights>, DecodeError>;
+    /// The DFlash checkpoint `dflash:ARG` names, validated against `target`.
+    fn dflash_draft(&self, arg: &Path, target: &LlamaWeights) -> Result<DflashDraft, DecodeError>;
+}
+
+/// Drafts from files, as the command line names them: `ARG` is a path.
+pub struct DraftFiles;
+
+impl DraftSource for DraftFiles {
+    fn draft_model<'t>(&self, arg: &Path, _: &'t LlamaWeights) -> Result<Cow<'t, LlamaWeights>, DecodeError> {
+        let draft = specdec_models::load(arg).map_err(|e| DecodeError::Config(format!("draft model: {e}")))?;
+        Ok(Cow::Owned(draft.weights))
+    }
+
+    fn dflash_draft(&self, arg: &Path, target: &LlamaWeights) -> Result<DflashDraft, DecodeError> {
+        specdec_models::load_dflash(arg, &target.config).map_err(|e| DecodeError::Config(format!("dflash checkpoint: {e}")))
+    }
+}
+
 impl ProposerChoice {
     /// Builds the proposer for `target` on `backend`, drafting at most `k`
-    /// tokens a step. A DFlash drafter keeps reading the target's embedding
-    /// and head, so it shares `target` rather than copying it.
+    /// tokens a step, its drafts read from files ([`DraftFiles`]).
     pub fn build<B: ModelBackend>(&self, backend: &B, target: &Arc<LlamaWeights>, k: usize) -> Result<Box<dyn Proposer<B>>, DecodeError> {
+        self.build_from(backend, target, k, &DraftFiles)
+    }
+
+    /// [`build`](Self::build) with the drafts `drafts` names. A DFlash
+    /// drafter keeps reading the target's embedding and head, so it shares
+    /// `target` rather than copying it.
+    pub fn build_from<B: ModelBackend>(&self, backend: &B, target: &Arc<LlamaWeights>, k: usize, drafts: &dyn DraftSource) -> Result<Box<dyn Proposer<B>>, DecodeError> {
         let vocab = target.config.vocab_size;
+        let dflash =
+            |arg: &Path, mode| -> Result<Box<dyn Proposer<B>>, DecodeError> { Ok(Box::new(DflashProposer::new(self.to_string(), drafts.dflash_draft(arg, target)?, Arc::clone(target), mode)?)) };
         Ok(match self {
             ProposerChoice::None => Box::new(NoProposer),
             ProposerChoice::Ngram => Box::new(NgramProposer::new(NgramConfig { k: k.max(1), ..NgramConfig::default() }, vocab)?),
-            ProposerChoice::Draft(path) => {
-                let draft = specdec_models::load(path).map_err(|e| DecodeError::Config(format!("draft model: {e}")))?;
-                Box::new(DraftModelProposer::new(backend, format!("draft:{}", path.display()), &draft.weights, vocab)?)
-            }
+            ProposerChoice::Draft(arg) => Box::new(DraftModelProposer::new(backend, self.to_string(), &*drafts.draft_model(arg, target)?, vocab)?),
             ProposerChoice::EarlyExit(l) => Box::new(DraftModelProposer::early_exit(backend, target, *l)?),
-            ProposerChoice::Dflash(path) => crate::proposer::dflash_from_path(self.to_string(), target, path, DflashMode::Parallel)?,
-            ProposerChoice::DflashIter(path) => crate::proposer::dflash_from_path(self.to_string(), target, path, ITERATIVE)?,
+            ProposerChoice::Dflash(arg) => dflash(arg, DflashMode::Parallel)?,
+            ProposerChoice::DflashIter(arg) => dflash(arg, ITERATIVE)?,
         })
     }
 }

@@ -6,8 +6,8 @@
 
 use specdec_backend::model::ModelBackend;
 
-use crate::DecodeError;
 use crate::config::{EngineConfig, Rollback};
+use crate::error::DecodeError;
 use crate::fault::Faults;
 use crate::request::{Acceptance, FinishReason};
 use crate::seq::Seq;

@@ -8,7 +8,7 @@ use specdec_backend::model::ModelBackend;
 use specdec_backend::{DrawNoiseArg, HostTensor, LogitsParams, Penalties, SamplingParams};
 use specdec_reference::penalty_counts;
 
-use crate::DecodeError;
+use crate::error::DecodeError;
 
 pub(crate) fn upload_f64<B: ModelBackend>(b: &B, shape: Vec<usize>, data: Vec<f64>) -> Result<B::Tensor, DecodeError> {
     Ok(b.upload_f64(&HostTensor::new(shape, data).map_err(|e| DecodeError::Internal(e.to_string()))?)?)

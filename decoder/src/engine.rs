@@ -1,15 +1,9 @@
 //! The decode loop (DECODE-1 .. DECODE-5), after llama.cpp's
-//! `llama-speculative`. Each step reads in four parts:
-//!
-//! 1. propose: the proposer drafts for every active sequence (its own noise);
-//! 2. window (`window.rs`): one target forward over each sequence's
-//!    `[last token, drafts..]`, its logit rows laid out for the verify;
-//! 3. verify (`verify.rs`): greedy, DFlash or rejection sampling on the
-//!    device, downloading only the emitted tokens and accepted counts;
-//! 4. commit (`commit.rs`): emit up to a stop, roll the cache back, count.
-//!
-//! The loop itself is a [`Session`](crate::Session) (`session.rs`): [`Engine::run`] admits
-//! a batch and steps it to the end; a server admits requests between steps.
+//! `llama-speculative`: the engine's settings, the checks of its requests,
+//! and [`Engine::run`], one [`Session`](crate::session::Session) that admits
+//! a batch and steps it to the end (a server admits requests between
+//! steps). The step itself, propose, window, verify, commit, is
+//! `Session::step` (`session.rs`).
 //!
 //! Invariants: a sequence's last token is never in the target cache before
 //! the step that feeds it, so after every step the cache holds exactly the
@@ -22,9 +16,9 @@
 
 use specdec_backend::model::ModelBackend;
 
-use crate::DecodeError;
 use crate::config::EngineConfig;
 pub use crate::config::MAX_K;
+use crate::error::DecodeError;
 use crate::proposer::Proposer;
 use crate::request::{Acceptance, Request, RunOutput, Timings};
 use crate::sink::Sink;

@@ -99,7 +99,7 @@ impl Faults {
     }
 
     /// The seed request `i`'s noise is drawn from.
-    pub(crate) fn noise_seed(self, requests: &[crate::Request], i: usize) -> u64 {
+    pub(crate) fn noise_seed(self, requests: &[crate::request::Request], i: usize) -> u64 {
         if self.0 == Some(Fault::SharedNoiseAcrossRequests) { requests[0].seed } else { requests[i].seed }
     }
 }

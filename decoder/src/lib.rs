@@ -16,15 +16,57 @@
 //! stop condition. The decoder moves only draft ids, accepted tokens and
 //! counts between host and device on its hot path (a DFlash drafter also
 //! reads the target's hidden states).
+//!
+//! Layout: [`engine`] holds the engine's settings and checks and runs a
+//! batch as one [`Session`] ([`session`]: the loop over fixed request
+//! slots, which requests join between steps with one prefill forward and
+//! leave by `take` or `cancel`, so a server batches continuously with the
+//! very step the checks prove). [`Session::step`] reads as four parts:
+//! propose (the [`proposer`]s); `window.rs`, one ragged target forward
+//! over each sequence's `[last, drafts..]` and its rows laid out for the
+//! verify; `verify.rs`, greedy, DFlash or rejection sampling on the
+//! device, downloading only emitted tokens and counts; `commit.rs`,
+//! emission up to a stop ([`stop`]), the rollback (per sequence or
+//! min-accepted) and the step's counts. `ledger.rs` keeps the step's
+//! bookkeeping behind one helper: which controller picks `k` (seed 001's
+//! dynamic controller in [`config`], or the pay-off controller in
+//! [`payoff`], CTRL-7 .. CTRL-10: each step's `k` from the run's own step
+//! times and acceptance), and the timings it learns from.
+//!
+//! Beside them: [`error`] ([`DecodeError`], the one error type), `seq.rs`
+//! (a request's state and its two noise streams), `device.rs` (the uploads,
+//! processed distributions and draws engine and proposers share), [`sink`],
+//! [`request`] (requests, outputs, the one acceptance counter, whose
+//! metrics are the controller's formulas), [`choice`] (the one parser of
+//! proposer names), `fault.rs` (the decoder bugs the negative controls
+//! inject, behind the `negative-controls` feature), [`proposer`] (the
+//! trait, with `proposer/ngram.rs`, `proposer/draft.rs` for a draft model
+//! or early exit, and `proposer/dflash.rs` for block drafts, parallel or
+//! iterative), and [`record`] (records the target's hidden rows as draft
+//! training data while decoding plainly: it rides on the proposer hooks
+//! but never proposes). A crate of its own because it is the one consumer
+//! of both traits every backend shares, and neither `specdec-models` nor
+//! the backends should depend on proposers.
+//!
+//! Tests: `tests/engine.rs` (greedy output equals an independent plain
+//! greedy loop for every proposer, with and without penalties; one named
+//! test per decoder bug peers have shipped), `tests/session.rs` (requests
+//! joining a running session, or a slot another request left, give their
+//! output alone); the conformance suite's end-to-end and engine sections
+//! run the decoder on every backend, with `fault.rs`'s bugs as negative
+//! controls.
 
 pub mod choice;
 mod commit;
 pub mod config;
 pub(crate) mod device;
 pub mod engine;
+pub mod error;
 mod fault;
+mod ledger;
 pub mod payoff;
 pub mod proposer;
+pub mod record;
 pub mod request;
 mod seq;
 pub mod session;
@@ -36,39 +78,13 @@ mod window;
 pub use choice::ProposerChoice;
 pub use config::{EngineConfig, MAX_K, OnProposerError, Rollback};
 pub use engine::Engine;
+pub use error::DecodeError;
 pub use fault::Fault;
 pub use payoff::Payoff;
-pub use proposer::{DflashMode, DflashProposer, DraftModelProposer, HiddenRecorder, NgramProposer, NoProposer, Proposal, Proposer, Recorded, SeqView, VerifyRule, record_hidden};
+pub use proposer::{DflashMode, DflashProposer, DraftModelProposer, NgramProposer, NoProposer, Proposal, Proposer, SeqView, VerifyRule};
+pub use record::{HiddenRecorder, Recorded, record_hidden};
 pub use request::{Acceptance, FinishReason, Output, Request, RunOutput, Timings};
 pub use seq::noise_streams;
 pub use session::Session;
 pub use sink::{NoSink, Sink};
 pub use stop::Detokenize;
-
-use specdec_backend::BackendError;
-
-/// Why a generation could not run.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum DecodeError {
-    /// A request is invalid (empty prompt, ids out of range, bad parameters).
-    #[error("request {index}: {reason}")]
-    Request { index: usize, reason: String },
-    /// The engine or a proposer is misconfigured.
-    #[error("configuration: {0}")]
-    Config(String),
-    /// A proposer broke its contract or failed.
-    #[error("proposer `{proposer}`: {reason}")]
-    Proposer { proposer: String, reason: String },
-    /// The backend rejected an operation.
-    #[error(transparent)]
-    Backend(#[from] BackendError),
-    /// A broken invariant of the decoder itself (a bug, reported, never a panic).
-    #[error("decoder invariant broken: {0}")]
-    Internal(String),
-}
-
-impl DecodeError {
-    pub fn proposer(name: &str, reason: impl std::fmt::Display) -> Self {
-        DecodeError::Proposer { proposer: name.to_string(), reason: reason.to_string() }
-    }
-}

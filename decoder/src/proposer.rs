@@ -11,18 +11,16 @@
 pub mod dflash;
 pub mod draft;
 pub mod ngram;
-pub mod record;
 
 use rand_pcg::Pcg64;
 use specdec_backend::SamplingParams;
 use specdec_backend::model::{ForwardPlan, ModelBackend};
 
-use crate::DecodeError;
+use crate::error::DecodeError;
 
 pub use dflash::{DflashMode, DflashProposer};
 pub use draft::DraftModelProposer;
 pub use ngram::NgramProposer;
-pub use record::{HiddenRecorder, Recorded, record_hidden};
 
 /// One active sequence, as a proposer sees it.
 #[derive(Debug, Clone, Copy)]
@@ -158,15 +156,4 @@ impl<B: ModelBackend> Proposer<B> for NoProposer {
 /// The number of leading tokens `a` and `b` share.
 pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
-/// A DFlash proposer from a checkpoint directory (parallel drafting).
-pub(crate) fn dflash_from_path<B: ModelBackend>(
-    name: String,
-    target: &std::sync::Arc<specdec_backend::model::LlamaWeights>,
-    path: &std::path::Path,
-    mode: DflashMode,
-) -> Result<Box<dyn Proposer<B>>, DecodeError> {
-    let draft = specdec_models::load_dflash(path, &target.config).map_err(|e| DecodeError::Config(format!("dflash checkpoint: {e}")))?;
-    Ok(Box::new(DflashProposer::new(name, draft, std::sync::Arc::clone(target), mode)?))
 }

@@ -5,7 +5,7 @@ use serde::Serialize;
 use specdec_backend::SamplingParams;
 use specdec_reference::controller::{SpecStats, StepCounts};
 
-use crate::DecodeError;
+use crate::error::DecodeError;
 
 /// One generation request: its own prompt, sampling, seed and stops.
 #[derive(Debug, Clone, PartialEq)]

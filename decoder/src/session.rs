@@ -18,16 +18,14 @@ use std::time::Instant;
 
 use rand_pcg::Pcg64;
 use specdec_backend::model::{ForwardRequest, LogitRows, ModelBackend};
-use specdec_reference::controller::DynamicController;
 
-use crate::payoff::Payoff;
-
-use crate::DecodeError;
 use crate::commit::commit;
 use crate::config::OnProposerError;
 use crate::engine::Engine;
+use crate::error::DecodeError;
+use crate::ledger::{Ledger, Phase};
 use crate::proposer::{Observed, ObservedSeq, Proposal, Proposer, SeqView};
-use crate::request::{Acceptance, Output, Request, RunOutput, Timings};
+use crate::request::{Acceptance, FinishReason, Output, Request, RunOutput, Timings};
 use crate::seq::Seq;
 use crate::sink::Sink;
 use crate::stop::Detokenize;
@@ -48,15 +46,9 @@ pub struct Session<'s, B: ModelBackend> {
     proposer: &'s mut dyn Proposer<B>,
     cache: B::ModelCache,
     capacity: usize,
-    controller: Option<DynamicController>,
-    payoff: Option<Payoff>,
-    /// Steps run with each `k` (index `k`).
-    steps_by_k: Vec<u64>,
     seqs: Vec<Seq>,
     slots: Vec<Slot>,
-    timings: Timings,
-    batch_steps: u64,
-    proposer_errors: u64,
+    ledger: Ledger,
 }
 
 impl<'a, B: ModelBackend> Engine<'a, B> {
@@ -78,15 +70,12 @@ impl<'s, B: ModelBackend> Session<'s, B> {
             return Err(DecodeError::Config(format!("a session's capacity of {capacity} positions must be in [2, {}] (the model's)", engine.max_positions)));
         }
         let b = engine.backend;
-        let controller = engine.config.controller.clone().map(DynamicController::new).transpose().map_err(|e| DecodeError::Config(e.to_string()))?;
         let t = Instant::now();
         let cache = b.new_model_cache(engine.target, slots, capacity)?;
         proposer.begin(b, slots, capacity, engine.config.max_k())?;
-        let timings = Timings { prefill_s: t.elapsed().as_secs_f64(), ..Timings::default() };
+        let ledger = Ledger::new(&engine.config, Timings { prefill_s: t.elapsed().as_secs_f64(), ..Timings::default() })?;
         let seqs = (0..slots).map(|_| Seq::vacant()).collect();
-        let payoff = engine.config.payoff.then(|| Payoff::new(engine.config.k));
-        let steps_by_k = vec![0; engine.config.max_k() + 1];
-        Ok(Session { engine, proposer, cache, capacity, controller, payoff, steps_by_k, seqs, slots: vec![Slot::Free; slots], timings, batch_steps: 0, proposer_errors: 0 })
+        Ok(Session { engine, proposer, cache, capacity, seqs, slots: vec![Slot::Free; slots], ledger })
     }
 
     /// Positions a slot's context may fill (prompt, output and one step's drafts).
@@ -139,7 +128,7 @@ impl<'s, B: ModelBackend> Session<'s, B> {
             self.slots[slot] = Slot::Busy;
         }
         let prefilled = self.prefill(&free);
-        self.timings.prefill_s += t.elapsed().as_secs_f64();
+        self.ledger.timings.prefill_s += t.elapsed().as_secs_f64();
         if let Err(e) = prefilled {
             for &slot in &free {
                 self.slots[slot] = Slot::Free;
@@ -174,27 +163,12 @@ impl<'s, B: ModelBackend> Session<'s, B> {
         let b = self.engine.backend;
         let config = &self.engine.config;
         let lens = b.cache_lens(&self.cache);
-        // A sequence whose next input no longer fits is out of positions.
-        let mut finished = Vec::new();
-        for i in self.active_slots() {
-            if lens[i] + 1 > self.capacity {
-                self.seqs[i].finish = Some(crate::FinishReason::Capacity);
-                finished.push(i);
-            }
-        }
+        let mut finished = self.finish_out_of_room(&lens);
         let active = self.active_slots();
         if active.is_empty() {
             return Ok(finished);
         }
-        let k = match (&self.payoff, &self.controller) {
-            (Some(p), _) => p.k(),
-            (None, Some(c)) => c.k(active.len()),
-            (None, None) => config.k,
-        };
-        if let Some(n) = self.steps_by_k.get_mut(k) {
-            *n += 1;
-        }
-        let step_started = Instant::now();
+        let k = self.ledger.begin(active.len(), config.k);
 
         // 1. Propose.
         let t = Instant::now();
@@ -202,46 +176,42 @@ impl<'s, B: ModelBackend> Session<'s, B> {
             Ok(p) => p,
             Err(e) if config.on_proposer_error == OnProposerError::Fail => return Err(e),
             Err(_) => {
-                self.proposer_errors += 1;
+                self.ledger.proposer_errors += 1;
                 Proposal::none(active.len())
             }
         };
-        self.timings.propose_s += t.elapsed().as_secs_f64();
+        self.ledger.lap(Phase::Propose, t);
 
         // 2. The window forward, 3. its verify.
         let t = Instant::now();
         let win = window::forward(b, self.engine.target, &mut self.cache, &self.seqs, &active, &proposal, self.proposer.hidden_layers(), config.faults())?;
         let verdict = verify::verify(b, self.engine.vocab, config, &win, &mut self.seqs, &active, &proposal)?;
-        self.timings.verify_s += t.elapsed().as_secs_f64();
-        self.batch_steps += 1;
+        self.ledger.lap(Phase::Verify, t);
 
-        // 4. Commit, and the controller's update from the step's counts.
+        // 4. Commit: emission up to a stop, and the rollback.
         let t = Instant::now();
         let proposed: Vec<usize> = proposal.drafts.iter().map(Vec::len).collect();
         let step = commit(b, &mut self.cache, config, &mut self.seqs, &active, &proposed, &verdict, detok, sink)?;
-        if let Some(c) = self.controller.as_mut() {
-            if k == 0 {
-                c.record_fallback();
-            } else {
-                c.update(step.counts.step_counts()).map_err(|e| DecodeError::Internal(e.to_string()))?;
-            }
-        }
-        self.timings.rest_s += t.elapsed().as_secs_f64();
+        self.ledger.lap(Phase::Commit, t);
 
+        // The proposer rolls its state back to what was kept; the controllers learn the step.
         let t = Instant::now();
         let seqs = &self.seqs;
         let observed: Vec<ObservedSeq<'_>> = active.iter().zip(&step.kept).map(|(&i, &kept)| ObservedSeq { slot: i, context: &seqs[i].context, kept, finished: seqs[i].finish.is_some() }).collect();
         self.proposer.observe(b, &Observed { seqs: &observed, plan: &win.plan, hidden: win.hidden.as_ref() })?;
-        self.timings.propose_s += t.elapsed().as_secs_f64();
-        if let Some(p) = self.payoff.as_mut() {
-            // The whole step, the proposer's work included: what a draft costs here.
-            let counts = step.counts.step_counts();
-            // Sequences with drafts that did not keep them all: a rejection ended them.
-            let rejected = (proposed.iter().filter(|&&p| p > 0).count() as u64).saturating_sub(counts.bonus);
-            p.record(k, proposed.iter().copied().max().unwrap_or(0), counts.accepted, rejected, step_started.elapsed().as_secs_f64());
-        }
+        self.ledger.lap(Phase::Propose, t);
+        self.ledger.end(k, &proposed, step.counts.step_counts())?;
         finished.extend(active.into_iter().filter(|&i| self.seqs[i].finish.is_some()));
         Ok(finished)
+    }
+
+    /// Finishes each active request whose next input no longer fits its slot.
+    fn finish_out_of_room(&mut self, lens: &[usize]) -> Vec<usize> {
+        let out: Vec<usize> = self.active_slots().into_iter().filter(|&i| lens[i] + 1 > self.capacity).collect();
+        for &i in &out {
+            self.seqs[i].finish = Some(FinishReason::Capacity);
+        }
+        out
     }
 
     /// The output of the finished request in `slot`, which frees the slot;
@@ -281,7 +251,8 @@ impl<'s, B: ModelBackend> Session<'s, B> {
         for o in &outputs {
             acceptance.merge(&o.acceptance);
         }
-        (RunOutput { outputs, acceptance, batch_steps: self.batch_steps, proposer_errors: self.proposer_errors, steps_by_k: self.steps_by_k, timings: self.timings }, self.cache)
+        let l = self.ledger;
+        (RunOutput { outputs, acceptance, batch_steps: l.batch_steps, proposer_errors: l.proposer_errors, steps_by_k: l.steps_by_k, timings: l.timings }, self.cache)
     }
 
     /// Asks the proposer for at most `k` drafts per active sequence (each

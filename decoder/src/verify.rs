@@ -6,9 +6,9 @@
 use specdec_backend::model::ModelBackend;
 use specdec_backend::{Comparator, DrawNoiseArg, PAD, RejectionArgs, RejectionNoise, Verified};
 
-use crate::DecodeError;
 use crate::config::EngineConfig;
 use crate::device;
+use crate::error::DecodeError;
 use crate::fault::Faults;
 use crate::proposer::{Proposal, VerifyRule};
 use crate::seq::{Seq, VerifyNoise};

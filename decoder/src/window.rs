@@ -7,8 +7,8 @@
 use specdec_backend::PAD;
 use specdec_backend::model::{ForwardPlan, ForwardRequest, LogitRows, ModelBackend};
 
-use crate::DecodeError;
 use crate::device;
+use crate::error::DecodeError;
 use crate::fault::Faults;
 use crate::proposer::Proposal;
 use crate::seq::Seq;

@@ -18,8 +18,15 @@
 //! per request, ids inside the vocabulary the engine states, no more drafts
 //! accepted than proposed) by the exec transport and by the engine section
 //! before a check reads it; a malformed, short or hostile reply is a typed
-//! [`EngineError`] naming the request and the field, never a panic. What an engine generates past its limits is
-//! not corrected here: that is for the checks to see.
+//! [`EngineError`] naming the request and the field, never a panic. What an
+//! engine generates past its limits is not corrected here: that is for the
+//! checks to see.
+//!
+//! Modules: `contract.rs` (requests, generations, what an engine states of
+//! itself: the same types are PROTO-9's wire format), this file (the trait
+//! and the validation), `decoder.rs` ([`DecoderEngine`]), `exec.rs`
+//! ([`ExecEngine`] and [`serve_exec`]), `http.rs` ([`HttpEngine`], both
+//! dialects).
 
 mod contract;
 mod decoder;

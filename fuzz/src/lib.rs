@@ -12,6 +12,14 @@
 //! only with the `afl` feature) can call it in a persistent loop; the test
 //! `tests/corpus.rs` replays the committed corpus (`corpus/<target>/`)
 //! through the same functions in every test run.
+//!
+//! Targets: case files (parsed, then run on the reference), GGUF (header,
+//! config, weights, tokenizer), safetensors, `config.json`,
+//! `tokenizer.json`, external-backend reply lines, and the n-gram index
+//! after every append. Each reader has one committed seed that loads whole,
+//! so the fuzzer starts past the front door. `cargo xtask fuzz` builds the
+//! driver and runs each target from its corpus. A crate of its own so that
+//! the fuzzer's dependency never enters the libraries.
 
 use std::path::{Path, PathBuf};
 

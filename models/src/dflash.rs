@@ -39,9 +39,10 @@ use specdec_reference::dflash::{block_input, select_unmask, unmask_order};
 
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
+use crate::forward::rope;
 use crate::forward::rope_angles;
 use crate::hf::{CONFIG_FILE, SINGLE_FILE, SafetensorsFile, SaveDtype, write_safetensors};
-use crate::reference::{add_in_place, attend, matmul, rms_norm, rope, silu};
+use crate::reference::{add_in_place, attend, matmul, rms_norm, silu};
 use crate::weights::{LayerWeights, LlamaWeights, Matrix};
 
 /// The `architectures` entry of a DFlash draft checkpoint.

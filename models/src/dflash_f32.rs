@@ -18,8 +18,8 @@
 use crate::config::LlamaConfig;
 use crate::dflash::{DflashConfig, DflashDraft};
 use crate::error::{ModelError, Result};
+use crate::forward::rope;
 use crate::forward::rope_angles;
-use crate::reference::rope;
 use crate::weights::{LlamaWeights, Matrix};
 use specdec_rowmat::Weights;
 

@@ -166,3 +166,17 @@ pub fn rope_angles(pos: usize, head_dim: usize, theta: f64) -> (Vec<f64>, Vec<f6
         })
         .unzip()
 }
+
+/// Rotate-half RoPE in place on every head of `x` (`[heads · head_dim]`)
+/// with one position's angles (MODEL-10): f64 in the reference forward, f32
+/// in the host drafter and the ndarray port, one definition for all.
+pub fn rope<T: Copy + std::ops::Mul<Output = T> + std::ops::Add<Output = T> + std::ops::Sub<Output = T>>(x: &mut [T], head_dim: usize, cos: &[T], sin: &[T]) {
+    let half = head_dim / 2;
+    for head in x.chunks_exact_mut(head_dim) {
+        for i in 0..half {
+            let (a, b) = (head[i], head[i + half]);
+            head[i] = a * cos[i] - b * sin[i];
+            head[i + half] = b * cos[i] + a * sin[i];
+        }
+    }
+}

@@ -142,8 +142,8 @@ impl RefModel {
             let mut k = matmul(&layer.wk, &normed);
             let vv = matmul(&layer.wv, &normed);
             for (t, (cos, sin)) in angles.iter().enumerate() {
-                rope(&mut q[t], hd, cos, sin);
-                rope(&mut k[t], hd, cos, sin);
+                forward::rope(&mut q[t], hd, cos, sin);
+                forward::rope(&mut k[t], hd, cos, sin);
             }
             for (t, &(seq, _)) in slots.iter().enumerate() {
                 cache.keys[li][seq].extend_from_slice(&k[t]);
@@ -270,19 +270,6 @@ pub fn rms_norm(x: &[f64], w: &Matrix, eps: f64) -> Vec<f64> {
     let ms = dot(x, x) / x.len() as f64;
     let inv = 1.0 / (ms + eps).sqrt();
     x.iter().zip(&w.data).map(|(v, w)| v * inv * f64::from(*w)).collect()
-}
-
-/// Rotate-half RoPE on every head of `x` (`[heads·head_dim]`), MODEL-10;
-/// f64 in the reference, f32 in the host drafter (`dflash_f32`).
-pub(crate) fn rope<T: Copy + std::ops::Mul<Output = T> + std::ops::Add<Output = T> + std::ops::Sub<Output = T>>(x: &mut [T], hd: usize, cos: &[T], sin: &[T]) {
-    let half = hd / 2;
-    for head in x.chunks_mut(hd) {
-        for i in 0..half {
-            let (a, b) = (head[i], head[i + half]);
-            head[i] = a * cos[i] - b * sin[i];
-            head[i + half] = b * cos[i] + a * sin[i];
-        }
-    }
 }
 
 pub(crate) fn silu(x: f64) -> f64 {

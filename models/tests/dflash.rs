@@ -8,7 +8,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::scratch_dir;
+use common::{case, check, scratch_dir};
 use serde_json::{Value, json};
 use specdec_models::dflash::{DflashConfig, DflashContext, DflashDraft, DflashSpec, Schedule, export_dflash, load_dflash, load_dflash_with_mask_id, seeded_dflash};
 use specdec_models::dflash_f32::DflashF32;
@@ -74,44 +74,6 @@ fn bits(x: &[f64]) -> Vec<u64> {
 fn max_diff(a: &[f64], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
-}
-
-// ---------------------------------------------------------------------------
-// One error-case runner for config, checkpoint and input validation.
-
-/// One rejected input: what runs, the error kind it must give, and
-/// fragments the message must contain (file, field or argument names).
-struct Case {
-    name: String,
-    kind: &'static str,
-    needles: Vec<String>,
-    run: Box<dyn Fn() -> Result<()>>,
-}
-
-fn case(name: impl Into<String>, kind: &'static str, needles: &[&str], run: impl Fn() -> Result<()> + 'static) -> Case {
-    Case { name: name.into(), kind, needles: needles.iter().map(|s| s.to_string()).collect(), run: Box::new(run) }
-}
-
-/// Runs every case and reports all mismatches at once.
-fn check(rules: &str, cases: Vec<Case>) {
-    let mut failures = vec![];
-    for c in &cases {
-        match (c.run)() {
-            Ok(()) => failures.push(format!("{}: accepted, expected {}", c.name, c.kind)),
-            Err(e) => {
-                let msg = e.to_string();
-                if e.kind() != c.kind {
-                    failures.push(format!("{}: got {} ({msg}), expected {}", c.name, e.kind(), c.kind));
-                }
-                for n in &c.needles {
-                    if !msg.contains(n.as_str()) {
-                        failures.push(format!("{}: message {msg:?} lacks {n:?}", c.name));
-                    }
-                }
-            }
-        }
-    }
-    assert!(failures.is_empty(), "{rules}: {} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
 }
 
 const CFG: &str = "draft/config.json";

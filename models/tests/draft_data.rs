@@ -6,8 +6,9 @@ mod common;
 
 use common::scratch_dir;
 use serde_json::{Value, json};
-use specdec_models::draft_data::{HIDDEN_FILE, MANIFEST_FILE, read_prompts};
+use specdec_models::draft_data::{HIDDEN_FILE, MANIFEST_FILE};
 use specdec_models::hf::{SaveDtype, write_safetensors};
+use specdec_models::prompts::{DraftPrompt, read_prompts};
 use specdec_models::{DraftData, DraftSequence, Matrix};
 
 fn data() -> DraftData {
@@ -95,13 +96,13 @@ fn malformed_draft_data_gives_typed_errors() {
 
 #[test]
 fn malformed_prompt_files_give_typed_errors() {
-    let shipped = read_prompts(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/dflash/prompts.json")).unwrap();
+    let shipped = read_prompts::<DraftPrompt>(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/dflash/prompts.json")).unwrap();
     assert!(shipped.iter().any(|p| p.split == "train") && shipped.iter().any(|p| p.split == "heldout"), "the shipped prompts have both splits");
     let write = |name: &str, prompts: Value| {
         let dir = scratch_dir(name);
         let path = dir.join("prompts.json");
         std::fs::write(&path, json!({"about": "test", "prompts": prompts}).to_string()).unwrap();
-        read_prompts(&path).map(|_| DraftData { target_layer_ids: vec![], hidden_size: 0, vocab_size: 0, sequences: vec![] })
+        read_prompts::<DraftPrompt>(&path).map(|_| DraftData { target_layer_ids: vec![], hidden_size: 0, vocab_size: 0, sequences: vec![] })
     };
     let p = |id: usize, split: &str, text: &str| json!({"id": id, "split": split, "kind": "chat", "chat": true, "text": text});
     check(vec![

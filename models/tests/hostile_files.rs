@@ -8,45 +8,10 @@ mod common;
 
 use std::path::Path;
 
-use common::{GgufBuilder, Val, llama_gguf, random_weights, s, scratch_dir, tiny_config, with_small_tokenizer};
+use common::{GgufBuilder, Val, case, check, llama_gguf, random_weights, s, scratch_dir, tiny_config, with_small_tokenizer};
 use specdec_models::gguf::{GgufFile, load_llama_gguf};
 use specdec_models::hf::{SaveDtype, load_hf_dir};
 use specdec_models::{ModelError, Result, Tokenizer, load};
-
-/// One hostile case: what it runs, the error kind it must give, and
-/// fragments the message must contain (file, field or tensor names).
-struct Case {
-    name: &'static str,
-    run: Box<dyn Fn() -> Result<()>>,
-    kind: &'static str,
-    needles: Vec<String>,
-}
-
-fn case(name: &'static str, kind: &'static str, needles: &[&str], run: impl Fn() -> Result<()> + 'static) -> Case {
-    Case { name, run: Box::new(run), kind, needles: needles.iter().map(|s| s.to_string()).collect() }
-}
-
-/// Runs every case and reports all mismatches at once, under `rules`.
-fn check(rules: &str, cases: Vec<Case>) {
-    let mut failures = vec![];
-    for c in &cases {
-        match (c.run)() {
-            Ok(()) => failures.push(format!("{}: accepted, expected {}", c.name, c.kind)),
-            Err(e) => {
-                let msg = e.to_string();
-                if e.kind() != c.kind {
-                    failures.push(format!("{}: got {} ({msg}), expected {}", c.name, e.kind(), c.kind));
-                }
-                for n in &c.needles {
-                    if !msg.contains(n.as_str()) {
-                        failures.push(format!("{}: message {msg:?} lacks {n:?}", c.name));
-                    }
-                }
-            }
-        }
-    }
-    assert!(failures.is_empty(), "{rules}: {} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
-}
 
 fn parse(bytes: Vec<u8>) -> Result<()> {
     GgufFile::from_bytes("hostile.gguf", bytes).map(|_| ())

@@ -243,6 +243,31 @@ struct Head {
     kind: Kind,
 }
 
+impl Head {
+    /// A reply body: this response's id and object, `choices` and the serving model.
+    fn body(&self, s: &AppState, chunk: bool, choices: Value) -> Value {
+        let object = match (self.kind, chunk) {
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Completion, _) => "text_completion",
+        };
+        json!({"id": self.id, "object": object, "created": self.created, "model": s.model_id, "choices": choices})
+    }
+
+    /// The one choice of a reply: the whole message (`delta: None`) or a
+    /// stream chunk's delta (`Some(first)`: a chat stream's first names the role).
+    fn choice(&self, text: &str, finish_reason: Value, stop_reason: Value, delta: Option<bool>) -> Value {
+        match (self.kind, delta) {
+            (Kind::Completion, _) => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason, "stop_reason": stop_reason}),
+            (Kind::Chat, None) => json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish_reason, "stop_reason": stop_reason}),
+            (Kind::Chat, Some(first)) => {
+                let delta = if first { json!({"role": "assistant", "content": text}) } else { json!({"content": text}) };
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason, "stop_reason": stop_reason})
+            }
+        }
+    }
+}
+
 fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
@@ -296,10 +321,7 @@ async fn whole(s: &AppState, head: &Head, request: &Request, p: &Sampling, mut r
             Some(Event::Tokens(ids)) => tokens.extend(ids),
             Some(Event::Done { finish, acceptance }) => {
                 let (text, reason, stop_reason) = finished(&s.codec, &tokens, finish, &request.eos, &request.stop_strings);
-                let mut choice = match head.kind {
-                    Kind::Completion => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason, "stop_reason": stop_reason}),
-                    Kind::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": reason, "stop_reason": stop_reason}),
-                };
+                let mut choice = head.choice(&text, json!(reason), stop_reason, None);
                 if p.return_token_ids {
                     choice["token_ids"] = json!(tokens);
                     choice["prompt_token_ids"] = json!(request.prompt);
@@ -307,9 +329,9 @@ async fn whole(s: &AppState, head: &Head, request: &Request, p: &Sampling, mut r
                 if request.speculate {
                     choice["draft_tokens"] = drafts(&acceptance);
                 }
-                let object = if matches!(head.kind, Kind::Chat) { "chat.completion" } else { "text_completion" };
-                return axum::Json(json!({"id": head.id, "object": object, "created": head.created, "model": s.model_id, "choices": [choice], "usage": usage(request.prompt.len(), tokens.len())}))
-                    .into_response();
+                let mut body = head.body(s, false, json!([choice]));
+                body["usage"] = usage(request.prompt.len(), tokens.len());
+                return axum::Json(body).into_response();
             }
             Some(Event::Failed { status, message }) => return error(ApiError::status(status, message)),
             None => return error(ApiError::status(500, "the engine dropped the request")),
@@ -325,18 +347,11 @@ fn stream(s: Arc<AppState>, head: Head, request: Request, p: Sampling, mut rx: U
     tokio::spawn(async move {
         let chunk = |delta_text: &str, ids: &[u32], finish: Option<(&str, Value)>, first: bool| -> Value {
             let (reason, stop_reason) = finish.map_or((Value::Null, Value::Null), |(r, sr)| (json!(r), sr));
-            let mut choice = match head.kind {
-                Kind::Completion => json!({"index": 0, "text": delta_text, "logprobs": null, "finish_reason": reason, "stop_reason": stop_reason}),
-                Kind::Chat => {
-                    let delta = if first { json!({"role": "assistant", "content": delta_text}) } else { json!({"content": delta_text}) };
-                    json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": reason, "stop_reason": stop_reason})
-                }
-            };
+            let mut choice = head.choice(delta_text, reason, stop_reason, Some(first));
             if p.return_token_ids {
                 choice["token_ids"] = json!(ids);
             }
-            let object = if matches!(head.kind, Kind::Chat) { "chat.completion.chunk" } else { "text_completion" };
-            json!({"id": head.id, "object": object, "created": head.created, "model": s.model_id, "choices": [choice]})
+            head.body(&s, true, json!([choice]))
         };
         let send = |v: Value| {
             let tx = tx.clone();
@@ -367,8 +382,9 @@ fn stream(s: Arc<AppState>, head: Head, request: Request, p: Sampling, mut rx: U
                         return;
                     }
                     if p.include_usage {
-                        let object = if matches!(head.kind, Kind::Chat) { "chat.completion.chunk" } else { "text_completion" };
-                        let _ = send(json!({"id": head.id, "object": object, "created": head.created, "model": s.model_id, "choices": [], "usage": usage(request.prompt.len(), tokens.len())})).await;
+                        let mut body = head.body(&s, true, json!([]));
+                        body["usage"] = usage(request.prompt.len(), tokens.len());
+                        let _ = send(body).await;
                     }
                     let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
                     return;

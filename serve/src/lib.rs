@@ -16,6 +16,21 @@
 //! 127.0.0.1 unless told otherwise; a SIGTERM or SIGINT stops accepting,
 //! lets running requests finish for the drain time, fails what is left
 //! with a 503 and exits.
+//!
+//! Modules: `scheduler.rs` is the engine thread: it owns the backend and
+//! one decoder `Session` for the server's lifetime, takes requests from a
+//! channel between steps, frees the slots of clients that went away,
+//! admits waiting requests into free slots (one prefill forward), steps the
+//! batch and sends each request its tokens. `http.rs` holds the axum
+//! handlers (one small function per endpoint, validation before anything is
+//! enqueued, SSE streams, `--api-key`, the body limit); `api.rs` the request
+//! bodies and their typed 400s (unknown fields and wrong types named);
+//! `text.rs` the text codec (the model's tokenizer, or the tiny models'
+//! two-letter text) and what a stream may send; `metrics.rs` the Prometheus
+//! exposition; `load.rs` the load generator of `specdec load` and the
+//! speedup report. Tests: `cli/tests/serve.rs` (a real server process:
+//! hostile requests, 32 concurrent clients, disconnects, SIGTERM, the
+//! OpenAI Python client, the engine checks over HTTP).
 
 pub mod api;
 pub mod http;
@@ -68,6 +83,48 @@ pub fn serve(config: ServeConfig, listening: &mut dyn FnMut(SocketAddr)) -> Resu
 /// [`serve`], also shutting down (with the same drain) once `stop` is set:
 /// how a program that embeds the server (the speedup report) stops it.
 pub fn serve_until(config: ServeConfig, listening: &mut dyn FnMut(SocketAddr), stop: Option<Arc<AtomicBool>>) -> Result<(), String> {
+    let (context, max_k) = context_of(&config)?;
+    let metrics = Arc::new(Metrics::default());
+    let codec = Arc::new(config.codec);
+    let setup = EngineSetup {
+        weights: Arc::clone(&config.weights),
+        codec: Arc::clone(&codec),
+        proposer: config.proposer.clone(),
+        k: config.k,
+        max_batch: config.max_batch,
+        capacity: context + max_k + 1,
+        metrics: Arc::clone(&metrics),
+    };
+    let (tx, rx) = mpsc::channel::<Msg>();
+    let (engine, ready) = start_engine(config.backend, setup, rx)?;
+    let vocab = config.weights.config.vocab_size;
+    let state = Arc::new(AppState {
+        engine: Mutex::new(tx.clone()),
+        model_id: config.model_id,
+        codec,
+        vocab,
+        context,
+        eos: config.weights.config.eos_ids(),
+        metrics,
+        api_key: config.api_key,
+        statement: statement(&ready, &config.proposer, vocab),
+        next_id: AtomicU64::new(0),
+        seeds: http::seed_source(),
+    });
+    let router = http::router(Arc::clone(&state), config.max_body_bytes);
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let served = runtime.block_on(listen(router, (config.host.as_str(), config.port), config.drain, tx.clone(), listening, stop));
+    // No sender left: the engine thread ends once idle.
+    drop(tx);
+    drop(state);
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    engine.join().map_err(|_| "the engine thread panicked".to_string())?;
+    served
+}
+
+/// The context a request may fill, and the drafts a step adds past it, from
+/// the flags and the model's positions.
+fn context_of(config: &ServeConfig) -> Result<(usize, usize), String> {
     if config.max_batch == 0 {
         return Err("--max-batch must be at least 1".into());
     }
@@ -81,22 +138,13 @@ pub fn serve_until(config: ServeConfig, listening: &mut dyn FnMut(SocketAddr), s
     if context < 2 {
         return Err(format!("a context of {context} tokens (--max-context {}, the model's {positions} positions, k {max_k}) leaves no room to generate", config.max_context));
     }
-    let metrics = Arc::new(Metrics::default());
-    let codec = Arc::new(config.codec);
-    let setup = EngineSetup {
-        weights: Arc::clone(&config.weights),
-        codec: Arc::clone(&codec),
-        proposer: config.proposer.clone(),
-        k: config.k,
-        max_batch: config.max_batch,
-        capacity: context + max_k + 1,
-        metrics: Arc::clone(&metrics),
-    };
+    Ok((context, max_k))
+}
 
-    // The engine thread: loads the model, says it is ready, then serves jobs.
-    let (tx, rx) = mpsc::channel::<Msg>();
+/// The engine thread: loads the model on `backend`, says it is ready, then
+/// serves the jobs of `rx` until every sender is gone.
+fn start_engine(backend: String, setup: EngineSetup, rx: mpsc::Receiver<Msg>) -> Result<(std::thread::JoinHandle<()>, Ready), String> {
     let (ready_tx, ready_rx) = mpsc::channel::<Result<Ready, String>>();
-    let backend = config.backend.clone();
     let engine = std::thread::Builder::new()
         .name("specdec-engine".into())
         .spawn(move || {
@@ -120,61 +168,45 @@ pub fn serve_until(config: ServeConfig, listening: &mut dyn FnMut(SocketAddr), s
         })
         .map_err(|e| format!("cannot start the engine thread: {e}"))?;
     let ready = ready_rx.recv().map_err(|_| "the engine thread ended before loading the model".to_string())??;
+    Ok((engine, ready))
+}
 
-    let vocab = config.weights.config.vocab_size;
-    let statement = json!({
-        "name": format!("specdec/{}/{}", ready.backend, config.proposer),
+/// What the server states of itself to the engine checks (`/v1/models`' `specdec` field).
+fn statement(ready: &Ready, proposer: &ProposerChoice, vocab: usize) -> serde_json::Value {
+    json!({
+        "name": format!("specdec/{}/{proposer}", ready.backend),
         "version": env!("CARGO_PKG_VERSION"),
         "speculation": ready.proposer,
         "vocab": vocab,
         "greedy_epsilon": ready.greedy_epsilon,
         "batch_invariant": true,
         "stop_strings": true,
-    });
-    let state = Arc::new(AppState {
-        engine: Mutex::new(tx.clone()),
-        model_id: config.model_id,
-        codec,
-        vocab,
-        context,
-        eos: config.weights.config.eos_ids(),
-        metrics,
-        api_key: config.api_key,
-        statement,
-        next_id: AtomicU64::new(0),
-        seeds: http::seed_source(),
-    });
-    let router = http::router(Arc::clone(&state), config.max_body_bytes);
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    let served = runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port)).await.map_err(|e| format!("cannot bind {}:{}: {e}", config.host, config.port))?;
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        // The handlers are installed before anyone is told the address: a SIGTERM
-        // that arrives right after must drain, not kill.
-        let signals = Signals::install().map_err(|e| format!("cannot install the signal handlers: {e}"))?;
-        listening(addr);
-        let drain = config.drain;
-        let cancel = tx.clone();
-        let shutdown = async move {
-            tokio::select! {
-                _ = signals.received() => {}
-                _ = stopped(stop) => {}
-            }
-            eprintln!("specdec serve: shutting down; running requests have {} s to finish", drain.as_secs_f64());
-            // After the drain time, whatever still runs is failed with a 503.
-            tokio::spawn(async move {
-                tokio::time::sleep(drain).await;
-                let _ = cancel.send(Msg::CancelAll("the server is shutting down".into()));
-            });
-        };
-        axum::serve(listener, router).with_graceful_shutdown(shutdown).await.map_err(|e| format!("the server failed: {e}"))
-    });
-    // No sender left: the engine thread ends once idle.
-    drop(tx);
-    drop(state);
-    runtime.shutdown_timeout(Duration::from_secs(1));
-    engine.join().map_err(|_| "the engine thread panicked".to_string())?;
-    served
+    })
+}
+
+/// Binds `addr`, tells `listening`, and serves `router` until a signal or
+/// `stop`; then running requests have `drain` to finish before `engine` is
+/// told to fail what is left.
+async fn listen(router: axum::Router, addr: (&str, u16), drain: Duration, engine: mpsc::Sender<Msg>, listening: &mut dyn FnMut(SocketAddr), stop: Option<Arc<AtomicBool>>) -> Result<(), String> {
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot bind {}:{}: {e}", addr.0, addr.1))?;
+    let bound = listener.local_addr().map_err(|e| e.to_string())?;
+    // The handlers are installed before anyone is told the address: a SIGTERM
+    // that arrives right after must drain, not kill.
+    let signals = Signals::install().map_err(|e| format!("cannot install the signal handlers: {e}"))?;
+    listening(bound);
+    let shutdown = async move {
+        tokio::select! {
+            _ = signals.received() => {}
+            _ = stopped(stop) => {}
+        }
+        eprintln!("specdec serve: shutting down; running requests have {} s to finish", drain.as_secs_f64());
+        // After the drain time, whatever still runs is failed with a 503.
+        tokio::spawn(async move {
+            tokio::time::sleep(drain).await;
+            let _ = engine.send(Msg::CancelAll("the server is shutting down".into()));
+        });
+    };
+    axum::serve(listener, router).with_graceful_shutdown(shutdown).await.map_err(|e| format!("the server failed: {e}"))
 }
 
 /// Resolves once `stop` is set (never without one).

@@ -1,15 +1,20 @@
 //! Calibrated statistical tests behind specdec's "lossless" claims: goodness of fit
-//! (Pearson chi-squared, G-test) against exact distributions, two-sample homogeneity
-//! where no exact law exists, exact binomial tests
-//! and proportion intervals, Holm's multiplicity correction, and power/sample-size
-//! calculations in terms of total-variation distance. Invariants: distributions come
-//! from `statrs`; p-values come from survival functions, never `1 - cdf`, and are 0
-//! only for outcomes impossible under the null (underflow is floored to
-//! `f64::MIN_POSITIVE`, an upper bound, with its log10 kept); impossible outcomes and
-//! untestable (degenerate) nulls are reported as such, never pooled away or counted as
-//! passes; pooling depends on `n` and the null only, so every test can state its
-//! power before it runs; nothing here retries or resamples; every public function
-//! validates its input and returns [`StatsError`] instead of panicking.
+//! (Pearson chi-squared, G-test) against exact distributions, with small cells
+//! pooled deterministically ([`plan_pooling`]), two-sample homogeneity where no
+//! exact law exists, exact binomial tests and proportion intervals, Holm's
+//! multiplicity correction, and power/sample-size calculations in terms of
+//! total-variation distance; each test's result is a serialisable [`TestReport`]
+//! (one line when printed), which a sharded run's merge judges again.
+//!
+//! Invariants: distributions come from `statrs`; p-values come from survival
+//! functions, never `1 - cdf`, and are 0 only for outcomes impossible under the
+//! null (underflow is floored to `f64::MIN_POSITIVE`, an upper bound, with its
+//! log10 kept); impossible outcomes and untestable (degenerate) nulls are reported
+//! as such, never pooled away or counted as passes; pooling depends on `n` and the
+//! null only, so every test can state its power before it runs (the size and power
+//! of the chi-squared test hold by simulation, `tests/simulation.rs`); nothing here
+//! retries or resamples; every public function validates its input and returns
+//! [`StatsError`] instead of panicking.
 
 mod binomial;
 mod distance;

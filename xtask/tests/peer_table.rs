@@ -1,7 +1,7 @@
 //! The peer table (`adapters/peers/peer_table.py`, run by `cargo xtask peers`) puts every
 //! failing check in exactly one class and drops none: a listed divergence, an input the
 //! peer did not reject, or unexplained. Checked on hand-written reports, so that a table
-//! that silently loses a failure cannot reach CONFORMANCE.md.
+//! that silently loses a failure cannot reach RESULTS.md.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -34,6 +34,18 @@
 //! The Llama forward pass (`ModelBackend`, MODEL-8 .. MODEL-11) is in
 //! `model`: weights resident on the same device, a per-layer KV cache, and
 //! its own measured precision ([`specdec_backend::ModelBackend::model_precision`]).
+//! It is written in candle ops, device-generic: q/k/v and gate/up are
+//! stacked weights, and RMSNorm, RoPE and the softmax are candle-nn's fused
+//! kernels, because on a GPU a step costs its launches. Its linear weights
+//! come in a [`WeightFormat`] (f32; f16; GGUF Q8_0 through candle's quantized
+//! matmul); f16 and Q8_0 are backends by name only (`candle-cpu-f16`,
+//! `candle-cpu-q8_0`: their windows and decodes take other kernels and round
+//! apart, so the model section's window check fails on both and the
+//! end-to-end section on Q8_0), each stating its own measured precision,
+//! the hidden-state and window bounds included. `glue.rs` holds the glue ops
+//! (`reshape`, `index_select`, `cat`, masked i64 `add`/`sub`) and the direct
+//! f32 upload. The module layout is the ports' common one (see
+//! `specdec-backend`), with `noise.rs` for the seeded verify's noise.
 
 mod backend;
 mod check;

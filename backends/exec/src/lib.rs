@@ -17,6 +17,13 @@
 //! check alone, naming the field or carrying the adapter's stderr tail; a
 //! failed adapter is killed and restarted for the next call (PROTO-7), so
 //! the run goes on. Nothing an adapter writes can make this crate panic.
+//!
+//! Modules: [`protocol`] (the wire format: requests, replies, tensors as
+//! plain arrays or base64 of little-endian values) and [`child`] (one
+//! adapter process: a reply line within a per-call deadline, the stderr
+//! tail kept, the process group killed whole). [`ModelBackend`] answers
+//! `NotSupported` throughout: the model section is not part of the
+//! protocol.
 
 pub mod child;
 pub mod protocol;

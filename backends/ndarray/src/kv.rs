@@ -58,8 +58,7 @@ impl NdKvCache {
         let (batch, heads, capacity, dim) = self.keys.dim();
         let mut cache = BatchKvCache::new(batch, heads, dim, capacity)?;
         let longest = self.lens.fold(0, |m, &n| m.max(n));
-        // The reference's append panics on T = 0 (see the crate report), so
-        // an empty cache is left as built.
+        // An empty cache needs no append: it is as built.
         if longest > 0 {
             let zeros = Tensor::full(vec![batch, heads, longest, dim], 0.0);
             cache.append(&zeros, &zeros, &Tensor::from_vec(self.lens().to_vec()))?;

@@ -29,6 +29,27 @@
 //! [`Backend::rejection_verify_seeded`] on [`NdarrayBackend`]). A
 //! deliberately broken copy of this port, which the suite must reject,
 //! lives in `tests/mutant_caught.rs`, outside the production code.
+//!
+//! Three backends in `all` share this code: `ndarray` ([`NdarrayBackend::new`]);
+//! `ndarray-q8_0` ([`NdarrayBackend::q8_0`]), the same with Q8_0 weights,
+//! lossless because a window rounds like its decodes; and `ndarray-f32`
+//! ([`NdarrayBackend::f32_softmax`]) with f32 probabilities: `softmax_f32.rs`
+//! (a vectorised f32 `exp` polynomial, sums in f64, within a stated 1e-6 of
+//! the reference), its f32 tensors read as they are by the rejection verify
+//! (whose decision row is one fused pass: residual, sum, inverse CDF,
+//! bit-identical to the whole-array form), the greedy verify and the glue,
+//! and widened exactly to f64 by every other op.
+//!
+//! Modules beyond the ports' common layout (see `specdec-backend`):
+//! `model.rs`, the batch-invariant Llama forward (projections through
+//! `specdec-rowmat`, q/k/v and gate/up stacked, attention per row over
+//! exactly the positions it sees; its windows equal one-token decodes bit
+//! for bit, window epsilon 0); `widest.rs` (a closure compiled for the widest
+//! instruction set: the SwiGLU and attention exponentials); `glue.rs` (the
+//! glue ops as `to_shape`, `select`, `concatenate` and a checked `Zip`);
+//! `pool.rs`, which recycles large f32 and f64 outputs (probabilities, the
+//! forward's logits) so a call does not fault in fresh pages; `tensor.rs`
+//! ([`NdTensor`]).
 
 mod backend;
 mod check;

@@ -121,18 +121,6 @@ fn split_columns<const P: usize>(y: &[f32], widths: [usize; P]) -> [Vec<f32>; P]
     parts
 }
 
-/// Rotate-half RoPE in place on one row of `heads · hd` values (MODEL-10).
-fn rope_row(row: &mut [f32], hd: usize, cos: &[f32], sin: &[f32]) {
-    let half = hd / 2;
-    for head in row.chunks_exact_mut(hd) {
-        for i in 0..half {
-            let (a, b) = (head[i], head[i + half]);
-            head[i] = a * cos[i] - b * sin[i];
-            head[i + half] = b * cos[i] + a * sin[i];
-        }
-    }
-}
-
 /// `e^x` for `x <= 0` in f32: `ndarray-f32`'s vectorisable exponential
 /// (`softmax_f32.rs`: within 1e-7 relative before the f32 rounding, so about
 /// 1.6e-7 after it; results below f32's normal range lose relative
@@ -372,8 +360,8 @@ impl ModelBackend for NdarrayBackend {
             let [mut q, mut k, v] = split_columns(&matmul(&normed, n, &layer.wqkv), [nh * hd, nkv * hd, nkv * hd]);
             for row in 0..n {
                 let t = row * hd / 2..(row + 1) * hd / 2;
-                rope_row(&mut q[row * nh * hd..(row + 1) * nh * hd], hd, &cos[t.clone()], &sin[t.clone()]);
-                rope_row(&mut k[row * nkv * hd..(row + 1) * nkv * hd], hd, &cos[t.clone()], &sin[t]);
+                forward::rope(&mut q[row * nh * hd..(row + 1) * nh * hd], hd, &cos[t.clone()], &sin[t.clone()]);
+                forward::rope(&mut k[row * nkv * hd..(row + 1) * nkv * hd], hd, &cos[t.clone()], &sin[t]);
             }
             for r in &plan.rows {
                 for kvh in 0..nkv {

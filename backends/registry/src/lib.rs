@@ -7,7 +7,11 @@
 //! by name; a backend unavailable in this build or on this machine (tch
 //! without libtorch, CUDA without a GPU) is an `Err` naming why, never a
 //! panic; `exec:COMMAND` (an external adapter, `spec/PROTOCOL.md`) is
-//! accepted by name and never part of `all`.
+//! accepted by name and never part of `all`. Each entry has a role
+//! ([`Role`]: the reference, a host port, an accelerator port, or a
+//! by-name-only variant outside `all`); the unit test
+//! `every_name_reaches_its_backend` resolves every name and alias (only an
+//! accelerator or an unbuilt tch may be unavailable) and pins `all`.
 
 use specdec_backend::{ModelBackend, ReferenceBackend};
 

@@ -33,7 +33,15 @@
 //! The Llama forward pass ([`specdec_backend::ModelBackend`], MODEL-8 .. MODEL-11) lives in
 //! `model.rs`, with its own f32 precision statement; it uses no RNG.
 //! Without the `libtorch` feature the crate still compiles: [`BUILT`] is false and the
-//! constructors answer [`NOT_BUILT`].
+//! constructors answer [`NOT_BUILT`] (`unbuilt.rs`, an uninhabited stand-in that reports
+//! "not built"); `cargo xtask` supplies a cached libtorch and turns the feature on.
+//!
+//! Layout: the ports' common one (see `specdec-backend`), with the verify, sampling and
+//! n-gram kernels in `kernels.rs`; `model.rs` is the Llama forward in libtorch ops,
+//! `glue.rs` the glue ops (`reshape`, `index_select`, `cat`, guarded i64 `add`/`sub`) and
+//! the direct f32 upload. With a CUDA libtorch (`cargo xtask cuda`: libtorch 2.11, the GPU
+//! machines' PyTorch, through a patched torch-sys) the same code runs on CUDA, where the
+//! forward states candle-cuda's bound (cuBLAS picks its kernel by the number of rows).
 
 #[cfg(feature = "libtorch")]
 mod backend;

@@ -44,14 +44,17 @@
 //! The negative controls (conformance/tests/e2e_section.rs) run these same
 //! checks on decoders with one injected bug each and assert they fail.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
+use specdec_backend::SamplingParams;
 use specdec_backend::model::{ForwardRequest, LlamaWeights, ModelBackend, RefModel};
-use specdec_backend::{NgramConfig, SamplingParams};
-use std::sync::Arc;
 
-use specdec_decoder::{DflashMode, DflashProposer, DraftModelProposer, Engine, EngineConfig, NgramProposer, NoSink, Proposer, ProposerChoice, Request};
+use specdec_decoder::choice::DraftSource;
+use specdec_decoder::{DecodeError, Engine, EngineConfig, NoSink, Proposer, ProposerChoice, Request};
 use specdec_reference::{RowInputs, bias_row, penalty_counts, process_logits_with};
 use specdec_stats::TestReport;
 
@@ -164,32 +167,34 @@ pub fn e2e_items() -> Vec<E2eItem> {
     items
 }
 
-/// Builds a proposer of the section for `w` on `b`. Its names are read by
-/// the decoder's one parser ([`ProposerChoice`]); their arguments name the
-/// section's own drafts: `self` (the target), `seeded` (a seeded model of
-/// the target's vocabulary) and `trained` (the shipped DFlash checkpoint).
+/// Builds a proposer of the section for `w` on `b`, by the decoder's one
+/// parser and builder ([`ProposerChoice`]); the arguments of its names are
+/// the section's own drafts ([`SectionDrafts`]).
 pub fn build_proposer<B: ModelBackend>(b: &B, name: &str, w: &Arc<LlamaWeights>) -> Result<Box<dyn Proposer<B>>, String> {
-    let vocab = w.config.vocab_size;
-    let e = |e: specdec_decoder::DecodeError| e.to_string();
-    let arg = |p: &std::path::Path| p.to_str().unwrap_or_default().to_string();
-    let dflash = |draft, mode| -> Result<Box<dyn Proposer<B>>, String> { Ok(Box::new(DflashProposer::new(name, draft, Arc::clone(w), mode).map_err(e)?)) };
-    Ok(match name.parse::<ProposerChoice>()? {
-        ProposerChoice::Ngram => Box::new(NgramProposer::new(NgramConfig { k: K, ..NgramConfig::default() }, vocab).map_err(e)?),
-        ProposerChoice::EarlyExit(l) => Box::new(DraftModelProposer::early_exit(b, w, l).map_err(e)?),
-        ProposerChoice::Draft(p) => match arg(&p).as_str() {
-            "self" => Box::new(DraftModelProposer::new(b, name, w, vocab).map_err(e)?),
-            "seeded" => Box::new(DraftModelProposer::new(b, name, &seeded_draft(w)?, vocab).map_err(e)?),
-            other => return Err(format!("the section has no draft `{other}`")),
-        },
-        ProposerChoice::Dflash(p) => match arg(&p).as_str() {
-            "seeded" => dflash(seeded_dflash(w)?, DflashMode::Parallel)?,
-            // The shipped draft trained for SmolLM2 (its checkpoint is validated against `w` at load).
-            "trained" => dflash(specdec_models::load_dflash(model_section::shipped_dflash_dir(), &w.config).map_err(|e| format!("the shipped DFlash draft: {e}"))?, DflashMode::Parallel)?,
-            other => return Err(format!("the section has no DFlash draft `{other}`")),
-        },
-        ProposerChoice::DflashIter(p) if arg(&p) == "seeded" => dflash(seeded_dflash(w)?, specdec_decoder::choice::ITERATIVE)?,
-        other => return Err(format!("the section has no proposer `{other}`")),
-    })
+    name.parse::<ProposerChoice>()?.build_from(b, w, K, &SectionDrafts).map_err(|e| e.to_string())
+}
+
+/// The section's drafts: `self` (the target), `seeded` (a seeded model of
+/// the target's vocabulary) and `trained` (the shipped DFlash checkpoint).
+pub struct SectionDrafts;
+
+impl DraftSource for SectionDrafts {
+    fn draft_model<'t>(&self, arg: &Path, target: &'t LlamaWeights) -> Result<Cow<'t, LlamaWeights>, DecodeError> {
+        match arg.to_str() {
+            Some("self") => Ok(Cow::Borrowed(target)),
+            Some("seeded") => seeded_draft(target).map(Cow::Owned).map_err(DecodeError::Config),
+            _ => Err(DecodeError::Config(format!("the section has no draft `{}`", arg.display()))),
+        }
+    }
+
+    fn dflash_draft(&self, arg: &Path, target: &LlamaWeights) -> Result<specdec_models::DflashDraft, DecodeError> {
+        match arg.to_str() {
+            Some("seeded") => seeded_dflash(target).map_err(DecodeError::Config),
+            // The shipped draft trained for SmolLM2 (its checkpoint is validated against `target` at load).
+            Some("trained") => specdec_models::load_dflash(model_section::shipped_dflash_dir(), &target.config).map_err(|e| DecodeError::Config(format!("the shipped DFlash draft: {e}"))),
+            _ => Err(DecodeError::Config(format!("the section has no DFlash draft `{}`", arg.display()))),
+        }
+    }
 }
 
 /// A small seeded draft on `w`'s vocabulary: a model of its own (one layer,

@@ -17,8 +17,8 @@ use specdec_backend::SamplingParams;
 use specdec_backend::model::{ForwardRequest, LlamaWeights, LogitRows, ModelBackend};
 
 use super::{Observed, Proposal, Proposer, SeqView, VerifyRule, common_prefix};
-use crate::DecodeError;
 use crate::device::{self, Row};
+use crate::error::DecodeError;
 
 /// A draft model (or the target's first layers) on the device.
 pub struct DraftModelProposer<B: ModelBackend> {

@@ -9,7 +9,7 @@ use specdec_backend::model::ModelBackend;
 use specdec_reference::ngram::NgramIndex;
 
 use super::{Observed, Proposal, Proposer, SeqView, VerifyRule};
-use crate::DecodeError;
+use crate::error::DecodeError;
 
 /// The n-gram proposer.
 #[derive(Debug, Clone)]

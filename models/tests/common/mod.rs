@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use specdec_models::gguf::{gguf_tensor_name, permute_qk};
-use specdec_models::{LlamaConfig, LlamaWeights, Matrix};
+use specdec_models::{LlamaConfig, LlamaWeights, Matrix, Result};
 
 /// A metadata value to write.
 #[derive(Debug, Clone)]
@@ -336,4 +336,42 @@ pub fn assert_same_tensors(a: &LlamaWeights, b: &LlamaWeights, what: &str) {
         let bits = |m: &Matrix| m.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         assert!(bits(mx) == bits(my), "{what}: {x} differs");
     }
+}
+
+// ---------------------------------------------------------------------------
+// One runner for rejected inputs (hostile files, bad configs and arguments).
+
+/// One rejected input: what runs, the error kind it must give, and
+/// fragments the message must contain (file, field, tensor or argument names).
+pub struct Case {
+    name: String,
+    kind: &'static str,
+    needles: Vec<String>,
+    run: Box<dyn Fn() -> Result<()>>,
+}
+
+pub fn case(name: impl Into<String>, kind: &'static str, needles: &[&str], run: impl Fn() -> Result<()> + 'static) -> Case {
+    Case { name: name.into(), kind, needles: needles.iter().map(|s| s.to_string()).collect(), run: Box::new(run) }
+}
+
+/// Runs every case and reports all mismatches at once, under `rules`.
+pub fn check(rules: &str, cases: Vec<Case>) {
+    let mut failures = vec![];
+    for c in &cases {
+        match (c.run)() {
+            Ok(()) => failures.push(format!("{}: accepted, expected {}", c.name, c.kind)),
+            Err(e) => {
+                let msg = e.to_string();
+                if e.kind() != c.kind {
+                    failures.push(format!("{}: got {} ({msg}), expected {}", c.name, e.kind(), c.kind));
+                }
+                for n in &c.needles {
+                    if !msg.contains(n.as_str()) {
+                        failures.push(format!("{}: message {msg:?} lacks {n:?}", c.name));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{rules}: {} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
 }

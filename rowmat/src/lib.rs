@@ -1,4 +1,7 @@
-//! Batch-invariant few-row matrix products for the CPU forward pass.
+//! Batch-invariant few-row matrix products for the CPU forward pass: every
+//! projection of the ndarray port's Llama forward, and the few-row products
+//! and Q8_0 head of the f32 DFlash drafter in `specdec-models`. A leaf crate
+//! (only `half` and `rayon`), below the models and the backends.
 //!
 //! A speculative verify window of `k + 1` tokens and a one-token decode must
 //! round the same way, or speculation changes what the model says. BLAS
@@ -22,7 +25,8 @@
 //!   input row, writing its columns of the row-major result in place (AVX-512's 32 registers hold tiles of up to 9 input rows
 //!   by 3 weight rows, so a verify window of up to 9 tokens loads each
 //!   weight chunk into a register once; AVX2's 16 hold 2 by 3),
-//!   so a 9-row window reads the weights from memory once, like a decode.
+//!   so a 9-row window reads the weights from memory once, like a decode;
+//!   the next tile's weights are prefetched while a tile computes.
 //!   Rows too long for the window's inputs to stay in L1 beside the
 //!   streaming weights (SmolLM2's 1536-wide down projection) go in column
 //!   spans, the accumulators waiting in a buffer between spans; each lane

@@ -12,8 +12,8 @@
 use rand_pcg::Pcg64;
 use specdec_backend::model::ModelBackend;
 
-use super::{Observed, Proposal, Proposer, SeqView};
-use crate::DecodeError;
+use crate::error::DecodeError;
+use crate::proposer::{Observed, Proposal, Proposer, SeqView};
 
 /// Records `[positions, K·hidden]` rows per request.
 #[derive(Debug, Clone)]
@@ -97,9 +97,9 @@ pub struct Recorded {
 
 /// Decodes `requests` plainly on `engine`, recording the target's hidden
 /// states at `layers` (of a target with hidden width `hidden_size`).
-pub fn record_hidden<B: ModelBackend>(engine: &crate::Engine<'_, B>, requests: &[crate::Request], layers: &[usize], hidden_size: usize) -> Result<Vec<Recorded>, DecodeError> {
+pub fn record_hidden<B: ModelBackend>(engine: &crate::engine::Engine<'_, B>, requests: &[crate::request::Request], layers: &[usize], hidden_size: usize) -> Result<Vec<Recorded>, DecodeError> {
     let mut recorder = HiddenRecorder::new(layers.to_vec(), hidden_size)?;
-    let run = engine.generate(requests, &mut recorder, None, &mut crate::NoSink)?;
+    let run = engine.generate(requests, &mut recorder, None, &mut crate::sink::NoSink)?;
     let width = recorder.width();
     requests
         .iter()

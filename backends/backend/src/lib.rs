@@ -16,6 +16,39 @@
 //! checked i64 arithmetic, f32 uploads) connect the two on the device, and the
 //! unchecked verify variants (GLUE-6) let a decoder's hot path skip the
 //! validity read-back on input it has already validated.
+//!
+//! Modules: this file holds [`Backend`] (the device tensor and KV cache
+//! types, one method per operation, `NotSupported` by default, the glue ops
+//! and the unchecked verifies), [`Precision`] (what a port states, capped by
+//! its dtype) and [`BackendError`]; `reference.rs` is [`ReferenceBackend`],
+//! the reference behind the trait; [`glue`] the host semantics of the glue
+//! ops; [`processors`] the processors beyond temperature, top-k and top-p
+//! (logit bias, penalties, min-p) around a port's own kernel, written once: a
+//! port gives three device kernels ([`processors::ProcessorKernels`]) and the
+//! flow keeps the spec's order; [`model`] the [`ModelBackend`] trait (load
+//! weights, a per-layer batched KV cache, preallocated and trimmed by moving
+//! per-sequence lengths, as a GPU allocation would be; one forward call;
+//! per-sequence trim) and the reference forward behind it. The glue ops are
+//! checked like every op (a gather's row range and an i64 overflow are one
+//! read-back each); an unchecked or fused glue path is future work.
+//!
+//! How a port names a defect: its fast device check says only "invalid";
+//! the inputs are then downloaded and run through the reference, whose error
+//! is returned unchanged ([`BackendError::named_by_reference`]; a reference
+//! that accepts them makes a `Device` error naming the port). So a port's
+//! errors are the reference's by construction (`tests/named_by_reference.rs`).
+//! Besides that, ports take from `specdec-reference` its host types, the
+//! n-gram policy, the host KV cache, its tolerance constants and (ndarray)
+//! its thread split, never an output.
+//!
+//! The ports are laid out alike: `lib.rs` (the crate doc, the backend's
+//! types), `backend.rs` (constructors and the `Backend` methods: host shape
+//! checks, one device check, a kernel), `check.rs` (value checks),
+//! `kernels.rs` (device primitives; tch keeps its verify, sampling and n-gram
+//! kernels here too), `kv.rs`, `glue.rs`, `model.rs` (the `ModelBackend`
+//! forward), and where a port splits them out `sampling.rs`, `verify.rs`,
+//! `ngram.rs` (ndarray, candle), `noise.rs` (candle's seeded noise),
+//! `tensor.rs` (ndarray's tensor type).
 
 pub mod glue;
 pub mod model;
