@@ -1,4 +1,9 @@
-//! The parts of xtask that its tests use: spec-rule coverage and the
-//! crates' module graphs.
+//! The parts of xtask that its tests use: spec-rule coverage
+//! ([`coverage`]: a rule counts as tested only where a running test, a case
+//! or a suite check names it in code, read as tokens), the crates' module
+//! graphs ([`modgraph`]: `tests/module_circles.rs`), and the checks that
+//! keep README and ARCHITECTURE true to the tree ([`docs`]:
+//! `tests/architecture_map.rs`).
 pub mod coverage;
+pub mod docs;
 pub mod modgraph;
