@@ -32,7 +32,9 @@
 //! On top, the sections, each a [`section::Section`]: the kernel checks
 //! ([`suite`]), the host cases, the model section ([`model_section`]), the
 //! end-to-end section ([`e2e_section`]: the speculative decoder on the
-//! backend, with its stop, fidelity and step-law checks) and the engine
+//! backend, with its stop, fidelity, full-blocks and step-law checks;
+//! [`fault_list`] names the check that catches each injected decoder fault,
+//! from `fixtures/faults.json`) and the engine
 //! section ([`engine_section`]: any `GenerationEngine`, and specdec's
 //! decoder on the backend as one). [`runner`] runs them in order into a
 //! [`report::Report`] for the `cargo test` adapter ([`harness`],
@@ -51,6 +53,8 @@ pub mod e2e_section;
 pub mod engine_section;
 pub mod exact;
 pub mod execute;
+#[cfg(feature = "negative-controls")]
+pub mod fault_list;
 pub mod fixtures;
 pub mod format;
 pub mod harness;

@@ -152,14 +152,14 @@ fn a_shared_or_misindexed_verify_uniform_is_rejected() {
     let filter = format!("e2e/{TINY}/*/step-law");
     for fault in [Fault::SharedAcceptUniform, Fault::DrawReadsAcceptRow] {
         let r = tiny_checks(&with_fault(fault), &filter);
-        for p in ["ngram", "draft:seeded", "early-exit:1"] {
+        for p in ["ngram", "draft:seeded", "early-exit:1", "dflash:seeded", "dflash-iter:seeded"] {
             assert!(failed(&r, "/step-law").contains(&format!("e2e/{TINY}/{p}/step-law")), "{fault:?}, {p}: {r:?}");
         }
         // Where every draft is accepted the law is right, and the check says so.
         assert!(!failed(&r, "/step-law").contains(&format!("e2e/{TINY}/draft:self/step-law")), "{fault:?}: {r:?}");
     }
     let clean = tiny_checks(&engine_config(), &filter);
-    assert_eq!(clean.iter().filter(|(_, s)| *s == Status::Pass).count(), 4, "{clean:?}");
+    assert_eq!(clean.iter().filter(|(_, s)| *s == Status::Pass).count(), 6, "{clean:?}");
 }
 
 /// The tiny greedy setup reaches what the checks claim: an eos first seen
@@ -177,8 +177,9 @@ fn the_tiny_greedy_prompts_reach_an_eos_mid_output_and_the_length_cap() {
     assert!(lens.iter().all(|&n| n > 4), "no prompt stops at once: {lens:?}");
 }
 
-/// NGRAM-2: an n-gram proposer drafting from a stale context stays lossless
-/// but fails the fidelity check.
+/// NGRAM-2: an n-gram proposer drafting from a stale context
+/// (`Fault::NgramIndexedAfterProposing`) stays lossless but fails the
+/// fidelity check, with the message naming the rule.
 #[test]
 fn an_ngram_proposer_with_a_stale_context_is_rejected() {
     let w = TinySpec::preset(TINY).unwrap().weights().unwrap();
@@ -186,14 +187,15 @@ fn an_ngram_proposer_with_a_stale_context_is_rejected() {
     let m = b.load_model(&w).unwrap();
     let set = GreedyPrompts { prompts: vec![vec![1, 2, 3, 1, 2, 3, 1], vec![0, 4, 9, 2, 4, 9, 2, 4, 11, 10]], max_tokens: 16, eos: vec![] };
     let cfg = specdec_backend::NgramConfig { k: e2e_section::K, ..Default::default() };
-    let check = |p: &mut specdec_decoder::NgramProposer| e2e_section::ngram_fidelity(&b, &w, &m, &set, p, &engine_config());
-    check(&mut specdec_decoder::NgramProposer::new(cfg, w.config.vocab_size).unwrap()).unwrap();
-    let stale = check(&mut specdec_decoder::NgramProposer::stale(cfg, w.config.vocab_size).unwrap()).unwrap_err();
+    let check = |engine: &EngineConfig| e2e_section::ngram_fidelity(&b, &w, &m, &set, &mut specdec_decoder::NgramProposer::new(cfg, w.config.vocab_size).unwrap(), engine);
+    check(&engine_config()).unwrap();
+    let stale = check(&with_fault(Fault::NgramIndexedAfterProposing)).unwrap_err();
     assert!(stale.contains("the n-gram rule gives"), "{stale}");
 }
 
 /// DECODE-4: a draft model that forgets rejected tokens without trimming its
-/// cache stays lossless but fails the fidelity check.
+/// cache (`Fault::DraftCacheNotTrimmed`) stays lossless but fails the
+/// fidelity check, with the message naming the cache.
 #[test]
 fn a_draft_model_without_cache_rollback_is_rejected() {
     let w = TinySpec::preset(TINY).unwrap().weights().unwrap();
@@ -201,8 +203,11 @@ fn a_draft_model_without_cache_rollback_is_rejected() {
     let m = b.load_model(&w).unwrap();
     let draft = e2e_section::seeded_draft(&w).unwrap();
     let set = GreedyPrompts { prompts: vec![vec![1, 2, 3, 1, 2, 3, 1], vec![0, 4, 9, 2, 4, 9, 2, 4, 11, 10]], max_tokens: 16, eos: vec![] };
-    let check = |p: &mut DraftModelProposer<ReferenceBackend>| e2e_section::draft_cache_fidelity(&b, &w, &m, &set, p, draft.config.num_hidden_layers, &engine_config());
-    check(&mut DraftModelProposer::new(&b, "draft:seeded", &draft, w.config.vocab_size).unwrap()).unwrap();
-    let broken = check(&mut DraftModelProposer::new(&b, "draft:seeded", &draft, w.config.vocab_size).unwrap().without_cache_rollback()).unwrap_err();
+    let check = |engine: &EngineConfig| {
+        let mut p = DraftModelProposer::new(&b, "draft:seeded", &draft, w.config.vocab_size).unwrap();
+        e2e_section::draft_cache_fidelity(&b, &w, &m, &set, &mut p, draft.config.num_hidden_layers, engine)
+    };
+    check(&engine_config()).unwrap();
+    let broken = check(&with_fault(Fault::DraftCacheNotTrimmed)).unwrap_err();
     assert!(broken.contains("the draft cache holds"), "{broken}");
 }

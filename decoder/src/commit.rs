@@ -72,7 +72,7 @@ fn emit(s: &mut Seq, slot: usize, tokens: &[u32], faults: Faults, detok: Option<
             Appended::Finished(FinishReason::Eos) if inside && faults.emits_past_eos() => {}
             Appended::Finished(FinishReason::Length) if inside && faults.emits_past_length() => {}
             Appended::Finished(reason) => {
-                s.finish = Some(reason);
+                s.finish = Some(faults.reported(reason));
                 break;
             }
             Appended::Continue => {}

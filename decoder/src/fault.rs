@@ -40,6 +40,47 @@ pub enum Fault {
     /// drafts before the row (breaks LOGITS-13: a drafted token that repeats
     /// an earlier draft of the same window goes unpenalised).
     PenaltyIgnoresDrafts,
+    /// A request that a stop string ended is reported as finished by its
+    /// length (`length` for `stop`: the client thinks the output was cut).
+    StopReportedAsLength,
+    /// The drafter forgets the tokens a step rejected without rolling its
+    /// cache back (a draft model's KV cache, a DFlash drafter's context keeps
+    /// the rejected positions), so it drafts from stale positions: lossless
+    /// all the same, since the target verifies. Injected into the proposer.
+    DraftCacheNotTrimmed,
+    /// The n-gram proposer appends the emitted tokens to its index after
+    /// drafting, so it drafts from the context before the last token.
+    /// Injected into the proposer.
+    NgramIndexedAfterProposing,
+}
+
+impl Fault {
+    /// Every fault, for lists of negative controls.
+    pub const ALL: [Fault; 14] = [
+        Fault::RollbackOffByOne,
+        Fault::BonusFromWrongRow,
+        Fault::AcceptPastEos,
+        Fault::AcceptPastLength,
+        Fault::StopAtRunEndOnly,
+        Fault::SharedAcceptUniform,
+        Fault::DrawReadsAcceptRow,
+        Fault::LengthBeforeStop,
+        Fault::SharedNoiseAcrossRequests,
+        Fault::SlotNotCleared,
+        Fault::PenaltyIgnoresDrafts,
+        Fault::StopReportedAsLength,
+        Fault::DraftCacheNotTrimmed,
+        Fault::NgramIndexedAfterProposing,
+    ];
+}
+
+/// A fault by its name (`RollbackOffByOne`, ...), as lists of negative controls spell it.
+impl std::str::FromStr for Fault {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Fault::ALL.into_iter().find(|f| format!("{f:?}") == s).ok_or_else(|| format!("unknown fault `{s}`"))
+    }
 }
 
 /// The fault of a run, if any.
@@ -91,6 +132,12 @@ impl Faults {
     /// Whether a run that reaches the length cap skips the stop strings.
     pub(crate) fn length_before_stop(self) -> bool {
         self.0 == Some(Fault::LengthBeforeStop)
+    }
+
+    /// The finish reason reported for `reason`.
+    pub(crate) fn reported(self, reason: crate::request::FinishReason) -> crate::request::FinishReason {
+        use crate::request::FinishReason;
+        if reason == FinishReason::Stop && self.0 == Some(Fault::StopReportedAsLength) { FinishReason::Length } else { reason }
     }
 
     /// Whether a slot's old cache positions are cleared before it is reused.

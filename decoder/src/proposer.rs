@@ -17,8 +17,9 @@ use specdec_backend::SamplingParams;
 use specdec_backend::model::{ForwardPlan, ModelBackend};
 
 use crate::error::DecodeError;
+use crate::fault::Fault;
 
-pub use dflash::{DflashMode, DflashProposer};
+pub use dflash::{DflashMode, DflashProposer, DrafterContext};
 pub use draft::DraftModelProposer;
 pub use ngram::NgramProposer;
 
@@ -125,6 +126,14 @@ pub trait Proposer<B: ModelBackend> {
     /// Forgets sequence `slot`: its request finished or was cancelled, and
     /// the slot may take a new request, whose prefill is observed next.
     fn release(&mut self, backend: &B, slot: usize) -> Result<(), DecodeError>;
+
+    /// NEGATIVE CONTROL: the session's injected fault, told before `begin`
+    /// (never without the `negative-controls` feature). A proposer the
+    /// fault is about takes it; the others ignore it; one that wraps another
+    /// passes it on.
+    fn inject(&mut self, fault: Fault) {
+        let _ = fault;
+    }
 }
 
 /// Plain decoding: never proposes.

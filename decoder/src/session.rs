@@ -72,6 +72,9 @@ impl<'s, B: ModelBackend> Session<'s, B> {
         let b = engine.backend;
         let t = Instant::now();
         let cache = b.new_model_cache(engine.target, slots, capacity)?;
+        if let Some(fault) = engine.config.faults().0 {
+            proposer.inject(fault);
+        }
         proposer.begin(b, slots, capacity, engine.config.max_k())?;
         let ledger = Ledger::new(&engine.config, Timings { prefill_s: t.elapsed().as_secs_f64(), ..Timings::default() })?;
         let seqs = (0..slots).map(|_| Seq::vacant()).collect();

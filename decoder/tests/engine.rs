@@ -509,3 +509,205 @@ fn bad_requests_are_typed_errors() {
     }
     assert!(Engine::new(&B, &model, &w.config, k(65)).is_err());
 }
+
+/// The decoder's fast loop against the faults of `fault.rs`: each test
+/// passes without its fault and fails with it (the end-to-end section and
+/// `fixtures/faults.json` hold the same faults against the suite's checks).
+mod faults {
+    use super::*;
+    use specdec_decoder::Fault;
+
+    fn with(fault: Option<Fault>, k: usize) -> EngineConfig {
+        EngineConfig { k, fault, ..EngineConfig::default() }
+    }
+
+    /// Token i reads as the two letters `a+i`, `A+i`.
+    fn text(ids: &[u32]) -> String {
+        ids.iter().flat_map(|&i| [char::from(b'a' + i as u8), char::from(b'A' + i as u8)]).collect()
+    }
+
+    /// A stop string completed by token 2 of the output, inside the first
+    /// accepted run of the target drafting for itself (k = 4): the tokens and
+    /// the finish reason it gives.
+    fn stop_inside_a_run(fault: Option<Fault>) -> (Vec<u32>, FinishReason, Vec<u32>) {
+        let w = tiny("tiny-v12-l2");
+        let full = plain_greedy(&w, &[5, 6], 12, &[]);
+        let stop = format!("{}{}", char::from(b'A' + full[1] as u8), char::from(b'a' + full[2] as u8));
+        let first_end = (0..full.len()).find(|&n| text(&full[..=n]).contains(&stop)).unwrap();
+        assert!(first_end < 4, "the stop completes inside the first run of 5 tokens");
+        let req = Request { stop_strings: vec![stop], ..Request::greedy(vec![5, 6], 12) };
+        let model = B.load_model(&w).unwrap();
+        let out = Engine::new(&B, &model, &w.config, with(fault, 4)).unwrap().generate(&[req], proposer("self", &w).as_mut(), Some(&text), &mut NoSink).unwrap();
+        (out.outputs[0].tokens.clone(), out.outputs[0].finish, full[..=first_end].to_vec())
+    }
+
+    /// DECODE-7: a stop string looked for only at a run's last token.
+    #[test]
+    fn stop_at_run_end_only_is_caught() {
+        let (tokens, finish, want) = stop_inside_a_run(None);
+        assert_eq!((tokens, finish), (want.clone(), FinishReason::Stop));
+        let (tokens, _, _) = stop_inside_a_run(Some(Fault::StopAtRunEndOnly));
+        assert_ne!(tokens, want, "the fault emits past the stop");
+    }
+
+    /// DECODE-7: a stop reported as `length`.
+    #[test]
+    fn stop_reported_as_length_is_caught() {
+        let (_, finish, _) = stop_inside_a_run(Some(Fault::StopReportedAsLength));
+        assert_eq!(finish, FinishReason::Length, "the fault misreports the finish");
+        assert_eq!(stop_inside_a_run(None).1, FinishReason::Stop);
+    }
+
+    /// REJECT-4, erratum E11: the bonus token from the row before its own.
+    /// The target drafting for itself accepts every draft, so every step
+    /// ends with a bonus.
+    #[test]
+    fn bonus_from_the_wrong_row_is_caught() {
+        let w = tiny("tiny-v12-l2");
+        let req = Request::greedy(vec![1, 2], 12);
+        let want = plain_greedy(&w, &[1, 2], 12, &[]);
+        let got = |fault| run(&w, with(fault, 3), std::slice::from_ref(&req), proposer("self", &w).as_mut()).outputs[0].tokens.clone();
+        assert_eq!(got(None), want);
+        assert_ne!(got(Some(Fault::BonusFromWrongRow)), want);
+    }
+
+    /// One proposal: the context it was drafted from, its room, its drafts.
+    type Proposed = (Vec<u32>, usize, Vec<u32>);
+
+    /// A proposer that records each step's proposals, and checks the draft
+    /// cache of a draft model after every step.
+    struct Watched<'p> {
+        inner: &'p mut DraftOrNgram,
+        proposals: Vec<Proposed>,
+        stale_cache: Option<String>,
+    }
+
+    enum DraftOrNgram {
+        Draft(Box<DraftModelProposer<ReferenceBackend>>),
+        Ngram(NgramProposer),
+    }
+
+    impl DraftOrNgram {
+        fn get(&mut self) -> &mut dyn Proposer<ReferenceBackend> {
+            match self {
+                DraftOrNgram::Draft(p) => p.as_mut(),
+                DraftOrNgram::Ngram(p) => p,
+            }
+        }
+    }
+
+    impl Proposer<ReferenceBackend> for Watched<'_> {
+        fn name(&self) -> String {
+            "watched".into()
+        }
+        fn inject(&mut self, fault: Fault) {
+            self.inner.get().inject(fault);
+        }
+        fn begin(&mut self, b: &ReferenceBackend, batch: usize, capacity: usize, max_k: usize) -> Result<(), DecodeError> {
+            self.inner.get().begin(b, batch, capacity, max_k)
+        }
+        fn propose(&mut self, b: &ReferenceBackend, seqs: &[SeqView<'_>], rngs: &mut [Pcg64]) -> Result<Proposal<specdec_backend::RefTensor>, DecodeError> {
+            let p = self.inner.get().propose(b, seqs, rngs)?;
+            self.proposals.extend(seqs.iter().zip(&p.drafts).map(|(s, d)| (s.context.to_vec(), s.max_drafts, d.clone())));
+            Ok(p)
+        }
+        fn observe(&mut self, b: &ReferenceBackend, o: &Observed<'_, specdec_backend::RefTensor>) -> Result<(), DecodeError> {
+            self.inner.get().observe(b, o)?;
+            if let DraftOrNgram::Draft(d) = &*self.inner
+                && let Some((cache, fed)) = d.cache_and_fed()
+            {
+                let lens = b.cache_lens(cache);
+                if let Some(slot) = (0..fed.len()).find(|&s| lens[s] != fed[s].len()) {
+                    self.stale_cache.get_or_insert(format!("slot {slot}: {} cached positions for {} kept tokens", lens[slot], fed[slot].len()));
+                }
+            }
+            Ok(())
+        }
+        fn release(&mut self, b: &ReferenceBackend, slot: usize) -> Result<(), DecodeError> {
+            self.inner.get().release(b, slot)
+        }
+    }
+
+    fn watched_run(w: &LlamaWeights, fault: Option<Fault>, mut p: DraftOrNgram) -> (RunOutput, Vec<Proposed>, Option<String>) {
+        let reqs: Vec<Request> = PROMPTS.iter().map(|p| Request::greedy(p.to_vec(), 12)).collect();
+        let mut watched = Watched { inner: &mut p, proposals: Vec::new(), stale_cache: None };
+        let out = run(w, with(fault, 3), &reqs, &mut watched);
+        (out, watched.proposals, watched.stale_cache)
+    }
+
+    /// DECODE-4, KV-6: a draft model that forgets rejected drafts without
+    /// trimming its cache.
+    #[test]
+    fn draft_cache_not_trimmed_is_caught() {
+        let w = tiny("tiny-v12-l2");
+        let early_exit = || DraftOrNgram::Draft(Box::new(DraftModelProposer::early_exit(&B, &w, 1).unwrap()));
+        let (out, _, stale) = watched_run(&w, None, early_exit());
+        assert!(out.acceptance.accepted < out.acceptance.proposed, "some draft is rejected");
+        assert_eq!(stale, None);
+        let (_, _, stale) = watched_run(&w, Some(Fault::DraftCacheNotTrimmed), early_exit());
+        assert!(stale.is_some(), "the fault leaves rejected positions in the draft cache");
+    }
+
+    /// NGRAM-2: the n-gram index extended after proposing drafts from a
+    /// stale context: its drafts are not the rule's.
+    #[test]
+    fn ngram_indexed_after_proposing_is_caught() {
+        let w = tiny("tiny-v12-l2");
+        let cfg = NgramConfig { k: 3, ..NgramConfig::default() };
+        let rule_breaks = |fault| {
+            let (_, proposals, _) = watched_run(&w, fault, DraftOrNgram::Ngram(NgramProposer::new(cfg, w.config.vocab_size).unwrap()));
+            assert!(proposals.iter().any(|(_, _, d)| !d.is_empty()), "the prompts make the n-gram rule draft");
+            proposals
+                .iter()
+                .filter(|(context, max, drafts)| {
+                    let ctx: Vec<i64> = context.iter().map(|&t| i64::from(t)).collect();
+                    let mut want = specdec_reference::ngram::propose(&ctx, w.config.vocab_size, &cfg).unwrap();
+                    want.truncate(*max);
+                    drafts.iter().map(|&t| i64::from(t)).collect::<Vec<_>>() != want
+                })
+                .count()
+        };
+        assert_eq!(rule_breaks(None), 0);
+        assert!(rule_breaks(Some(Fault::NgramIndexedAfterProposing)) > 0);
+    }
+
+    /// DECODE-3, REJECT-2: each draft is tested with its own accept uniform.
+    /// Two drafts that can be rejected, given uniforms `[0, 1 - 1e-9]`: the
+    /// first is accepted and the second rejected; one shared uniform (the
+    /// first) accepts both.
+    #[test]
+    fn a_shared_accept_uniform_is_caught() {
+        let w = tiny("tiny-v12-l2");
+        let prompt = vec![3, 1, 4, 1, 5];
+        let greedy = plain_greedy(&w, &prompt, 2, &[]);
+        // Both drafts can go either way at temperature 1 (no q: accepted with p(d), RESID-2).
+        let model = RefModel::new(w.clone());
+        for j in 0..2 {
+            let context: Vec<u32> = prompt.iter().chain(&greedy[..j]).copied().collect();
+            let mut cache = model.new_cache(1, context.len()).unwrap();
+            let logits = model.forward(&mut cache, &ForwardRequest::last_logits(&[context])).unwrap().logits;
+            let p = specdec_reference::process_logits(&logits, SamplingParams::new(1.0, 0, 1.0)).unwrap()[greedy[j] as usize];
+            assert!(p > 0.0 && p < 1.0 - 1e-9, "draft {j} has p = {p}");
+        }
+        let first_step = |fault| {
+            let drafts = greedy.clone();
+            let mut p = scripted(move |_| drafts.clone());
+            let req = Request {
+                sampling: SamplingParams::new(1.0, 0, 1.0),
+                verify_uniforms: Some([0.0, 1.0 - 1e-9, 0.5].into_iter().chain(std::iter::repeat_n(0.5, 64)).collect()),
+                ..Request::greedy(prompt.clone(), 3)
+            };
+            let model = B.load_model(&w).unwrap();
+            let mut first: Option<Vec<u32>> = None;
+            let mut sink = |_: usize, ids: &[u32]| {
+                first.get_or_insert_with(|| ids.to_vec());
+            };
+            Engine::new(&B, &model, &w.config, with(fault, 2)).unwrap().generate(&[req], &mut p, None, &mut sink).unwrap();
+            first.unwrap()
+        };
+        let clean = first_step(None);
+        assert_eq!((clean.len(), clean[0]), (2, greedy[0]), "draft 0 accepted, draft 1 rejected: {clean:?}");
+        let shared = first_step(Some(Fault::SharedAcceptUniform));
+        assert_eq!(shared[..2], greedy[..], "one shared uniform of 0 accepts both drafts: {shared:?}");
+    }
+}

@@ -84,6 +84,16 @@ impl ContextF32 {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// Draft layer `layer`'s keys, `[len, kv_heads·head_dim]`.
+    pub fn keys(&self, layer: usize) -> &[f32] {
+        &self.keys[layer]
+    }
+
+    /// Draft layer `layer`'s values, `[len, kv_heads·head_dim]`.
+    pub fn values(&self, layer: usize) -> &[f32] {
+        &self.values[layer]
+    }
 }
 
 /// The f32 drafter.

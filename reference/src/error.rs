@@ -60,7 +60,7 @@ pub enum SpecError {
     #[error("`{arg}`: uniform {value} at {index:?} is outside [0, 1)")]
     UniformOutOfRange { arg: &'static str, index: Vec<usize>, value: f64 },
 
-    #[error("`{arg}`: exponential noise {value} at {index:?} must be finite and > 0")]
+    #[error("`{arg}`: exponential noise {value:e} at {index:?} is outside [2^-126, 2^126], the binary32 normal range SAMPLE-2 admits (erratum E25)")]
     InvalidNoise { arg: &'static str, index: Vec<usize>, value: f64 },
 
     #[error("`{arg}`: score row {index:?} is entirely -inf")]

@@ -87,7 +87,7 @@ pub(crate) fn inverse_cdf(w: &[f64], v: f64) -> Drawn {
     Drawn { token: last, margin: 0.0 }
 }
 
-/// SAMPLE-2 on validated input (positive total weight, `e` finite and > 0).
+/// SAMPLE-2 on validated input (positive total weight, `e` within `[2^-126, 2^126]`).
 pub(crate) fn exponential_race(w: &[f64], e: &[f64]) -> Drawn {
     // w / e overflows for tiny e or huge w; ln w - ln e orders the same
     // ratios and cannot overflow, so it is used when any ratio would.

@@ -156,8 +156,11 @@ fn exponential_race_survives_overflowing_ratios() {
 fn exponential_noise_outside_the_binary32_normals_is_rejected() {
     use specdec_reference::sampling::sample_exponential_race;
     use specdec_reference::{ErrorKind, MAX_EXPONENTIAL, MIN_EXPONENTIAL};
-    for bad in [1e-40, 1e-310, 1e39, f64::MAX] {
-        assert_eq!(sample_exponential_race(&[0.5, 0.5], &[bad, 1.0]).unwrap_err().kind(), ErrorKind::InvalidNoise, "{bad:e}");
+    for bad in [1e-40, 1e-310, 1e-320, 1e39, f64::MAX] {
+        let err = sample_exponential_race(&[0.5, 0.5], &[bad, 1.0]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidNoise, "{bad:e}");
+        // The message names the domain, not "finite and > 0" (which 1e-320 is).
+        assert!(err.to_string().contains("outside [2^-126, 2^126]"), "{err}");
     }
     assert_eq!(sample_exponential_race(&[0.5, 0.5], &[MAX_EXPONENTIAL, MIN_EXPONENTIAL]).unwrap().token, 1);
 }

@@ -151,7 +151,7 @@ pub fn bad_uniform(u: &Tensor) -> Result<Tensor> {
     not(&and(&u.ge(0.0)?, &u.lt(1.0)?)?)
 }
 
-/// 1 where exponential noise is not finite and > 0 (SAMPLE-2).
+/// 1 where exponential noise is outside `[2^-126, 2^126]` (SAMPLE-2).
 pub fn bad_exponential(e: &Tensor) -> Result<Tensor> {
     // `!(min <= e <= max)` also flags NaN.
     not(&and(&e.ge(specdec_reference::MIN_EXPONENTIAL)?, &e.le(specdec_reference::MAX_EXPONENTIAL)?)?)

@@ -6,37 +6,49 @@
 //!   (`specdec_reference::ngram::propose`) on the sequence's context at that
 //!   step, cut to the step's room; a proposer drafting from a stale context
 //!   fails (the negative control in `tests/e2e_section.rs`).
-//! - `draft:seeded` (DECODE-4, KV-6): after every step the draft model's
-//!   cache holds exactly what it kept (a fresh prefill of those tokens, within
-//!   the backend's tolerance), so a rejection rolled it back; a draft that
-//!   forgets rejected tokens without trimming its cache fails (the negative
-//!   control).
-//! - `draft:self` (GREEDY-2, DECODE-2): the target drafting for itself at
-//!   temperature 0 has every draft accepted; a rejection is excused (and
-//!   counted) only where the request's plain output has a top-2 margin below
-//!   the backend's window epsilon.
+//! - the draft models, `draft:seeded` and `early-exit:L` (DECODE-4, KV-6):
+//!   after every step the draft model's cache holds exactly what it kept (a
+//!   fresh prefill of those tokens, within the backend's tolerance), so a
+//!   rejection rolled it back; a draft that forgets rejected tokens without
+//!   trimming its cache fails (`Fault::DraftCacheNotTrimmed`, the negative
+//!   control). The prompts must make some draft be rejected.
+//! - `draft:self` (GREEDY-2, DECODE-2, DECODE-4, KV-6): the target drafting
+//!   for itself at temperature 0 has every draft accepted, a rejection
+//!   excused (and counted) only where the request's plain output has a top-2
+//!   margin below the backend's window epsilon; its cache is checked after
+//!   every step as above (with nothing rejected, nothing is rolled back: a
+//!   missing rollback cannot show here, and the fault list says so).
+//! - the DFlash drafters, `dflash:*` and `dflash-iter:*` (DECODE-4, DRAFT-7):
+//!   after every step each sequence's drafter context holds exactly the
+//!   positions in the target cache (the prompt and the output but its last
+//!   token), equal to a fresh context built from a fresh target forward's
+//!   hidden rows of those tokens (within the backend's hidden-state
+//!   tolerance), so the rows of rejected drafts never reached it.
+
+use std::sync::Arc;
 
 use rand_pcg::Pcg64;
 use specdec_backend::NgramConfig;
-use specdec_backend::model::{ForwardRequest, LogitRows};
-use specdec_backend::model::{LlamaWeights, ModelBackend};
+use specdec_backend::model::{ForwardRequest, LlamaWeights, LogitRows, ModelBackend};
+use specdec_decoder::choice::DraftSource;
 use specdec_decoder::proposer::Observed;
-use specdec_decoder::{DecodeError, DraftModelProposer, EngineConfig, NoSink, Proposal, Proposer, SeqView};
+use specdec_decoder::{DecodeError, DflashMode, DflashProposer, DraftModelProposer, EngineConfig, Fault, NoSink, Proposal, Proposer, ProposerChoice, RunOutput, SeqView};
 
-use super::{GreedyPrompts, K, Plain, build_proposer, engine, err_of, seeded_draft};
+use super::{GreedyPrompts, K, Plain, SectionDrafts, build_proposer, engine, err_of};
 use crate::compare::{row_scale, within};
 use crate::model_section::{Subject, err};
 
-/// Whether a proposer has a fidelity statement.
+/// Whether a proposer has a fidelity statement: every proposer of the section.
 pub(super) fn applies(proposer: &str) -> bool {
-    matches!(proposer, "ngram" | "draft:self" | "draft:seeded")
+    proposer == "ngram" || ["draft:", "early-exit:", "dflash:", "dflash-iter:"].iter().any(|p| proposer.starts_with(p))
 }
 
 pub(super) fn rules(proposer: &str) -> &'static [&'static str] {
     match proposer {
         "ngram" => &["NGRAM-2", "NGRAM-3"],
-        "draft:seeded" => &["DECODE-4", "KV-6"],
-        _ => &["GREEDY-2", "DECODE-2"],
+        "draft:self" => &["GREEDY-2", "DECODE-2", "DECODE-4", "KV-6"],
+        p if p.starts_with("dflash") => &["DECODE-4", "DRAFT-7"],
+        _ => &["DECODE-4", "KV-6"],
     }
 }
 
@@ -52,22 +64,33 @@ struct Step {
 pub(super) struct Recording<'p, B: ModelBackend> {
     inner: &'p mut dyn Proposer<B>,
     steps: Vec<Step>,
+    /// The first proposal's `q` rows of its first sequence, where it had any.
+    first_q: Option<Vec<Vec<f64>>>,
 }
 
 impl<'p, B: ModelBackend> Recording<'p, B> {
     pub(super) fn new(inner: &'p mut dyn Proposer<B>) -> Self {
-        Recording { inner, steps: Vec::new() }
+        Recording { inner, steps: Vec::new(), first_q: None }
     }
 
     /// The drafts of the first proposal, if there was one.
     pub(super) fn first_drafts(&self) -> Option<Vec<u32>> {
         self.steps.first().map(|s| s.drafts.clone())
     }
+
+    /// The `q` rows the first proposal reported for its first sequence's drafts.
+    pub(super) fn first_q(&self) -> Option<&[Vec<f64>]> {
+        self.first_q.as_deref()
+    }
 }
 
 impl<B: ModelBackend> Proposer<B> for Recording<'_, B> {
     fn name(&self) -> String {
         self.inner.name()
+    }
+
+    fn inject(&mut self, fault: Fault) {
+        self.inner.inject(fault);
     }
 
     fn hidden_layers(&self) -> &[usize] {
@@ -80,6 +103,13 @@ impl<B: ModelBackend> Proposer<B> for Recording<'_, B> {
 
     fn propose(&mut self, b: &B, seqs: &[SeqView<'_>], rngs: &mut [Pcg64]) -> Result<Proposal<B::Tensor>, DecodeError> {
         let p = self.inner.propose(b, seqs, rngs)?;
+        if self.steps.is_empty()
+            && let (Some((q, width)), Some(d)) = (&p.draft_probs, p.drafts.first())
+        {
+            let q = b.download_f64(q)?;
+            let vocab = q.data().len() / (seqs.len() * width).max(1);
+            self.first_q = Some((0..d.len()).map(|j| q.data()[j * vocab..(j + 1) * vocab].to_vec()).collect());
+        }
         for (v, d) in seqs.iter().zip(&p.drafts) {
             self.steps.push(Step { slot: v.slot, context: v.context.to_vec(), max_drafts: v.max_drafts, drafts: d.clone() });
         }
@@ -131,6 +161,10 @@ struct CheckedDraft<'p, B: ModelBackend> {
 impl<B: ModelBackend> Proposer<B> for CheckedDraft<'_, B> {
     fn name(&self) -> String {
         self.inner.name()
+    }
+
+    fn inject(&mut self, fault: Fault) {
+        self.inner.inject(fault);
     }
 
     fn begin(&mut self, b: &B, batch: usize, capacity: usize, max_k: usize) -> Result<(), DecodeError> {
@@ -196,6 +230,20 @@ pub fn draft_cache_fidelity<B: ModelBackend>(
     draft_layers: usize,
     config: &EngineConfig,
 ) -> Result<usize, String> {
+    let out = checked_draft_run(b, target, m, set, draft, draft_layers, config)?;
+    some_rejection(&out, "the draft's rollback")
+}
+
+/// A greedy run of the prompts with the draft's cache checked after every step.
+fn checked_draft_run<B: ModelBackend>(
+    b: &B,
+    target: &LlamaWeights,
+    m: &B::Model,
+    set: &GreedyPrompts,
+    draft: &mut DraftModelProposer<B>,
+    draft_layers: usize,
+    config: &EngineConfig,
+) -> Result<RunOutput, String> {
     let tolerance = b.model_precision().logit_rel_tolerance;
     let mut checked = CheckedDraft { inner: draft, layers: draft_layers, tolerance, steps: 0, failure: None };
     let out = engine(b, target, m, config)?.generate(&set.requests(), &mut checked, None, &mut NoSink);
@@ -204,25 +252,146 @@ pub fn draft_cache_fidelity<B: ModelBackend>(
     if let Some(f) = checked.failure {
         return Err(f);
     }
-    let out = out.map_err(|e| err_of(&e))?;
+    out.map_err(|e| err_of(&e))
+}
+
+/// `Err` where no draft was rejected: the run never exercised `what`.
+fn some_rejection(out: &RunOutput, what: &str) -> Result<usize, String> {
     if out.acceptance.accepted == out.acceptance.proposed {
-        return Err("no draft was rejected: the prompts do not exercise the draft's rollback".into());
+        return Err(format!("no draft was rejected: the prompts do not exercise {what}"));
     }
     Ok(0)
 }
 
+/// How far an f32 drafter context may sit from a fresh one, relative to the row scale.
+const F32_CONTEXT_TOLERANCE: f64 = 1e-5;
+
+/// A DFlash drafter whose contexts are compared with fresh ones after every step.
+struct CheckedDflash<'p, 'm, B: ModelBackend> {
+    inner: &'p mut DflashProposer,
+    target: &'m B::Model,
+    tolerance: f64,
+    steps: usize,
+    failure: Option<String>,
+}
+
+impl<B: ModelBackend> Proposer<B> for CheckedDflash<'_, '_, B> {
+    fn name(&self) -> String {
+        Proposer::<B>::name(self.inner)
+    }
+
+    fn hidden_layers(&self) -> &[usize] {
+        Proposer::<B>::hidden_layers(self.inner)
+    }
+
+    fn inject(&mut self, fault: Fault) {
+        Proposer::<B>::inject(self.inner, fault);
+    }
+
+    fn begin(&mut self, b: &B, batch: usize, capacity: usize, max_k: usize) -> Result<(), DecodeError> {
+        self.inner.begin(b, batch, capacity, max_k)
+    }
+
+    fn propose(&mut self, b: &B, seqs: &[SeqView<'_>], rngs: &mut [Pcg64]) -> Result<Proposal<B::Tensor>, DecodeError> {
+        self.inner.propose(b, seqs, rngs)
+    }
+
+    fn observe(&mut self, b: &B, observed: &Observed<'_, B::Tensor>) -> Result<(), DecodeError> {
+        self.inner.observe(b, observed)?;
+        self.steps += 1;
+        if self.failure.is_none() {
+            for s in observed.seqs.iter().filter(|s| !s.finished) {
+                if let Err(e) = dflash_context_matches(b, self.inner, self.target, s.slot, &s.context[..s.context.len() - 1], self.tolerance) {
+                    self.failure = Some(format!("after step {}: {e}", self.steps));
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, b: &B, slot: usize) -> Result<(), DecodeError> {
+        self.inner.release(b, slot)
+    }
+}
+
+/// Sequence `slot`'s drafter context against a fresh one from the target's
+/// hidden rows of `tokens` (the positions in the target cache).
+fn dflash_context_matches<B: ModelBackend>(b: &B, d: &DflashProposer, target: &B::Model, slot: usize, tokens: &[u32], tol: f64) -> Result<(), String> {
+    let held = d.context(slot).ok_or("no drafter context")?;
+    if held.len != tokens.len() {
+        return Err(format!("sequence {slot}: the drafter context holds {} positions, the target cache {}", held.len, tokens.len()));
+    }
+    let layers = Proposer::<B>::hidden_layers(d).to_vec();
+    let mut cache = b.new_model_cache(target, 1, tokens.len()).map_err(err)?;
+    let out = b.forward(target, &mut cache, &ForwardRequest { tokens: &[tokens.to_vec()], logits: LogitRows::None, hidden_layers: &layers }).map_err(err)?;
+    let hidden = b.download_f64(out.hidden.as_ref().ok_or("the target forward returned no hidden states")?).map_err(err)?;
+    let fresh = d.fresh_context(hidden.data()).map_err(|e| e.to_string())?;
+    for (layer, ((k1, v1), (k2, v2))) in held.layers.iter().zip(&fresh.layers).enumerate() {
+        for (what, x, y) in [("keys", k1, k2), ("values", v1, v2)] {
+            let scale = row_scale(y);
+            if x.len() != y.len() {
+                return Err(format!("sequence {slot} layer {layer} {what}: {} values, a fresh context's {}", x.len(), y.len()));
+            }
+            if let Some((j, (a, e))) = x.iter().zip(y).enumerate().find(|(_, (a, e))| !within((*a - *e).abs(), tol * scale)) {
+                return Err(format!("sequence {slot} layer {layer} {what}[{j}]: {a} vs a fresh context's {e}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The DFlash statement for a DFlash drafter (the section's, or a negative
+/// control's): greedy runs of the prompts, every context checked after every step.
+pub fn dflash_context_fidelity<B: ModelBackend>(b: &B, target: &LlamaWeights, m: &B::Model, set: &GreedyPrompts, drafter: &mut DflashProposer, config: &EngineConfig) -> Result<usize, String> {
+    // The parallel drafter's f32 context is projected by sgemm, whose sums
+    // round differently for a step's few rows than for a prefill's many
+    // (2.3e-7 of the row scale seen on the tiny model): its own bound.
+    let tolerance = b.model_precision().hidden_rel_tolerance.max(F32_CONTEXT_TOLERANCE);
+    let mut checked = CheckedDflash::<B> { inner: drafter, target: m, tolerance, steps: 0, failure: None };
+    let out = engine(b, target, m, config)?.generate(&set.requests(), &mut checked, None, &mut NoSink);
+    if let Some(f) = checked.failure {
+        return Err(f);
+    }
+    some_rejection(&out.map_err(|e| err_of(&e))?, "the drafter's context")
+}
+
 /// Runs the check for `proposer` on the section's greedy prompts.
 pub(super) fn check<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, plain: &Plain, proposer: &str, config: &EngineConfig) -> Result<usize, String> {
-    if proposer == "draft:seeded" {
-        let draft = seeded_draft(&s.weights)?;
-        let mut p = DraftModelProposer::new(b, proposer, &draft, s.weights.config.vocab_size).map_err(|e| e.to_string())?;
-        return draft_cache_fidelity(b, &s.weights, m, &plain.set, &mut p, draft.config.num_hidden_layers, config);
+    let w = &s.weights;
+    let vocab = w.config.vocab_size;
+    let e = |e: DecodeError| e.to_string();
+    match proposer.parse::<ProposerChoice>()? {
+        ProposerChoice::Ngram => {
+            let mut p = build_proposer(b, proposer, w)?;
+            ngram_fidelity(b, w, m, &plain.set, p.as_mut(), config)
+        }
+        ProposerChoice::Draft(arg) if arg.to_str() == Some("self") => {
+            let mut p = DraftModelProposer::new(b, proposer, w, vocab).map_err(e)?;
+            let out = checked_draft_run(b, w, m, &plain.set, &mut p, w.config.num_hidden_layers, config)?;
+            every_draft_accepted(b, &out, plain)
+        }
+        ProposerChoice::Draft(arg) => {
+            let draft = SectionDrafts.draft_model(&arg, w).map_err(e)?;
+            let mut p = DraftModelProposer::new(b, proposer, &draft, vocab).map_err(e)?;
+            draft_cache_fidelity(b, w, m, &plain.set, &mut p, draft.config.num_hidden_layers, config)
+        }
+        ProposerChoice::EarlyExit(l) => {
+            let mut p = DraftModelProposer::early_exit(b, w, l).map_err(e)?;
+            draft_cache_fidelity(b, w, m, &plain.set, &mut p, l, config)
+        }
+        ProposerChoice::Dflash(arg) | ProposerChoice::DflashIter(arg) => {
+            let mode = if proposer.starts_with("dflash-iter:") { specdec_decoder::choice::ITERATIVE } else { DflashMode::Parallel };
+            let mut p = DflashProposer::new(proposer, SectionDrafts.dflash_draft(&arg, w).map_err(e)?, Arc::clone(w), mode).map_err(e)?;
+            dflash_context_fidelity(b, w, m, &plain.set, &mut p, config)
+        }
+        ProposerChoice::None => Err("plain decoding has no proposer to check".into()),
     }
-    let mut p = build_proposer(b, proposer, &s.weights)?;
-    if proposer == "ngram" {
-        return ngram_fidelity(b, &s.weights, m, &plain.set, p.as_mut(), config);
-    }
-    let out = engine(b, &s.weights, m, config)?.generate(&plain.set.requests(), p.as_mut(), None, &mut NoSink).map_err(|e| err_of(&e))?;
+}
+
+/// The target drafting for itself at temperature 0: every draft accepted,
+/// a rejection excused (and counted) only below the window epsilon.
+fn every_draft_accepted<B: ModelBackend>(b: &B, out: &RunOutput, plain: &Plain) -> Result<usize, String> {
     let eps = b.model_precision().window_margin_epsilon;
     let mut excused = 0;
     for (i, (o, run)) in out.outputs.iter().zip(&plain.runs).enumerate() {

@@ -12,7 +12,12 @@
 //! - `greedy`: speculative greedy output equals the same backend's plain
 //!   greedy output (an independent loop, [`crate::model_section::greedy`]),
 //!   token for token; a divergence is excused only at a step whose plain
-//!   top-2 margin is below the backend's epsilon, and counted;
+//!   top-2 margin is below the backend's epsilon, and counted; on SmolLM2
+//!   the run must also accept whole blocks (the bonus row read), but for the
+//!   seeded draft (`full_blocks.rs`);
+//! - `full-blocks` (tiny model): the same identity on many seeded prompts at
+//!   k = 2, where whole blocks are accepted for every proposer, so the bonus
+//!   row is read (`full_blocks.rs`);
 //! - `rollback`: after that run the target cache equals a fresh prefill of
 //!   the prompt and the emitted tokens but the last (within the backend's
 //!   tolerance; exactly on the reference);
@@ -21,12 +26,14 @@
 //!   of the next), each request ends exactly at the token that completes its
 //!   string, wherever that falls in an accepted run or across steps
 //!   (`stop.rs`);
-//! - `fidelity` (n-gram, a seeded draft model, the target as its own draft): the proposer does
-//!   what it claims, which losslessness alone does not show: every n-gram
-//!   draft is the reference rule's on the sequence's current context, a
-//!   draft model's cache is rolled back after every step, and the target
-//!   drafting for itself at temperature 0 has every draft accepted
-//!   (`fidelity.rs`);
+//! - `fidelity` (every proposer on the tiny model, n-gram on SmolLM2): the
+//!   proposer does what it claims, which losslessness alone does not show:
+//!   every n-gram draft is the reference rule's on the sequence's current
+//!   context; a draft model's cache (seeded, self, early exit) equals a
+//!   fresh prefill of what it kept after every step; a DFlash drafter's
+//!   context equals a fresh one from the target's hidden rows of the
+//!   positions in the target cache after every step; the target drafting
+//!   for itself at temperature 0 has every draft accepted (`fidelity.rs`);
 //! - `sampled` (tiny model only): the law of whole generated sequences
 //!   (temperature 1, top-k 4, up to 3 tokens, an eos the law reaches, k = 2) from
 //!   requests with their own seeds equals the exact law computed from the
@@ -35,14 +42,17 @@
 //!   detects a total variation of [`E2E_DELTA`] with miss probability
 //!   [`E2E_BETA`]; never retried.
 //!
-//! - `step-law` (tiny model; n-gram and the draft models): the exact law of
-//!   one sampled step given its drafts (k = 2 and 3), integrated over the
-//!   engine's explicit verify uniforms (DECODE-3), equals the law the rules
-//!   give on the reference forward's rows (`step_law.rs`): a shared or
-//!   misindexed uniform fails deterministically.
+//! - `step-law` (tiny model, every proposer): the exact law of one sampled
+//!   step given its drafts (k = 2 and 3, with and without every processor),
+//!   integrated over the engine's explicit verify uniforms (DECODE-3),
+//!   equals the law the rules give on the reference forward's rows
+//!   (`step_law.rs`): a shared or misindexed uniform, or a bonus from the
+//!   wrong row, fails deterministically.
 //!
 //! The negative controls (conformance/tests/e2e_section.rs) run these same
-//! checks on decoders with one injected bug each and assert they fail.
+//! checks on decoders with one injected bug each and assert they fail; the
+//! fault list (`fixtures/faults.json`, [`crate::fault_list`]) names, for
+//! each injected fault and proposer, the check that catches it.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -64,7 +74,8 @@ use crate::model_section::{self, ModelFiles, SMOLLM2, Subject, err, shipped_prom
 use crate::stat;
 
 mod fidelity;
-pub use fidelity::{draft_cache_fidelity, ngram_fidelity};
+mod full_blocks;
+pub use fidelity::{dflash_context_fidelity, draft_cache_fidelity, ngram_fidelity};
 pub use stop::{cuts, tiny_text};
 mod step_law;
 mod stop;
@@ -153,6 +164,7 @@ pub fn e2e_items() -> Vec<E2eItem> {
                 checks.push(("fidelity", fidelity::rules(p)));
             }
             if model == TINY {
+                checks.push(("full-blocks", full_blocks::RULES));
                 checks.push(("sampled", &["DECODE-2", "DECODE-3", "REJECT-7", "STAT-3"]));
                 checks.push(("sampled-penalised", &["LOGITS-7", "LOGITS-8", "LOGITS-9", "LOGITS-10", "LOGITS-12", "LOGITS-13", "REJECT-7", "STAT-3"]));
                 if step_law::applies(p) {
@@ -308,6 +320,7 @@ pub fn run_with<B: ModelBackend>(backend: &B, cfg: &SuiteConfig, files: &ModelFi
                 to_verdict(outcome)
             }
             "step-law" => catch(|| step_law::check(backend, subject, model, &item.proposer, engine, cfg.seed)).unwrap_or_else(Verdict::Fail),
+            "full-blocks" => to_verdict(catch(|| full_blocks::check(backend, subject, model, &item.proposer, engine)).and_then(|r| r)),
             "sampled" | "sampled-penalised" => {
                 // Judged with the family below (Holm, STAT-2).
                 let setting = if item.check == "sampled" { Setting::plain(SAMPLED_PARAMS) } else { PENALISED };
@@ -442,8 +455,10 @@ fn greedy_run<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, plain: &Plain, 
         }
     }
     let a = &out.acceptance;
-    let verdict = match failure {
-        Some(f) => Verdict::Fail(format!("{f} [{} proposed, {} accepted]", a.proposed, a.accepted)),
+    // On SmolLM2 the greedy run must also read the bonus row (`full_blocks.rs`).
+    let bonus = if s.loaded.is_some() && full_blocks::SMOLLM2_FULL_BLOCKS.contains(&proposer) { full_blocks::enough_bonus(a, 1).err() } else { None };
+    let verdict = match failure.or(bonus) {
+        Some(f) => Verdict::Fail(format!("{f} [{} proposed, {} accepted, {} steps with every draft accepted]", a.proposed, a.accepted, a.bonus)),
         None => to_verdict(Ok(excused)),
     };
     Ok(GreedyRun { verdict, prompts: set.prompts.clone(), tokens: out.outputs.into_iter().map(|o| o.tokens).collect(), cache })
@@ -514,14 +529,20 @@ fn next_law(w: &LlamaWeights, context: &[u32], prompt_len: usize, setting: &Sett
 /// `prompt_len` tokens are the prompt; the penalties count its scope of the
 /// whole context (LOGITS-12), drafts included (LOGITS-13).
 fn processed_rows(model: &RefModel, contexts: &[Vec<u32>], prompt_len: usize, setting: &Setting) -> Result<(Vec<Vec<f64>>, f64), String> {
+    processed_rows_counting(model, contexts, contexts, prompt_len, setting)
+}
+
+/// [`processed_rows`] whose penalties count `counted[i]` for row `i` (a
+/// window row that forgets the drafts before it counts its prompt alone).
+fn processed_rows_counting(model: &RefModel, contexts: &[Vec<u32>], counted: &[Vec<u32>], prompt_len: usize, setting: &Setting) -> Result<(Vec<Vec<f64>>, f64), String> {
     let mut rows = Vec::with_capacity(contexts.len());
     let mut scale = 0.0f64;
-    for context in contexts {
+    for (context, counted) in contexts.iter().zip(counted) {
         let mut cache = model.new_cache(1, context.len()).map_err(|e| e.to_string())?;
         let out = model.forward(&mut cache, &ForwardRequest::last_logits(std::slice::from_ref(context))).map_err(|e| e.to_string())?;
         scale = out.logits.iter().fold(scale, |m, x| m.max(x.abs()));
         let vocab = out.logits.len();
-        let counts = setting.params.penalised().then(|| penalty_counts(setting.params.penalty_scope.counted(context, prompt_len), vocab));
+        let counts = setting.params.penalised().then(|| penalty_counts(setting.params.penalty_scope.counted(counted, prompt_len), vocab));
         let bias = if setting.bias.is_empty() { None } else { Some(bias_row(setting.bias, vocab).map_err(|e| e.to_string())?) };
         let inputs = RowInputs { counts: counts.as_deref(), bias: bias.as_deref() };
         rows.push(process_logits_with(&out.logits, setting.params, inputs).map_err(|e| e.to_string())?);

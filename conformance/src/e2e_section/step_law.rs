@@ -23,10 +23,14 @@
 //! its row (RESID-1 .. RESID-3); all accepted draws the bonus from row
 //! `len` (REJECT-4).
 //!
-//! Proposers: n-gram (no `q`) and the draft models (a seeded one, the
-//! target itself, early exit), whose `q` the reference computes on its own.
-//! DFlash drafts are not here: their `q` needs the target's hidden states,
-//! and their sampled law is checked by `sampled`.
+//! Proposers: n-gram and iterative DFlash (no `q`: their drafts are a
+//! function of the context), the draft models (a seeded one, the target
+//! itself, early exit), whose `q` the reference computes on its own, and
+//! parallel DFlash, whose `q` is the one the proposer reports with its
+//! drafts (its host drafter's rows from the target's hidden states): the
+//! check then holds the verify given `q` exactly, the shared or misindexed
+//! uniform and the bonus row included; that `q` is the law the drafts were
+//! drawn from is `sampled`'s to show.
 
 use std::sync::Arc;
 
@@ -35,7 +39,7 @@ use specdec_backend::{PAD, SamplingParams};
 use specdec_decoder::{EngineConfig, Request};
 
 use super::fidelity::Recording;
-use super::{PENALISED, Setting, build_proposer, engine, err_of, processed_rows, sampled_setup, seeded_draft, tiny_prompts};
+use super::{PENALISED, Setting, build_proposer, engine, err_of, processed_rows, processed_rows_counting, sampled_setup, seeded_draft, tiny_prompts};
 use crate::compare::Verdict;
 use crate::exact::{Instance, Law, Probe, ProbeOut, max_abs_diff, step_law_of};
 use crate::model_section::Subject;
@@ -52,7 +56,10 @@ pub(super) fn applies(proposer: &str) -> bool {
 }
 
 pub(super) fn rules(proposer: &str) -> &'static [&'static str] {
-    if proposer == "ngram" { &["DECODE-3", "REJECT-2", "REJECT-4", "RESID-2"] } else { &["DECODE-3", "REJECT-2", "REJECT-3", "REJECT-4", "RESID-1"] }
+    match reference_q(proposer) {
+        Some(QSource::None) => &["DECODE-3", "REJECT-2", "REJECT-4", "RESID-2"],
+        _ => &["DECODE-3", "REJECT-2", "REJECT-3", "REJECT-4", "RESID-1"],
+    }
 }
 
 /// Where the reference's `q` of a proposer comes from.
@@ -65,12 +72,16 @@ enum QSource {
     Seeded,
     /// The target's first `L` layers.
     EarlyExit(usize),
+    /// The rows the proposer reports with its drafts (parallel DFlash).
+    Reported,
 }
 
 /// `None` where the check does not apply.
 fn reference_q(proposer: &str) -> Option<QSource> {
     match proposer {
         "ngram" => Some(QSource::None),
+        p if p.starts_with("dflash-iter:") => Some(QSource::None),
+        p if p.starts_with("dflash:") => Some(QSource::Reported),
         "draft:self" => Some(QSource::Target),
         "draft:seeded" => Some(QSource::Seeded),
         p => p.strip_prefix("early-exit:").and_then(|l| l.parse().ok()).map(QSource::EarlyExit),
@@ -114,11 +125,18 @@ fn check_setting<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, proposer: &s
         if drafts.len() < 2 {
             continue;
         }
-        let expected = expected_law(&s.weights, proposer, prompt, &drafts, setting).map_err(fail)?;
+        let expected = expected_law(&s.weights, proposer, prompt, &drafts, setting, rec.first_q(), true).map_err(fail)?;
         // Drafts the step can reach (those before the first that is always
         // rejected) and that can go either way.
         let open = expected.accept.iter().take_while(|&&a| a > 0.0).filter(|&&a| a < 1.0).count();
-        if always_accepted || open >= 2 {
+        // With penalties, a step whose law the drafts' penalties move (a
+        // min-p cut can hide them): else a window row that forgets the
+        // drafts before it would go unseen.
+        let sensitive = !setting.params.penalised() || {
+            let forgetting = expected_law(&s.weights, proposer, prompt, &drafts, setting, rec.first_q(), false).map_err(fail)?;
+            max_abs_diff(&expected.law, &forgetting.law) > 1e-9
+        };
+        if (always_accepted || open >= 2) && sensitive {
             found = Some((request, drafts, expected));
             break;
         }
@@ -196,26 +214,31 @@ struct Expected {
 
 /// The law of one step's emitted tokens given `drafts`, from the rules on
 /// the reference forward's rows.
-fn expected_law(w: &Arc<LlamaWeights>, proposer: &str, prompt: &[u32], drafts: &[u32], setting: &Setting) -> Result<Expected, String> {
+/// `count_drafts: false` gives the law of a window whose rows forget the
+/// drafts before them in their penalties (what the check must tell apart).
+#[allow(clippy::too_many_arguments)]
+fn expected_law(w: &Arc<LlamaWeights>, proposer: &str, prompt: &[u32], drafts: &[u32], setting: &Setting, reported_q: Option<&[Vec<f64>]>, count_drafts: bool) -> Result<Expected, String> {
     let len = drafts.len();
     let contexts: Vec<Vec<u32>> = (0..=len).map(|j| prompt.iter().chain(&drafts[..j]).copied().collect()).collect();
     let target = RefModel::new((**w).clone());
     // Row j counts the prompt and the drafts before it (LOGITS-13), as the
     // draft's q for draft j does.
-    let (p, mut scale) = processed_rows(&target, &contexts, prompt.len(), setting)?;
+    let counted = if count_drafts { contexts.clone() } else { vec![prompt.to_vec(); len + 1] };
+    let (p, mut scale) = processed_rows_counting(&target, &contexts, &counted, prompt.len(), setting)?;
     let draft = match reference_q(proposer).ok_or_else(|| format!("no reference q for `{proposer}`"))? {
-        QSource::None => None,
+        QSource::None | QSource::Reported => None,
         QSource::Target => Some((**w).clone()),
         QSource::Seeded => Some(seeded_draft(w)?),
         QSource::EarlyExit(l) => Some(w.truncated(l).map_err(|e| e.to_string())?),
     };
-    let q = match draft {
-        Some(d) => {
+    let q = match (draft, reference_q(proposer)) {
+        (Some(d), _) => {
             let (q, s) = processed_rows(&RefModel::new(d), &contexts[..len], prompt.len(), setting)?;
             scale = scale.max(s);
             Some(q)
         }
-        None => None,
+        (None, Some(QSource::Reported)) => Some(reported_q.filter(|q| q.len() >= len).ok_or_else(|| format!("`{proposer}` reported no q for its {len} drafts"))?.to_vec()),
+        (None, _) => None,
     };
 
     let mut law = Law::new();

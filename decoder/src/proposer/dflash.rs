@@ -33,7 +33,9 @@ use specdec_reference::sampling::sample_inverse_cdf;
 use specdec_reference::{RowInputs, bias_row, penalty_counts, process_logits_with};
 
 use super::{Observed, Proposal, Proposer, SeqView, VerifyRule};
-use crate::{DecodeError, device};
+use crate::device;
+use crate::error::DecodeError;
+use crate::fault::Fault;
 
 /// How the block is drafted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +54,9 @@ pub struct DflashProposer {
     /// The f32 forward; it also holds the validated checkpoint.
     fast: DflashF32,
     contexts: Contexts,
+    /// Injected defect for negative controls ([`Fault::DraftCacheNotTrimmed`]):
+    /// the context takes every fed row, the rejected drafts' too.
+    keeps_rejected: bool,
 }
 
 /// Per-sequence drafter contexts: the f32 forward's (parallel drafting) or
@@ -83,6 +88,21 @@ impl Contexts {
         }
     }
 
+    /// Sequence `slot`'s context, widened to f64.
+    fn view(&self, slot: usize, layers: usize) -> Option<DrafterContext> {
+        Some(match self {
+            Contexts::F32(c) => {
+                let c = c.get(slot)?;
+                let widen = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect();
+                DrafterContext { len: c.len(), layers: (0..layers).map(|l| (widen(c.keys(l)), widen(c.values(l)))).collect() }
+            }
+            Contexts::F64(c) => {
+                let c = c.get(slot)?;
+                DrafterContext { len: c.len(), layers: (0..layers).map(|l| (c.keys(l).to_vec(), c.values(l).to_vec())).collect() }
+            }
+        })
+    }
+
     fn extend(&mut self, fast: &DflashF32, slot: usize, rows: &[f64]) -> specdec_models::Result<()> {
         match self {
             Contexts::F32(c) => fast.extend(&mut c[slot], rows),
@@ -104,12 +124,41 @@ impl DflashProposer {
         // The iterative variant runs the f64 forward and never reads this head.
         let fast = if mode == DflashMode::Parallel { DflashF32::with_q8_0_head(draft, &target) } else { DflashF32::new(draft) };
         let contexts = Contexts::new(&fast, mode, 0);
-        Ok(DflashProposer { name, fast, target, mode, contexts })
+        Ok(DflashProposer { name, fast, target, mode, contexts, keeps_rejected: false })
     }
 
     fn err(&self, e: impl std::fmt::Display) -> DecodeError {
         DecodeError::proposer(&self.name, e)
     }
+
+    /// The width of one context row (`K · hidden`: the target's hidden
+    /// rows at every layer the drafter reads).
+    pub fn feature_width(&self) -> usize {
+        self.fast.draft().config().feature_width()
+    }
+
+    /// Sequence `slot`'s drafter context as it stands (after `begin`): the
+    /// state a fidelity check compares with [`fresh_context`](Self::fresh_context).
+    pub fn context(&self, slot: usize) -> Option<DrafterContext> {
+        self.contexts.view(slot, self.fast.draft().config().layers.num_hidden_layers)
+    }
+
+    /// The context a fresh drafter builds from `rows` (the target's hidden
+    /// rows at `target_layer_ids`, `[n, feature_width]`), in this drafter's
+    /// precision.
+    pub fn fresh_context(&self, rows: &[f64]) -> Result<DrafterContext, DecodeError> {
+        let mut fresh = Contexts::new(&self.fast, self.mode, 1);
+        fresh.extend(&self.fast, 0, rows).map_err(|e| self.err(e))?;
+        fresh.view(0, self.fast.draft().config().layers.num_hidden_layers).ok_or_else(|| DecodeError::Internal("a fresh context has no slot 0".into()))
+    }
+}
+
+/// A drafter's per-sequence context: its positions, and each draft layer's
+/// keys and values (widened to f64).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DrafterContext {
+    pub len: usize,
+    pub layers: Vec<(Vec<f64>, Vec<f64>)>,
 }
 
 impl<B: ModelBackend> Proposer<B> for DflashProposer {
@@ -124,6 +173,10 @@ impl<B: ModelBackend> Proposer<B> for DflashProposer {
     fn begin(&mut self, _: &B, batch: usize, _: usize, _: usize) -> Result<(), DecodeError> {
         self.contexts = Contexts::new(&self.fast, self.mode, batch);
         Ok(())
+    }
+
+    fn inject(&mut self, fault: Fault) {
+        self.keeps_rejected |= fault == Fault::DraftCacheNotTrimmed;
     }
 
     fn propose(&mut self, backend: &B, seqs: &[SeqView<'_>], rngs: &mut [Pcg64]) -> Result<Proposal<B::Tensor>, DecodeError> {
@@ -191,7 +244,8 @@ impl<B: ModelBackend> Proposer<B> for DflashProposer {
                 continue;
             }
             let rows = observed.plan.rows.iter().find(|r| r.seq == s.slot).ok_or_else(|| self.err(format!("no hidden rows for sequence {}", s.slot)))?;
-            let kept = &hidden.data()[rows.token_row * width..(rows.token_row + s.kept) * width];
+            let rows_kept = if self.keeps_rejected { rows.count } else { s.kept };
+            let kept = &hidden.data()[rows.token_row * width..(rows.token_row + rows_kept) * width];
             self.contexts.extend(&self.fast, s.slot, kept).map_err(|e| DecodeError::proposer(&self.name, e))?;
         }
         Ok(())

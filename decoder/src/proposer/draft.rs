@@ -19,6 +19,7 @@ use specdec_backend::model::{ForwardRequest, LlamaWeights, LogitRows, ModelBacke
 use super::{Observed, Proposal, Proposer, SeqView, VerifyRule, common_prefix};
 use crate::device::{self, Row};
 use crate::error::DecodeError;
+use crate::fault::Fault;
 
 /// A draft model (or the target's first layers) on the device.
 pub struct DraftModelProposer<B: ModelBackend> {
@@ -31,7 +32,8 @@ pub struct DraftModelProposer<B: ModelBackend> {
     fed: Vec<Vec<u32>>,
     /// Injected defect for negative controls: `q` is not the law drafts are drawn from.
     q_fault: Option<QFault>,
-    /// Injected defect for negative controls: the cache is not trimmed after a step.
+    /// Injected defect for negative controls ([`Fault::DraftCacheNotTrimmed`]):
+    /// the cache is not trimmed after a step.
     keeps_rejected: bool,
 }
 
@@ -112,15 +114,6 @@ impl<B: ModelBackend> DraftModelProposer<B> {
         self
     }
 
-    /// NEGATIVE CONTROL: forgets the tokens a step rejected without trimming
-    /// the draft cache, so it drafts from stale positions (lossless all the
-    /// same, since the target verifies).
-    #[cfg(feature = "negative-controls")]
-    pub fn without_cache_rollback(mut self) -> Self {
-        self.keeps_rejected = true;
-        self
-    }
-
     /// The draft model on the device.
     pub fn model(&self) -> &B::Model {
         &self.model
@@ -144,6 +137,10 @@ impl<B: ModelBackend> Proposer<B> for DraftModelProposer<B> {
         self.cache = Some(backend.new_model_cache(&self.model, batch, capacity)?);
         self.fed = vec![Vec::new(); batch];
         Ok(())
+    }
+
+    fn inject(&mut self, fault: Fault) {
+        self.keeps_rejected |= fault == Fault::DraftCacheNotTrimmed;
     }
 
     fn propose(&mut self, backend: &B, seqs: &[SeqView<'_>], rngs: &mut [Pcg64]) -> Result<Proposal<B::Tensor>, DecodeError> {

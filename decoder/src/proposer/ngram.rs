@@ -10,6 +10,7 @@ use specdec_reference::ngram::NgramIndex;
 
 use super::{Observed, Proposal, Proposer, SeqView, VerifyRule};
 use crate::error::DecodeError;
+use crate::fault::Fault;
 
 /// The n-gram proposer.
 #[derive(Debug, Clone)]
@@ -17,8 +18,8 @@ pub struct NgramProposer {
     cfg: NgramConfig,
     vocab: usize,
     indexes: Vec<Option<NgramIndex>>,
-    /// A negative control: drafts from the context before the last token.
-    #[cfg(feature = "negative-controls")]
+    /// A negative control ([`Fault::NgramIndexedAfterProposing`]): drafts
+    /// from the context before the last token.
     stale: bool,
 }
 
@@ -26,31 +27,12 @@ impl NgramProposer {
     /// `cfg.k` is the most drafts per step; a step's `max_drafts` may lower it.
     pub fn new(cfg: NgramConfig, vocab: usize) -> Result<Self, DecodeError> {
         NgramIndex::new(cfg, vocab).map_err(|e| DecodeError::Config(format!("n-gram proposer: {e}")))?;
-        Ok(NgramProposer {
-            cfg,
-            vocab,
-            indexes: Vec::new(),
-            #[cfg(feature = "negative-controls")]
-            stale: false,
-        })
-    }
-
-    /// A negative control: a proposer that drafts from a stale context (the
-    /// sequence's context without its last token, as when the emitted tokens
-    /// are appended after drafting). Its output stays lossless; its drafts
-    /// are not the n-gram rule's.
-    #[cfg(feature = "negative-controls")]
-    pub fn stale(cfg: NgramConfig, vocab: usize) -> Result<Self, DecodeError> {
-        Ok(NgramProposer { stale: true, ..Self::new(cfg, vocab)? })
+        Ok(NgramProposer { cfg, vocab, indexes: Vec::new(), stale: false })
     }
 
     /// How much of a context to index: all of it, or (a negative control) all but the last token.
     fn indexed(&self, context: &[u32]) -> usize {
-        #[cfg(feature = "negative-controls")]
-        if self.stale {
-            return context.len() - 1;
-        }
-        context.len()
+        if self.stale { (context.len() - 1).max(1) } else { context.len() }
     }
 }
 
@@ -62,6 +44,14 @@ impl<B: ModelBackend> Proposer<B> for NgramProposer {
     fn begin(&mut self, _: &B, batch: usize, _: usize, _: usize) -> Result<(), DecodeError> {
         self.indexes = vec![None; batch];
         Ok(())
+    }
+
+    /// [`Fault::NgramIndexedAfterProposing`]: the proposer drafts from a stale
+    /// context (without its last token, as when the emitted tokens are
+    /// appended after drafting); lossless all the same, its drafts are not
+    /// the n-gram rule's.
+    fn inject(&mut self, fault: Fault) {
+        self.stale |= fault == Fault::NgramIndexedAfterProposing;
     }
 
     fn propose(&mut self, _: &B, seqs: &[SeqView<'_>], _: &mut [Pcg64]) -> Result<Proposal<B::Tensor>, DecodeError> {
