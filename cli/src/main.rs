@@ -91,7 +91,7 @@ enum Command {
         #[arg(long)]
         shard: Option<Shard>,
     },
-    /// Model files: `info PATH`, `export GGUF DIR`.
+    /// Model files: `info PATH`, `export GGUF DIR`, `tiny --preset NAME DIR`.
     Model {
         #[command(subcommand)]
         command: model::ModelCommand,

@@ -33,8 +33,9 @@
 //! ([`suite`]), the host cases, the model section ([`model_section`]), the
 //! end-to-end section ([`e2e_section`]: the speculative decoder on the
 //! backend, with its stop, fidelity, full-blocks and step-law checks;
-//! [`fault_list`] names the check that catches each injected decoder fault,
-//! from `fixtures/faults.json`) and the engine
+//! `fault_list` (with the `negative-controls` feature) names, for each
+//! fault `fixtures/faults.json` lists and each proposer, the check that
+//! catches it or why it cannot show) and the engine
 //! section ([`engine_section`]: any `GenerationEngine`, and specdec's
 //! decoder on the backend as one). [`runner`] runs them in order into a
 //! [`report::Report`] for the `cargo test` adapter ([`harness`],

@@ -17,8 +17,8 @@
 //! counts between host and device on its hot path (a DFlash drafter also
 //! reads the target's hidden states).
 //!
-//! Layout: [`engine`] holds the engine's settings and checks and runs a
-//! batch as one [`Session`] ([`session`]: the loop over fixed request
+//! Layout: [`engine`] holds the [`Engine`] (its settings in [`config`])
+//! and the checks of its requests, and runs a batch as one [`Session`] ([`session`]: the loop over fixed request
 //! slots, which requests join between steps with one prefill forward and
 //! leave by `take` or `cancel`, so a server batches continuously with the
 //! very step the checks prove). [`Session::step`] reads as four parts:
@@ -29,7 +29,8 @@
 //! emission up to a stop ([`stop`]), the rollback (per sequence or
 //! min-accepted) and the step's counts. `ledger.rs` keeps the step's
 //! bookkeeping behind one helper: which controller picks `k` (seed 001's
-//! dynamic controller in [`config`], or the pay-off controller in
+//! dynamic controller, `specdec_reference::controller`, switched on in
+//! [`config`], or the pay-off controller in
 //! [`payoff`], CTRL-7 .. CTRL-10: each step's `k` from the run's own step
 //! times and acceptance), and the timings it learns from.
 //!
@@ -39,7 +40,8 @@
 //! [`request`] (requests, outputs, the one acceptance counter, whose
 //! metrics are the controller's formulas), [`choice`] (the one parser of
 //! proposer names), `fault.rs` (the decoder bugs the negative controls
-//! inject, behind the `negative-controls` feature), [`proposer`] (the
+//! inject: the engine injects one only with the `negative-controls`
+//! feature, though `Fault` and `Proposer::inject` exist in every build), [`proposer`] (the
 //! trait, with `proposer/ngram.rs`, `proposer/draft.rs` for a draft model
 //! or early exit, and `proposer/dflash.rs` for block drafts, parallel or
 //! iterative), and [`record`] (records the target's hidden rows as draft
@@ -50,7 +52,8 @@
 //!
 //! Tests: `tests/engine.rs` (greedy output equals an independent plain
 //! greedy loop for every proposer, with and without penalties; one named
-//! test per decoder bug peers have shipped), `tests/session.rs` (requests
+//! test per scenario of seed 001's section 9.2; `mod faults`: the six
+//! faults of `fixtures/faults.json`, each caught), `tests/session.rs` (requests
 //! joining a running session, or a slot another request left, give their
 //! output alone); the conformance suite's end-to-end and engine sections
 //! run the decoder on every backend, with `fault.rs`'s bugs as negative

@@ -128,7 +128,7 @@ pub trait Proposer<B: ModelBackend> {
     fn release(&mut self, backend: &B, slot: usize) -> Result<(), DecodeError>;
 
     /// NEGATIVE CONTROL: the session's injected fault, told before `begin`
-    /// (never without the `negative-controls` feature). A proposer the
+    /// (the engine injects one only with the `negative-controls` feature). A proposer the
     /// fault is about takes it; the others ignore it; one that wraps another
     /// passes it on.
     fn inject(&mut self, fault: Fault) {

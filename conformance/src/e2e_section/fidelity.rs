@@ -149,18 +149,29 @@ pub fn ngram_fidelity<B: ModelBackend>(b: &B, weights: &LlamaWeights, m: &B::Mod
     Ok(0)
 }
 
-/// A draft model whose cache is compared with a fresh prefill after every step.
-struct CheckedDraft<'p, B: ModelBackend> {
-    inner: &'p mut DraftModelProposer<B>,
-    layers: usize,
-    tolerance: f64,
+/// A proposer that runs the one it wraps and, after every step, asks
+/// `check` of its state; the first failure is kept (a stale state may go on
+/// to break the run, and the mismatch is the finding).
+struct CheckedEachStep<'p, P, F> {
+    inner: &'p mut P,
+    check: F,
     steps: usize,
     failure: Option<String>,
 }
 
-impl<B: ModelBackend> Proposer<B> for CheckedDraft<'_, B> {
+impl<'p, P, F> CheckedEachStep<'p, P, F> {
+    fn new(inner: &'p mut P, check: F) -> Self {
+        CheckedEachStep { inner, check, steps: 0, failure: None }
+    }
+}
+
+impl<B: ModelBackend, P: Proposer<B>, F: FnMut(&B, &P, &Observed<'_, B::Tensor>) -> Result<(), String>> Proposer<B> for CheckedEachStep<'_, P, F> {
     fn name(&self) -> String {
         self.inner.name()
+    }
+
+    fn hidden_layers(&self) -> &[usize] {
+        self.inner.hidden_layers()
     }
 
     fn inject(&mut self, fault: Fault) {
@@ -179,7 +190,7 @@ impl<B: ModelBackend> Proposer<B> for CheckedDraft<'_, B> {
         self.inner.observe(b, observed)?;
         self.steps += 1;
         if self.failure.is_none()
-            && let Err(e) = draft_cache_matches(b, self.inner, self.layers, self.tolerance)
+            && let Err(e) = (self.check)(b, self.inner, observed)
         {
             self.failure = Some(format!("after step {}: {e}", self.steps));
         }
@@ -245,7 +256,7 @@ fn checked_draft_run<B: ModelBackend>(
     config: &EngineConfig,
 ) -> Result<RunOutput, String> {
     let tolerance = b.model_precision().logit_rel_tolerance;
-    let mut checked = CheckedDraft { inner: draft, layers: draft_layers, tolerance, steps: 0, failure: None };
+    let mut checked = CheckedEachStep::new(draft, |b: &B, d: &DraftModelProposer<B>, _: &Observed<'_, B::Tensor>| draft_cache_matches(b, d, draft_layers, tolerance));
     let out = engine(b, target, m, config)?.generate(&set.requests(), &mut checked, None, &mut NoSink);
     // A stale cache may go on to break the run (it outgrows its capacity):
     // the first mismatch is the finding.
@@ -265,55 +276,6 @@ fn some_rejection(out: &RunOutput, what: &str) -> Result<usize, String> {
 
 /// How far an f32 drafter context may sit from a fresh one, relative to the row scale.
 const F32_CONTEXT_TOLERANCE: f64 = 1e-5;
-
-/// A DFlash drafter whose contexts are compared with fresh ones after every step.
-struct CheckedDflash<'p, 'm, B: ModelBackend> {
-    inner: &'p mut DflashProposer,
-    target: &'m B::Model,
-    tolerance: f64,
-    steps: usize,
-    failure: Option<String>,
-}
-
-impl<B: ModelBackend> Proposer<B> for CheckedDflash<'_, '_, B> {
-    fn name(&self) -> String {
-        Proposer::<B>::name(self.inner)
-    }
-
-    fn hidden_layers(&self) -> &[usize] {
-        Proposer::<B>::hidden_layers(self.inner)
-    }
-
-    fn inject(&mut self, fault: Fault) {
-        Proposer::<B>::inject(self.inner, fault);
-    }
-
-    fn begin(&mut self, b: &B, batch: usize, capacity: usize, max_k: usize) -> Result<(), DecodeError> {
-        self.inner.begin(b, batch, capacity, max_k)
-    }
-
-    fn propose(&mut self, b: &B, seqs: &[SeqView<'_>], rngs: &mut [Pcg64]) -> Result<Proposal<B::Tensor>, DecodeError> {
-        self.inner.propose(b, seqs, rngs)
-    }
-
-    fn observe(&mut self, b: &B, observed: &Observed<'_, B::Tensor>) -> Result<(), DecodeError> {
-        self.inner.observe(b, observed)?;
-        self.steps += 1;
-        if self.failure.is_none() {
-            for s in observed.seqs.iter().filter(|s| !s.finished) {
-                if let Err(e) = dflash_context_matches(b, self.inner, self.target, s.slot, &s.context[..s.context.len() - 1], self.tolerance) {
-                    self.failure = Some(format!("after step {}: {e}", self.steps));
-                    break;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn release(&mut self, b: &B, slot: usize) -> Result<(), DecodeError> {
-        self.inner.release(b, slot)
-    }
-}
 
 /// Sequence `slot`'s drafter context against a fresh one from the target's
 /// hidden rows of `tokens` (the positions in the target cache).
@@ -348,7 +310,10 @@ pub fn dflash_context_fidelity<B: ModelBackend>(b: &B, target: &LlamaWeights, m:
     // round differently for a step's few rows than for a prefill's many
     // (2.3e-7 of the row scale seen on the tiny model): its own bound.
     let tolerance = b.model_precision().hidden_rel_tolerance.max(F32_CONTEXT_TOLERANCE);
-    let mut checked = CheckedDflash::<B> { inner: drafter, target: m, tolerance, steps: 0, failure: None };
+    let check = |b: &B, d: &DflashProposer, o: &Observed<'_, B::Tensor>| {
+        o.seqs.iter().filter(|s| !s.finished).try_for_each(|s| dflash_context_matches(b, d, m, s.slot, &s.context[..s.context.len() - 1], tolerance))
+    };
+    let mut checked = CheckedEachStep::new(drafter, check);
     let out = engine(b, target, m, config)?.generate(&set.requests(), &mut checked, None, &mut NoSink);
     if let Some(f) = checked.failure {
         return Err(f);

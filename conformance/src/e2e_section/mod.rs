@@ -13,11 +13,12 @@
 //!   greedy output (an independent loop, [`crate::model_section::greedy`]),
 //!   token for token; a divergence is excused only at a step whose plain
 //!   top-2 margin is below the backend's epsilon, and counted; on SmolLM2
-//!   the run must also accept whole blocks (the bonus row read), but for the
-//!   seeded draft (`full_blocks.rs`);
-//! - `full-blocks` (tiny model): the same identity on many seeded prompts at
-//!   k = 2, where whole blocks are accepted for every proposer, so the bonus
-//!   row is read (`full_blocks.rs`);
+//!   the runs of n-gram and the trained DFlash draft must also accept a
+//!   whole block, the bonus row read (`full_blocks::SMOLLM2_FULL_BLOCKS`;
+//!   not the seeded draft or early exit);
+//! - `full-blocks` (tiny model): the same identity on 48 seeded prompts at
+//!   k = 1 and k = 2, with at least 4 steps whose every draft was accepted,
+//!   so the bonus row is read for every proposer (`full_blocks.rs`);
 //! - `rollback`: after that run the target cache equals a fresh prefill of
 //!   the prompt and the emitted tokens but the last (within the backend's
 //!   tolerance; exactly on the reference);
@@ -40,7 +41,10 @@
 //!   reference forward; chi-squared, the family judged with Holm at
 //!   `FAMILY_ALPHA`, the sample size planned before sampling so each check
 //!   detects a total variation of [`E2E_DELTA`] with miss probability
-//!   [`E2E_BETA`]; never retried.
+//!   [`E2E_BETA`]; never retried;
+//! - `sampled-penalised` (tiny model): the same law check with every
+//!   processor and a logit bias on ([`PENALISED`]), one Holm family with
+//!   `sampled`;
 //!
 //! - `step-law` (tiny model, every proposer): the exact law of one sampled
 //!   step given its drafts (k = 2 and 3, with and without every processor),
@@ -51,8 +55,9 @@
 //!
 //! The negative controls (conformance/tests/e2e_section.rs) run these same
 //! checks on decoders with one injected bug each and assert they fail; the
-//! fault list (`fixtures/faults.json`, [`crate::fault_list`]) names, for
-//! each injected fault and proposer, the check that catches it.
+//! fault list (`fixtures/faults.json`, `fault_list.rs`) names, for each
+//! listed fault and proposer, the check that catches it, or why it cannot
+//! show.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
