@@ -4,6 +4,7 @@
 
 use specdec_backend::ReferenceBackend;
 use specdec_conformance::fault_list;
+use specdec_conformance::model_section::ModelFiles;
 
 #[test]
 fn the_fault_list_is_complete() {
@@ -13,7 +14,7 @@ fn the_fault_list_is_complete() {
 #[test]
 fn every_listed_fault_fails_its_check_on_the_reference() {
     let list = fault_list::shipped().unwrap();
-    match list.run(&ReferenceBackend) {
+    match list.run(&ReferenceBackend, &ModelFiles::from_env()) {
         Ok(lines) => println!("{}", lines.join("\n")),
         Err(blinded) => panic!("checks that no longer catch their fault:\n{blinded}"),
     }
@@ -31,4 +32,7 @@ fn an_incomplete_fault_list_is_refused() {
     let mut list = shipped;
     list.blind.push(fault_list::Blind { fault: pair.fault.clone(), proposer: pair.proposer.clone(), why: "x".into() });
     assert!(list.check_complete().unwrap_err().contains("both caught and blind"));
+    let mut list = fault_list::shipped().unwrap();
+    let dropped = list.caught_on_smollm2.pop().unwrap();
+    assert!(list.check_complete().unwrap_err().contains(&format!("{} with {} on", dropped.fault, dropped.proposer)));
 }

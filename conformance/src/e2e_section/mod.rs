@@ -15,10 +15,12 @@
 //!   top-2 margin is below the backend's epsilon, and counted; on SmolLM2
 //!   the runs of n-gram and the trained DFlash draft must also accept a
 //!   whole block, the bonus row read (`full_blocks::SMOLLM2_FULL_BLOCKS`;
-//!   not the seeded draft or early exit);
-//! - `full-blocks` (tiny model): the same identity on 48 seeded prompts at
-//!   k = 1 and k = 2, with at least 4 steps whose every draft was accepted,
-//!   so the bonus row is read for every proposer (`full_blocks.rs`);
+//!   the seeded draft and early exit have `full-blocks` instead);
+//! - `full-blocks`: the same identity on 48 seeded prompts at k = 1 and
+//!   k = 2, with at least 4 steps whose every draft was accepted, so the
+//!   bonus row is read for every proposer of the tiny model; on SmolLM2, for
+//!   the seeded draft and early exit, the same on the greedy prompts with a
+//!   drafter of their kind that agrees with the target (`full_blocks.rs`);
 //! - `rollback`: after that run the target cache equals a fresh prefill of
 //!   the prompt and the emitted tokens but the last (within the backend's
 //!   tolerance; exactly on the reference);
@@ -168,6 +170,9 @@ pub fn e2e_items() -> Vec<E2eItem> {
             if fidelity::applies(p) && (model == TINY || p == "ngram") {
                 checks.push(("fidelity", fidelity::rules(p)));
             }
+            if model == SMOLLM2 && full_blocks::has_smollm2_stand_in(p) {
+                checks.push(("full-blocks", full_blocks::RULES));
+            }
             if model == TINY {
                 checks.push(("full-blocks", full_blocks::RULES));
                 checks.push(("sampled", &["DECODE-2", "DECODE-3", "REJECT-7", "STAT-3"]));
@@ -312,12 +317,13 @@ pub fn run_with<B: ModelBackend>(backend: &B, cfg: &SuiteConfig, files: &ModelFi
                     None => unreachable!("set above"),
                 }
             }
-            "stop" | "fidelity" => {
+            "stop" | "fidelity" | "full-blocks" if item.model == SMOLLM2 || item.check != "full-blocks" => {
                 if plain.as_ref().is_none_or(|(m, _)| *m != item.model) {
                     plain = Some((item.model.clone(), catch(|| plain_run(backend, subject, model)).and_then(|r| r)));
                 }
                 let outcome = match &plain {
                     Some((_, Ok(p))) if item.check == "stop" => catch(|| stop::check(backend, subject, model, p, &item.proposer, engine)).and_then(|r| r),
+                    Some((_, Ok(p))) if item.check == "full-blocks" => catch(|| full_blocks::check_smollm2(backend, subject, model, p, &item.proposer, engine)).and_then(|r| r),
                     Some((_, Ok(p))) => catch(|| fidelity::check(backend, subject, model, p, &item.proposer, engine)).and_then(|r| r),
                     Some((_, Err(e))) => Err(e.clone()),
                     None => unreachable!("set above"),
