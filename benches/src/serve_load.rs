@@ -49,6 +49,8 @@ pub fn measure(backend: &str, weights: &Arc<LlamaWeights>, tokenizer: &Tokenizer
         api_key: None,
         max_body_bytes: 1 << 20,
         drain: Duration::from_secs(5),
+        limits: specdec_serve::Limits::default(),
+        special_tokens_in_text: false,
     };
     let stop = Arc::new(AtomicBool::new(false));
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();

@@ -258,9 +258,27 @@ enum Command {
         /// Request bodies larger than this are a 413.
         #[arg(long, default_value_t = 1 << 20)]
         max_body_bytes: usize,
-        /// Seconds a shutdown lets running requests finish before failing them.
+        /// Seconds a shutdown lets running requests finish before failing
+        /// them; the server exits soon after, whatever clients do.
         #[arg(long, default_value_t = 30)]
         drain_seconds: u64,
+        /// Seconds a request's head (request line and headers) may take to
+        /// arrive, also how long a kept-alive connection may sit idle.
+        #[arg(long, default_value_t = 10.0)]
+        header_timeout: f64,
+        /// Seconds a request's body may take to arrive once its head has (408).
+        #[arg(long, default_value_t = 30.0)]
+        body_timeout: f64,
+        /// Open connections at most: past it, the oldest connection with no
+        /// request in flight is closed (or, when all have one, the new one is answered 503).
+        #[arg(long, default_value_t = 256)]
+        max_connections: usize,
+        /// Encode special-token strings in user text (chat contents,
+        /// completion prompts) as control tokens, as HF and vLLM do. Off by
+        /// default: user text is text, and only the chat template writes
+        /// control tokens, so a user cannot forge a system turn.
+        #[arg(long)]
+        special_tokens_in_text: bool,
     },
     /// Load on an OpenAI-compatible server: CLIENTS streaming chat clients
     /// at each concurrency, speculation on and off (specdec's `speculation`
@@ -378,30 +396,47 @@ fn main() -> ExitCode {
         Command::Load { url, concurrency, requests, max_tokens, temperature, prompts, speculation, json } => {
             serve::load(&url, &concurrency, requests, max_tokens, temperature, prompts.as_deref(), &speculation, json.as_deref())
         }
-        Command::Serve { model, backend, proposer, k, host, port, max_batch, max_context, api_key, served_model_name, max_body_bytes, drain_seconds } => {
-            serve::load_model(&model).and_then(|(weights, codec, name)| {
-                let config = specdec_serve::ServeConfig {
-                    weights,
-                    codec,
-                    model_id: served_model_name.unwrap_or(name),
-                    backend,
-                    proposer,
-                    k,
-                    host,
-                    port,
-                    max_batch,
-                    max_context,
-                    api_key: api_key.or_else(|| std::env::var("SPECDEC_API_KEY").ok().filter(|k| !k.is_empty())),
-                    max_body_bytes,
-                    drain: std::time::Duration::from_secs(drain_seconds),
-                };
-                specdec_serve::serve(config, &mut |addr| {
-                    println!("specdec serve: listening on http://{addr}");
-                    let _ = std::io::Write::flush(&mut std::io::stdout());
-                })
-                .map(|()| true)
+        Command::Serve {
+            model,
+            backend,
+            proposer,
+            k,
+            host,
+            port,
+            max_batch,
+            max_context,
+            api_key,
+            served_model_name,
+            max_body_bytes,
+            drain_seconds,
+            header_timeout,
+            body_timeout,
+            max_connections,
+            special_tokens_in_text,
+        } => serve::load_model(&model).and_then(|(weights, codec, name)| {
+            let config = specdec_serve::ServeConfig {
+                weights,
+                codec,
+                model_id: served_model_name.unwrap_or(name),
+                backend,
+                proposer,
+                k,
+                host,
+                port,
+                max_batch,
+                max_context,
+                api_key: api_key.or_else(|| std::env::var("SPECDEC_API_KEY").ok().filter(|k| !k.is_empty())),
+                max_body_bytes,
+                drain: std::time::Duration::from_secs(drain_seconds),
+                limits: specdec_serve::Limits { header_timeout: seconds("--header-timeout", header_timeout)?, body_timeout: seconds("--body-timeout", body_timeout)?, max_connections },
+                special_tokens_in_text,
+            };
+            specdec_serve::serve(config, &mut |addr| {
+                println!("specdec serve: listening on http://{addr}");
+                let _ = std::io::Write::flush(&mut std::io::stdout());
             })
-        }
+            .map(|()| true)
+        }),
         Command::Stats { seed, out, sweep, shard } => match seed.map_or_else(suite::seed_from_env, Ok) {
             Ok(seed) => match sweep {
                 Some(n) => campaign::sweep(n, shard, &out),
@@ -603,4 +638,12 @@ fn check(path: &Path, backend: &str, filter: Option<String>, case_id: Option<&st
 /// `s` as one shell word.
 fn shell_quote(s: &str) -> String {
     if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:+@%".contains(c)) { s.to_string() } else { format!("'{}'", s.replace('\'', r"'\''")) }
+}
+
+/// A duration flag given in seconds: finite, positive, and within a day.
+fn seconds(flag: &str, s: f64) -> Result<std::time::Duration, String> {
+    if !(s.is_finite() && s > 0.0 && s <= 86_400.0) {
+        return Err(format!("{flag} {s:?} must be a number of seconds in (0, 86400]"));
+    }
+    Ok(std::time::Duration::from_secs_f64(s))
 }

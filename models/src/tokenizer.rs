@@ -55,6 +55,9 @@ pub struct Tokenizer {
     add_bos: bool,
     add_eos: bool,
     chat_template: Option<String>,
+    /// `inner` with special tokens encoded as the text they are written
+    /// with ([`Tokenizer::encode_literal`]), made on first use.
+    literal: std::sync::OnceLock<tokenizers::Tokenizer>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -142,6 +145,7 @@ impl Tokenizer {
             add_bos: g.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false),
             add_eos: g.opt_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false),
             chat_template: g.opt_str("tokenizer.chat_template")?.map(str::to_string),
+            literal: Default::default(),
         };
         t.check_special_ids()?;
         t.install_post_processor()?;
@@ -165,7 +169,8 @@ impl Tokenizer {
             tokenizers::ModelWrapper::WordLevel(_) => "tokenizer.json (WordLevel)",
             tokenizers::ModelWrapper::Unigram(_) => "tokenizer.json (Unigram)",
         };
-        let mut t = Tokenizer { inner, source: file, kind: kind.to_string(), bos: None, eos: None, pad: None, unk: None, add_bos: false, add_eos: false, chat_template: None };
+        let mut t =
+            Tokenizer { inner, source: file, kind: kind.to_string(), bos: None, eos: None, pad: None, unk: None, add_bos: false, add_eos: false, chat_template: None, literal: Default::default() };
 
         let cfg_path = dir.join(TOKENIZER_CONFIG_FILE);
         if cfg_path.is_file() {
@@ -259,6 +264,57 @@ impl Tokenizer {
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
         let enc = guarded(&self.source, || self.inner.encode(text, add_special_tokens).map_err(|e| tok_err(&self.source, e)))?;
         Ok(enc.get_ids().to_vec())
+    }
+
+    /// Token ids of `text` read as text: a special token's string written
+    /// in it (`<|im_start|>`) encodes as the ordinary tokens of those
+    /// characters, never as the control id. How user content is encoded, so
+    /// that a user cannot forge a turn of the conversation.
+    pub fn encode_literal(&self, text: &str) -> Result<Vec<u32>> {
+        let literal = self.literal.get_or_init(|| {
+            let mut t = self.inner.clone();
+            t.set_encode_special_tokens(true);
+            t
+        });
+        let enc = guarded(&self.source, || literal.encode(text, false).map_err(|e| tok_err(&self.source, e)))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// The ids of [`Tokenizer::chat_conversation`]'s prompt with the control
+    /// tokens the template writes and no others: the text between two of
+    /// them (a role, a turn's content, the newline after a turn) is encoded
+    /// by [`Tokenizer::encode_literal`]. A special token splits the text
+    /// before the pre-tokenizer runs, so for contents that hold no special
+    /// token's string the ids equal those of encoding the rendered prompt.
+    pub fn chat_conversation_ids(&self, turns: &[(&str, &str)]) -> Result<Vec<u32>> {
+        // The rendered prompt is checked and built by the one renderer; its
+        // control tokens are then put back by id, its text encoded as text.
+        self.chat_conversation(turns)?;
+        let control = |token: &str| self.token_to_id(token).ok_or_else(|| tok_err(&self.source, format!("the chat template's `{token}` is not a token of this tokenizer")));
+        let (start, end) = (control(IM_START)?, control(IM_END)?);
+        let mut ids = Vec::new();
+        let mut turn = |role: &str, content: Option<&str>| -> Result<()> {
+            ids.push(start);
+            match content {
+                Some(content) => {
+                    ids.extend(self.encode_literal(&format!("{role}\n{content}"))?);
+                    ids.push(end);
+                    ids.extend(self.encode_literal("\n")?);
+                }
+                None => ids.extend(self.encode_literal(&format!("{role}\n"))?),
+            }
+            Ok(())
+        };
+        if turns.first().is_none_or(|(role, _)| *role != "system")
+            && let Some(system) = self.default_system()
+        {
+            turn("system", Some(&system))?;
+        }
+        for (role, content) in turns {
+            turn(role, Some(content))?;
+        }
+        turn("assistant", None)?;
+        Ok(ids)
     }
 
     /// The text of `ids`; every id must lie inside the vocabulary.

@@ -208,21 +208,23 @@ pub fn validate(c: &Common, model_id: &str, vocab: usize) -> Result<Sampling, Ap
         if let Some(v) = v
             && !(-2.0..=2.0).contains(&v)
         {
-            return Err(ApiError::bad(name, format!("{name} = {v} must be in [-2, 2]")));
+            return Err(ApiError::bad(name, format!("{name} = {v:?} must be in [-2, 2]")));
         }
     }
     let penalty_scope = match c.penalty_scope.as_deref() {
         None => specdec_backend::PenaltyScope::Generated,
         Some(name) => specdec_backend::PenaltyScope::from_name(name).ok_or_else(|| ApiError::bad("penalty_scope", format!("penalty_scope = {name:?} must be \"generated\" or \"context\"")))?,
     };
+    // Linear in the number of entries: a body may name every id of the vocabulary.
     let mut logit_bias = Vec::new();
+    let mut named = std::collections::HashSet::new();
     for (id, &bias) in c.logit_bias.iter().flatten() {
         let parsed = id.parse::<i64>().map_err(|_| ApiError::bad("logit_bias", format!("logit_bias key {id:?} is not a token id")))?;
         let id = ids(&[parsed], vocab, "logit_bias")?[0];
         if !(-100.0..=100.0).contains(&bias) {
-            return Err(ApiError::bad("logit_bias", format!("logit_bias[{id}] = {bias} must be in [-100, 100]")));
+            return Err(ApiError::bad("logit_bias", format!("logit_bias[{id}] = {bias:?} must be in [-100, 100]")));
         }
-        if logit_bias.iter().any(|&(seen, _)| seen == id) {
+        if !named.insert(id) {
             return Err(ApiError::bad("logit_bias", format!("logit_bias names id {id} twice")));
         }
         logit_bias.push((id, bias));
@@ -234,11 +236,11 @@ pub fn validate(c: &Common, model_id: &str, vocab: usize) -> Result<Sampling, Ap
     };
     let temperature = c.temperature.unwrap_or(1.0);
     if !(temperature.is_finite() && (0.0..=100.0).contains(&temperature)) {
-        return Err(ApiError::bad("temperature", format!("temperature = {temperature} must be a finite number in [0, 100]")));
+        return Err(ApiError::bad("temperature", format!("temperature = {temperature:?} must be a finite number in [0, 100]")));
     }
     let top_p = c.top_p.unwrap_or(1.0);
     if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(ApiError::bad("top_p", format!("top_p = {top_p} must be in (0, 1]")));
+        return Err(ApiError::bad("top_p", format!("top_p = {top_p:?} must be in (0, 1]")));
     }
     let top_k = match c.top_k {
         None | Some(-1) | Some(0) => 0,

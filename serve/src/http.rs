@@ -5,18 +5,27 @@
 //! the engine thread with a channel for its events, and answers from those
 //! events: one JSON body, or server-sent events as tokens arrive. Dropping
 //! the events' receiver (a client gone mid-request or mid-stream) is how
-//! the engine learns to free the slot.
+//! the engine learns to free the slot; a stream's handler also watches its
+//! client while the request waits for a slot, so a client that leaves a
+//! queued stream costs no prefill.
+//!
+//! Before a body is read: `Content-Type: application/json` on the JSON
+//! endpoints (415), and, without an API key, a `Host` that names this
+//! server (an IP address, `localhost`, or the `--host` name; 403), so that
+//! a web page elsewhere cannot drive a local server through DNS rebinding.
+//! The body must arrive within the body timeout (408); parsing, validation
+//! and tokenization run on the blocking pool, off the async workers.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request as HttpRequest, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, Request as HttpRequest, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -49,6 +58,12 @@ pub struct AppState {
     pub next_id: AtomicU64,
     /// Seeds for requests that give none: each request its own.
     pub seeds: Mutex<rand_pcg::Pcg64>,
+    /// A `Host` name accepted besides IP addresses and `localhost` (the bound `--host`).
+    pub allowed_host: String,
+    /// A request body must arrive within this once its head has.
+    pub body_timeout: Duration,
+    /// Special-token strings in user text encode as control tokens (opted into).
+    pub special_tokens_in_text: bool,
 }
 
 impl AppState {
@@ -84,17 +99,45 @@ pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
         .with_state(state)
 }
 
-/// `--api-key`: every endpoint but `/health` wants `Authorization: Bearer KEY`.
+/// `--api-key`: every endpoint but `/health` wants `Authorization: Bearer
+/// KEY`. Without a key, the `Host` must name this server ([`host_allowed`]).
 async fn auth(State(s): State<Arc<AppState>>, headers: HeaderMap, req: HttpRequest, next: Next) -> Response {
-    if let Some(key) = &s.api_key
-        && req.uri().path() != "/health"
-    {
-        let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
-        if !constant_time_eq(given.as_bytes(), key.as_bytes()) {
-            return error(ApiError::status(401, "missing or wrong API key (Authorization: Bearer KEY)"));
+    if req.uri().path() == "/health" {
+        return next.run(req).await;
+    }
+    match &s.api_key {
+        Some(key) => {
+            let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
+            if !constant_time_eq(given.as_bytes(), key.as_bytes()) {
+                return error(ApiError::status(401, "missing or wrong API key (Authorization: Bearer KEY)"));
+            }
+        }
+        None => {
+            if let Some(host) = headers.get(header::HOST)
+                && !host.to_str().is_ok_and(|h| host_allowed(h, &s.allowed_host))
+            {
+                let host = String::from_utf8_lossy(host.as_bytes());
+                return error(ApiError::status(
+                    403,
+                    format!(
+                        "Host `{host}` is not this server's address: a server without an API key answers only requests addressed to an IP address, localhost or its --host name (set --api-key to serve other names)"
+                    ),
+                ));
+            }
         }
     }
     next.run(req).await
+}
+
+/// Whether a `Host` header (`name[:port]`) names this server: an IP
+/// address, `localhost`, or `bound` (the `--host` it was given). A DNS
+/// rebinding page sends its own domain name, which none of these is.
+pub fn host_allowed(host: &str, bound: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split_once(']').map_or(v6, |(addr, _)| addr),
+        None => host.rsplit_once(':').filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit())).map_or(host, |(name, _)| name),
+    };
+    name.parse::<std::net::IpAddr>().is_ok() || name.eq_ignore_ascii_case("localhost") || name.eq_ignore_ascii_case(bound)
 }
 
 /// Compares secrets without an early exit on the first differing byte.
@@ -123,6 +166,22 @@ enum Kind {
 }
 
 impl Kind {
+    /// The request field the prompt came from.
+    fn prompt_field(self) -> &'static str {
+        match self {
+            Kind::Completion => "prompt",
+            Kind::Chat => "messages",
+        }
+    }
+
+    /// What an empty prompt is told.
+    fn no_tokens(self) -> &'static str {
+        match self {
+            Kind::Completion => "the prompt has no tokens",
+            Kind::Chat => "the messages give a prompt of no tokens",
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Kind::Completion => "completions",
@@ -131,48 +190,85 @@ impl Kind {
     }
 }
 
-async fn completions(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn completions(State(s): State<Arc<AppState>>, req: HttpRequest) -> Response {
     let kind = Kind::Completion;
-    let prepared = body.map_err(rejected).and_then(|b| {
-        let (own, common) = api::parse::<CompletionBody>(&b, CompletionBody::FIELDS)?;
-        let sampling = api::validate(&common, &s.model_id, s.vocab)?;
-        if own.echo {
-            return Err(ApiError::bad("echo", "echo is not supported"));
-        }
-        if own.logprobs.as_ref().is_some_and(|v| !v.is_null()) {
-            return Err(ApiError::bad("logprobs", "logprobs are not supported"));
-        }
-        let prompt = match own.prompt {
-            Prompt::Text(t) => s.codec.encode(&t).map_err(|e| ApiError::bad("prompt", e))?,
-            Prompt::Ids(ids) => api::ids(&ids, s.vocab, "prompt")?,
-            Prompt::Texts(t) if t.len() == 1 => s.codec.encode(&t[0]).map_err(|e| ApiError::bad("prompt", e))?,
-            Prompt::IdLists(l) if l.len() == 1 => api::ids(&l[0], s.vocab, "prompt")?,
-            _ => return Err(ApiError::bad("prompt", "a list of several prompts: send one prompt per request")),
-        };
-        Ok((prompt, sampling))
-    });
+    let prepared = match json_body(&s, req).await {
+        Ok(body) => off_the_runtime(&s, move |s| completion_prompt(s, &body)).await,
+        Err(e) => Err(e),
+    };
     answer(&s, kind, prepared).await
 }
 
-async fn chat(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+/// A completion body's prompt ids and sampling.
+fn completion_prompt(s: &AppState, body: &[u8]) -> Result<(Vec<u32>, Sampling), ApiError> {
+    let (own, common) = api::parse::<CompletionBody>(body, CompletionBody::FIELDS)?;
+    let sampling = api::validate(&common, &s.model_id, s.vocab)?;
+    if own.echo {
+        return Err(ApiError::bad("echo", "echo is not supported"));
+    }
+    if own.logprobs.as_ref().is_some_and(|v| !v.is_null()) {
+        return Err(ApiError::bad("logprobs", "logprobs are not supported"));
+    }
+    let text = |t: &str| s.codec.encode_text(t, s.special_tokens_in_text).map_err(|e| ApiError::bad("prompt", e));
+    let prompt = match own.prompt {
+        Prompt::Text(t) => text(&t)?,
+        Prompt::Ids(ids) => api::ids(&ids, s.vocab, "prompt")?,
+        Prompt::Texts(t) if t.len() == 1 => text(&t[0])?,
+        Prompt::IdLists(l) if l.len() == 1 => api::ids(&l[0], s.vocab, "prompt")?,
+        _ => return Err(ApiError::bad("prompt", "a list of several prompts: send one prompt per request")),
+    };
+    Ok((prompt, sampling))
+}
+
+async fn chat(State(s): State<Arc<AppState>>, req: HttpRequest) -> Response {
     let kind = Kind::Chat;
-    let prepared = body.map_err(rejected).and_then(|b| {
-        let (own, mut common) = api::parse::<ChatBody>(&b, ChatBody::FIELDS)?;
-        if own.max_completion_tokens.is_some() {
-            common.max_tokens = own.max_completion_tokens;
-        }
-        let sampling = api::validate(&common, &s.model_id, s.vocab)?;
-        if own.logprobs == Some(true) {
-            return Err(ApiError::bad("logprobs", "logprobs are not supported"));
-        }
-        if own.messages.is_empty() {
-            return Err(ApiError::bad("messages", "no messages"));
-        }
-        let turns: Vec<(&str, &str)> = own.messages.iter().map(|m| (m.role.as_str(), m.content.as_str())).collect();
-        let text = s.codec.chat(&turns).map_err(|e| ApiError::bad("messages", e))?;
-        Ok((s.codec.encode(&text).map_err(|e| ApiError::bad("messages", e))?, sampling))
-    });
+    let prepared = match json_body(&s, req).await {
+        Ok(body) => off_the_runtime(&s, move |s| chat_prompt(s, &body)).await,
+        Err(e) => Err(e),
+    };
     answer(&s, kind, prepared).await
+}
+
+/// A chat body's prompt ids and sampling: the template's control tokens,
+/// the contents as text (unless the server opted into the old behaviour).
+fn chat_prompt(s: &AppState, body: &[u8]) -> Result<(Vec<u32>, Sampling), ApiError> {
+    let (own, mut common) = api::parse::<ChatBody>(body, ChatBody::FIELDS)?;
+    if own.max_completion_tokens.is_some() {
+        common.max_tokens = own.max_completion_tokens;
+    }
+    let sampling = api::validate(&common, &s.model_id, s.vocab)?;
+    if own.logprobs == Some(true) {
+        return Err(ApiError::bad("logprobs", "logprobs are not supported"));
+    }
+    if own.messages.is_empty() {
+        return Err(ApiError::bad("messages", "no messages"));
+    }
+    let turns: Vec<(&str, &str)> = own.messages.iter().map(|m| (m.role.as_str(), m.content.as_str())).collect();
+    let prompt = s.codec.chat_ids(&turns, s.special_tokens_in_text).map_err(|e| ApiError::bad("messages", e))?;
+    Ok((prompt, sampling))
+}
+
+/// A JSON endpoint's body: `Content-Type: application/json` (415), within
+/// the size limit (413) and the body timeout (408).
+async fn json_body(s: &AppState, req: HttpRequest) -> Result<Bytes, ApiError> {
+    let content_type = req.headers().get(header::CONTENT_TYPE).map(|v| String::from_utf8_lossy(v.as_bytes()).to_string());
+    let essence = content_type.as_deref().map(|t| t.split(';').next().unwrap_or("").trim().to_ascii_lowercase());
+    if essence.as_deref() != Some("application/json") {
+        let given = content_type.map_or("none".to_string(), |t| format!("`{t}`"));
+        return Err(ApiError::status(415, format!("Content-Type must be application/json (given: {given})")));
+    }
+    match tokio::time::timeout(s.body_timeout, Bytes::from_request(req, &())).await {
+        Ok(body) => body.map_err(rejected),
+        Err(_) => Err(ApiError::status(408, format!("the request body did not arrive within {} s", s.body_timeout.as_secs_f64()))),
+    }
+}
+
+/// Runs `f` on the blocking pool: parsing a large body, validating it and
+/// tokenizing its prompt must not hold an async worker (`/health` and the
+/// streams run there).
+async fn off_the_runtime<T: Send + 'static>(s: &Arc<AppState>, f: impl FnOnce(&AppState) -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
+    let s = Arc::clone(s);
+    tokio::task::spawn_blocking(move || f(&s)).await.unwrap_or_else(|e| Err(ApiError::status(500, format!("reading the request failed: {e}"))))
 }
 
 fn rejected(r: BytesRejection) -> ApiError {
@@ -208,11 +304,12 @@ async fn answer(s: &Arc<AppState>, kind: Kind, prepared: Result<(Vec<u32>, Sampl
 /// The decoder request of a validated body: eos from the model unless
 /// `ignore_eos`, plus `stop_token_ids`; the context checked.
 fn request(s: &AppState, kind: Kind, prompt: Vec<u32>, p: &Sampling) -> Result<Request, ApiError> {
+    let field = kind.prompt_field();
     if prompt.is_empty() {
-        return Err(ApiError::bad("prompt", "the prompt has no tokens"));
+        return Err(ApiError::bad(field, kind.no_tokens()));
     }
     if prompt.len() >= s.context {
-        return Err(ApiError::bad("prompt", format!("the prompt has {} tokens; this model's context is {} tokens", prompt.len(), s.context)));
+        return Err(ApiError::bad(field, format!("the prompt has {} tokens; this model's context is {} tokens", prompt.len(), s.context)));
     }
     let room = s.context - prompt.len();
     let max_tokens = match (p.max_tokens, kind) {
@@ -360,7 +457,13 @@ fn stream(s: Arc<AppState>, head: Head, request: Request, p: Sampling, mut rx: U
         let hold = request.stop_strings.iter().map(String::len).max().unwrap_or(1) - 1;
         let (mut tokens, mut sent, mut first) = (Vec::<u32>::new(), 0usize, true);
         loop {
-            let event = rx.recv().await;
+            // A client that leaves closes `out`: the stream ends here, which
+            // drops `rx`, and the engine frees the request's slot, or skips
+            // its prefill while it still waits for one.
+            let event = tokio::select! {
+                event = rx.recv() => event,
+                _ = tx.closed() => return,
+            };
             match event {
                 Some(Event::Tokens(ids)) => {
                     tokens.extend(&ids);

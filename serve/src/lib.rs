@@ -12,16 +12,23 @@
 //! a 4xx whose message names the field, `api.rs`); a request's output does
 //! not depend on the load (its own noise streams and cache slot, DECODE-3),
 //! so greedy speculative output equals plain output under any load; a
-//! client that goes away frees its slot at the next step; the server binds
-//! 127.0.0.1 unless told otherwise; a SIGTERM or SIGINT stops accepting,
-//! lets running requests finish for the drain time, fails what is left
-//! with a 503 and exits.
+//! client that goes away frees its slot at the next step, or its place in
+//! the queue before any prefill (streams included); the server binds
+//! 127.0.0.1 unless told otherwise, and without an API key answers only a
+//! `Host` naming it; user text is text (only the chat template writes
+//! control tokens, unless `--special-tokens-in-text`); a slow client costs
+//! one connection, never the service (header and body timeouts, a
+//! connection cap that closes idle connections first); a SIGTERM or SIGINT
+//! stops accepting, lets running requests finish for the drain time, fails
+//! what is left with a 503 and exits soon after, whatever clients do.
 //!
 //! Modules: `scheduler.rs` is the engine thread: it owns the backend and
 //! one decoder `Session` for the server's lifetime, takes requests from a
 //! channel between steps, frees the slots of clients that went away,
 //! admits waiting requests into free slots (one prefill forward), steps the
-//! batch and sends each request its tokens. `http.rs` holds the axum
+//! batch and sends each request its tokens. `connections.rs` is the accept
+//! loop over hyper's HTTP/1 connections (timeouts, the cap, the bounded
+//! shutdown). `http.rs` holds the axum
 //! handlers (one small function per endpoint, validation before anything is
 //! enqueued, SSE streams, `--api-key`, the body limit); `api.rs` the request
 //! bodies and their typed 400s (unknown fields and wrong types named);
@@ -29,10 +36,11 @@
 //! two-letter text) and what a stream may send; `metrics.rs` the Prometheus
 //! exposition; `load.rs` the load generator of `specdec load` and the
 //! speedup report. Tests: `cli/tests/serve.rs` (a real server process:
-//! hostile requests, 32 concurrent clients, disconnects, SIGTERM, the
-//! OpenAI Python client, the engine checks over HTTP).
+//! hostile requests and hostile clients, 32 concurrent clients,
+//! disconnects, SIGTERM, the OpenAI Python client, the engine checks over HTTP).
 
 pub mod api;
+pub mod connections;
 pub mod http;
 pub mod load;
 pub mod metrics;
@@ -48,6 +56,7 @@ use serde_json::json;
 use specdec_backend::model::{LlamaWeights, ModelBackend};
 use specdec_decoder::ProposerChoice;
 
+pub use crate::connections::Limits;
 use crate::http::AppState;
 use crate::metrics::Metrics;
 use crate::scheduler::{EngineSetup, Msg, Ready};
@@ -72,6 +81,12 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     /// How long a shutdown lets running requests finish.
     pub drain: Duration,
+    /// What one connection may cost: header and body timeouts, a cap.
+    pub limits: Limits,
+    /// Special-token strings in user text (chat contents, completion
+    /// prompts) encode as control tokens: the old behaviour, opted into.
+    /// Off, user text is text and only the chat template writes control tokens.
+    pub special_tokens_in_text: bool,
 }
 
 /// Runs the server until SIGTERM or SIGINT; `listening` is called with the
@@ -84,6 +99,7 @@ pub fn serve(config: ServeConfig, listening: &mut dyn FnMut(SocketAddr)) -> Resu
 /// how a program that embeds the server (the speedup report) stops it.
 pub fn serve_until(config: ServeConfig, listening: &mut dyn FnMut(SocketAddr), stop: Option<Arc<AtomicBool>>) -> Result<(), String> {
     let (context, max_k) = context_of(&config)?;
+    config.limits.validate()?;
     let metrics = Arc::new(Metrics::default());
     let codec = Arc::new(config.codec);
     let setup = EngineSetup {
@@ -110,10 +126,13 @@ pub fn serve_until(config: ServeConfig, listening: &mut dyn FnMut(SocketAddr), s
         statement: statement(&ready, &config.proposer, vocab),
         next_id: AtomicU64::new(0),
         seeds: http::seed_source(),
+        allowed_host: config.host.clone(),
+        body_timeout: config.limits.body_timeout,
+        special_tokens_in_text: config.special_tokens_in_text,
     });
     let router = http::router(Arc::clone(&state), config.max_body_bytes);
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    let served = runtime.block_on(listen(router, (config.host.as_str(), config.port), config.drain, tx.clone(), listening, stop));
+    let served = runtime.block_on(listen(router, (config.host.as_str(), config.port), config.limits, config.drain, tx.clone(), listening, stop));
     // No sender left: the engine thread ends once idle.
     drop(tx);
     drop(state);
@@ -186,8 +205,17 @@ fn statement(ready: &Ready, proposer: &ProposerChoice, vocab: usize) -> serde_js
 
 /// Binds `addr`, tells `listening`, and serves `router` until a signal or
 /// `stop`; then running requests have `drain` to finish before `engine` is
-/// told to fail what is left.
-async fn listen(router: axum::Router, addr: (&str, u16), drain: Duration, engine: mpsc::Sender<Msg>, listening: &mut dyn FnMut(SocketAddr), stop: Option<Arc<AtomicBool>>) -> Result<(), String> {
+/// told to fail what is left, and the connections still open are dropped
+/// (`connections.rs`): a shutdown is bounded whatever clients do.
+async fn listen(
+    router: axum::Router,
+    addr: (&str, u16),
+    limits: Limits,
+    drain: Duration,
+    engine: mpsc::Sender<Msg>,
+    listening: &mut dyn FnMut(SocketAddr),
+    stop: Option<Arc<AtomicBool>>,
+) -> Result<(), String> {
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot bind {}:{}: {e}", addr.0, addr.1))?;
     let bound = listener.local_addr().map_err(|e| e.to_string())?;
     // The handlers are installed before anyone is told the address: a SIGTERM
@@ -200,13 +228,13 @@ async fn listen(router: axum::Router, addr: (&str, u16), drain: Duration, engine
             _ = stopped(stop) => {}
         }
         eprintln!("specdec serve: shutting down; running requests have {} s to finish", drain.as_secs_f64());
-        // After the drain time, whatever still runs is failed with a 503.
-        tokio::spawn(async move {
-            tokio::time::sleep(drain).await;
-            let _ = engine.send(Msg::CancelAll("the server is shutting down".into()));
-        });
     };
-    axum::serve(listener, router).with_graceful_shutdown(shutdown).await.map_err(|e| format!("the server failed: {e}"))
+    // After the drain time, whatever still runs is failed with a 503.
+    let cancel = move || {
+        let _ = engine.send(Msg::CancelAll("the server is shutting down".into()));
+    };
+    connections::serve(listener, router, limits, shutdown, drain, cancel).await;
+    Ok(())
 }
 
 /// Resolves once `stop` is set (never without one).

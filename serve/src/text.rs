@@ -14,11 +14,26 @@ pub enum Codec {
 }
 
 impl Codec {
-    /// The ids of a prompt's text (special tokens written in it encode as themselves).
-    pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+    /// The ids of a user's text: a special token's string written in it
+    /// encodes as text, unless `special` (the server's opt-in), when it
+    /// encodes as the control token.
+    pub fn encode_text(&self, text: &str, special: bool) -> Result<Vec<u32>, String> {
         match self {
-            Codec::Tokenizer(t) => t.encode(text, false).map_err(|e| e.to_string()),
+            Codec::Tokenizer(t) if special => t.encode(text, false).map_err(|e| e.to_string()),
+            Codec::Tokenizer(t) => t.encode_literal(text).map_err(|e| e.to_string()),
             Codec::Tiny { vocab } => tiny_ids(text, *vocab).map_err(|e| e.to_string()),
+        }
+    }
+
+    /// A conversation's generation prompt as ids: the chat template's
+    /// control tokens and the contents as text ([`Codec::encode_text`]'s
+    /// `special` the same way: opted in, the rendered prompt is encoded
+    /// whole and a content's special strings become control tokens).
+    pub fn chat_ids(&self, turns: &[(&str, &str)], special: bool) -> Result<Vec<u32>, String> {
+        match self {
+            Codec::Tokenizer(t) if special => t.chat_conversation(turns).and_then(|text| t.encode(&text, false)).map_err(|e| e.to_string()),
+            Codec::Tokenizer(t) => t.chat_conversation_ids(turns).map_err(|e| e.to_string()),
+            Codec::Tiny { vocab } => tiny_ids(&turns.iter().map(|(_, c)| *c).collect::<String>(), *vocab).map_err(|e| e.to_string()),
         }
     }
 
@@ -29,15 +44,6 @@ impl Codec {
         match self {
             Codec::Tokenizer(t) => t.decode(ids, true).unwrap_or_default(),
             Codec::Tiny { .. } => tiny_text(ids),
-        }
-    }
-
-    /// A conversation's generation prompt (ChatML; the tiny text joins the
-    /// contents, as it has no template).
-    pub fn chat(&self, turns: &[(&str, &str)]) -> Result<String, String> {
-        match self {
-            Codec::Tokenizer(t) => t.chat_conversation(turns).map_err(|e| e.to_string()),
-            Codec::Tiny { .. } => Ok(turns.iter().map(|(_, c)| *c).collect()),
         }
     }
 }
