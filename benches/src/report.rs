@@ -146,6 +146,7 @@ impl Report {
                 );
                 md.push_str(&specdec_serve::load::markdown(&s.results));
                 md.push('\n');
+                crate::serve_load::beside_long_md(&s.beside_long, md);
             }
             Err(why) => {
                 let _ = writeln!(md, "Not run: {why}\n");

@@ -236,7 +236,10 @@ enum Command {
         /// Drafts per step at most.
         #[arg(long, default_value_t = 4)]
         k: usize,
-        /// The address to bind: 127.0.0.1 unless told otherwise.
+        /// The address to bind: 127.0.0.1 unless told otherwise. Without
+        /// --api-key the server answers only requests whose Host is an IP
+        /// address, localhost or this name (DNS rebinding): reached by another
+        /// name (a LAN host name, a container's service name), set --api-key.
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
         /// 0 picks a free port (the first line printed names it).
@@ -279,6 +282,11 @@ enum Command {
         /// control tokens, so a user cannot forge a system turn.
         #[arg(long)]
         special_tokens_in_text: bool,
+        /// Prompt tokens fed per engine iteration, between the decode steps
+        /// of the requests already generating (chunked prefill), so one long
+        /// prompt cannot hold the rest up; 0 feeds each prompt whole when it is admitted.
+        #[arg(long, default_value_t = 256)]
+        prefill_chunk: usize,
     },
     /// Load on an OpenAI-compatible server: CLIENTS streaming chat clients
     /// at each concurrency, speculation on and off (specdec's `speculation`
@@ -413,6 +421,7 @@ fn main() -> ExitCode {
             body_timeout,
             max_connections,
             special_tokens_in_text,
+            prefill_chunk,
         } => serve::load_model(&model).and_then(|(weights, codec, name)| {
             let config = specdec_serve::ServeConfig {
                 weights,
@@ -430,6 +439,7 @@ fn main() -> ExitCode {
                 drain: std::time::Duration::from_secs(drain_seconds),
                 limits: specdec_serve::Limits { header_timeout: seconds("--header-timeout", header_timeout)?, body_timeout: seconds("--body-timeout", body_timeout)?, max_connections },
                 special_tokens_in_text,
+                prefill_chunk,
             };
             specdec_serve::serve(config, &mut |addr| {
                 println!("specdec serve: listening on http://{addr}");

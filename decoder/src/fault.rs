@@ -52,11 +52,15 @@ pub enum Fault {
     /// drafting, so it drafts from the context before the last token.
     /// Injected into the proposer.
     NgramIndexedAfterProposing,
+    /// Chunked prefill feeds each slice after the first from one token
+    /// early, so the token at every slice boundary is cached twice (an
+    /// off-by-one in the slice's start).
+    PrefillSliceRefed,
 }
 
 impl Fault {
     /// Every fault, for lists of negative controls.
-    pub const ALL: [Fault; 14] = [
+    pub const ALL: [Fault; 15] = [
         Fault::RollbackOffByOne,
         Fault::BonusFromWrongRow,
         Fault::AcceptPastEos,
@@ -71,6 +75,7 @@ impl Fault {
         Fault::StopReportedAsLength,
         Fault::DraftCacheNotTrimmed,
         Fault::NgramIndexedAfterProposing,
+        Fault::PrefillSliceRefed,
     ];
 }
 
@@ -96,6 +101,11 @@ impl Faults {
     /// How many of the drafts before verify row `j` its penalties count.
     pub(crate) fn penalty_window(self, j: usize) -> usize {
         if self.0 == Some(Fault::PenaltyIgnoresDrafts) { 0 } else { j }
+    }
+
+    /// Where a prefill slice that continues at `fed` starts feeding.
+    pub(crate) fn slice_start(self, fed: usize) -> usize {
+        if self.0 == Some(Fault::PrefillSliceRefed) { fed.saturating_sub(1) } else { fed }
     }
 
     /// Positions trimmed beyond the rejected drafts.

@@ -55,7 +55,8 @@
 //! test per scenario of seed 001's section 9.2; `mod faults`: the six
 //! faults of `fixtures/faults.json`, each caught), `tests/session.rs` (requests
 //! joining a running session, or a slot another request left, give their
-//! output alone); the conformance suite's end-to-end and engine sections
+//! output alone; a prompt fed in slices, the output of one fed whole, and no
+//! prompt starved of slices); the conformance suite's end-to-end and engine sections
 //! run the decoder on every backend, with `fault.rs`'s bugs as negative
 //! controls.
 

@@ -11,8 +11,10 @@
 //! into it (the previous occupant's positions are trimmed away, and its
 //! proposer state released); a request's noise comes from its own streams
 //! and its rows from its own cache slot, so its output does not depend on
-//! when it joined or who else ran (DECODE-3); a finished request keeps its
-//! slot until its output is taken; a cancelled one frees it at once.
+//! when it joined or who else ran (DECODE-3), nor on whether its prompt was
+//! fed at once or in slices between steps (chunked prefill); a finished
+//! request keeps its slot until its output is taken; a cancelled one frees
+//! it at once.
 
 use std::time::Instant;
 
@@ -36,6 +38,11 @@ use crate::{verify, window};
 enum Slot {
     /// Free: no request, nothing in its cache that matters.
     Free,
+    /// A request admitted by [`Session::admit_unfed`] whose prompt is being
+    /// fed in slices ([`Session::prefill_some`]); `fed` of its tokens are in
+    /// its cache. It joins the steps once all but the last are. `since`
+    /// orders the prefilling requests by admission.
+    Prefilling { fed: usize, since: u64 },
     /// A request that is generating or whose output awaits [`Session::take`].
     Busy,
 }
@@ -49,6 +56,8 @@ pub struct Session<'s, B: ModelBackend> {
     seqs: Vec<Seq>,
     slots: Vec<Slot>,
     ledger: Ledger,
+    /// Requests admitted unfed so far (their order, for [`Slot::Prefilling`]).
+    unfed: u64,
 }
 
 impl<'a, B: ModelBackend> Engine<'a, B> {
@@ -78,7 +87,7 @@ impl<'s, B: ModelBackend> Session<'s, B> {
         proposer.begin(b, slots, capacity, engine.config.max_k())?;
         let ledger = Ledger::new(&engine.config, Timings { prefill_s: t.elapsed().as_secs_f64(), ..Timings::default() })?;
         let seqs = (0..slots).map(|_| Seq::vacant()).collect();
-        Ok(Session { engine, proposer, cache, capacity, seqs, slots: vec![Slot::Free; slots], ledger })
+        Ok(Session { engine, proposer, cache, capacity, seqs, slots: vec![Slot::Free; slots], ledger, unfed: 0 })
     }
 
     /// Positions a slot's context may fill (prompt, output and one step's drafts).
@@ -100,11 +109,106 @@ impl<'s, B: ModelBackend> Session<'s, B> {
         (0..self.seqs.len()).filter(|&i| self.slots[i] == Slot::Busy && self.seqs[i].finish.is_none()).collect()
     }
 
+    /// Whether `slot` holds a request whose prompt is still being fed.
+    pub fn is_prefilling(&self, slot: usize) -> bool {
+        matches!(self.slots.get(slot), Some(Slot::Prefilling { .. }))
+    }
+
+    /// Requests admitted whose prompts are still being fed.
+    pub fn prefilling(&self) -> usize {
+        self.slots.iter().filter(|s| matches!(s, Slot::Prefilling { .. })).count()
+    }
+
     /// Admits `requests` into free slots (lowest first) and feeds their
     /// prompts but the last token, in one forward; returns their slots. All
     /// are checked before any is admitted (ERR-1); too few free slots is an
     /// error, never a wait.
     pub fn admit(&mut self, requests: Vec<Request>, detok: Option<&dyn Detokenize>) -> Result<Vec<usize>, DecodeError> {
+        let t = Instant::now();
+        let slots = self.reserve(requests, detok)?;
+        let spans: Vec<(usize, std::ops::Range<usize>)> = slots.iter().map(|&i| (i, 0..self.seqs[i].context.len() - 1)).collect();
+        let prefilled = self.feed(&spans);
+        self.ledger.timings.prefill_s += t.elapsed().as_secs_f64();
+        if let Err(e) = prefilled {
+            for &slot in &slots {
+                self.slots[slot] = Slot::Free;
+            }
+            return Err(e);
+        }
+        Ok(slots)
+    }
+
+    /// Admits `requests` as [`Session::admit`] does but feeds nothing yet:
+    /// [`Session::prefill_some`] feeds their prompts in slices between
+    /// steps (chunked prefill), so a long prompt does not hold up the
+    /// requests already generating. Each joins the steps once its prompt
+    /// but the last token is in its cache; what it generates is what
+    /// [`Session::admit`] would give (the same rows, fed in more forwards).
+    pub fn admit_unfed(&mut self, requests: Vec<Request>, detok: Option<&dyn Detokenize>) -> Result<Vec<usize>, DecodeError> {
+        let slots = self.reserve(requests, detok)?;
+        for &i in &slots {
+            if self.seqs[i].context.len() > 1 {
+                self.slots[i] = Slot::Prefilling { fed: 0, since: self.unfed };
+                self.unfed += 1;
+            }
+        }
+        Ok(slots)
+    }
+
+    /// Feeds at most `budget` prompt tokens of the requests admitted by
+    /// [`Session::admit_unfed`], in one forward: the longest-waiting prompt
+    /// first gets half the budget (so none waits forever), then the prompts
+    /// with the fewest tokens left get the rest (ties to the lowest slot),
+    /// so a short prompt that arrives beside a long one starts generating
+    /// at the next step. Returns the slots whose prompts are now fed (they
+    /// join the next step). On an error the slots stay as they were;
+    /// [`Session::cancel`] frees them.
+    pub fn prefill_some(&mut self, budget: usize) -> Result<Vec<usize>, DecodeError> {
+        if budget == 0 {
+            return Err(DecodeError::Config("a prefill budget of 0 tokens feeds nothing".into()));
+        }
+        let t = Instant::now();
+        // (tokens left, slot, fed, admission order) of every prompt being fed.
+        let waiting: Vec<(usize, usize, usize, u64)> = (0..self.slots.len())
+            .filter_map(|i| match self.slots[i] {
+                Slot::Prefilling { fed, since } => Some((self.seqs[i].context.len() - 1 - fed, i, fed, since)),
+                _ => None,
+            })
+            .collect();
+        let mut amount = vec![0usize; self.slots.len()];
+        let mut left = budget;
+        if let Some(&(remaining, i, _, _)) = waiting.iter().min_by_key(|w| w.3) {
+            amount[i] = remaining.min((budget / 2).max(1));
+            left -= amount[i];
+        }
+        let mut by_need: Vec<(usize, usize)> = waiting.iter().map(|&(remaining, i, _, _)| (remaining - amount[i], i)).collect();
+        by_need.sort_unstable();
+        for (need, i) in by_need {
+            let more = need.min(left);
+            amount[i] += more;
+            left -= more;
+        }
+        let spans: Vec<(usize, std::ops::Range<usize>)> =
+            waiting.iter().filter(|&&(_, i, _, _)| amount[i] > 0).map(|&(_, i, fed, _)| (i, self.engine.config.faults().slice_start(fed)..fed + amount[i])).collect();
+        self.feed(&spans)?;
+        self.ledger.timings.prefill_s += t.elapsed().as_secs_f64();
+        let mut ready = Vec::new();
+        for (i, span) in spans {
+            self.slots[i] = match self.slots[i] {
+                _ if span.end == self.seqs[i].context.len() - 1 => {
+                    ready.push(i);
+                    Slot::Busy
+                }
+                Slot::Prefilling { since, .. } => Slot::Prefilling { fed: span.end, since },
+                other => other,
+            };
+        }
+        Ok(ready)
+    }
+
+    /// Checks `requests` and gives each a free slot (lowest first), its
+    /// earlier occupant's state gone; nothing is fed.
+    fn reserve(&mut self, requests: Vec<Request>, detok: Option<&dyn Detokenize>) -> Result<Vec<usize>, DecodeError> {
         for (i, r) in requests.iter().enumerate() {
             self.engine.check_request(i, r, self.capacity, detok)?;
         }
@@ -112,7 +216,6 @@ impl<'s, B: ModelBackend> Session<'s, B> {
         if free.len() < requests.len() {
             return Err(DecodeError::Config(format!("{} requests for {} free slots", requests.len(), free.len())));
         }
-        let t = Instant::now();
         // An earlier occupant's cache positions and proposer state go first.
         let lens = self.engine.backend.cache_lens(&self.cache);
         let mut trim = vec![0; self.slots.len()];
@@ -130,24 +233,16 @@ impl<'s, B: ModelBackend> Session<'s, B> {
             self.seqs[slot] = Seq::new(r, seed);
             self.slots[slot] = Slot::Busy;
         }
-        let prefilled = self.prefill(&free);
-        self.ledger.timings.prefill_s += t.elapsed().as_secs_f64();
-        if let Err(e) = prefilled {
-            for &slot in &free {
-                self.slots[slot] = Slot::Free;
-            }
-            return Err(e);
-        }
         Ok(free)
     }
 
-    /// Feeds each admitted prompt but its last token (which the first step feeds).
-    fn prefill(&mut self, slots: &[usize]) -> Result<(), DecodeError> {
+    /// Feeds each slot's span of its prompt (never its last token, which the
+    /// first step feeds) in one forward, and tells the proposer.
+    fn feed(&mut self, spans: &[(usize, std::ops::Range<usize>)]) -> Result<(), DecodeError> {
         let b = self.engine.backend;
         let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); self.seqs.len()];
-        for &i in slots {
-            let c = &self.seqs[i].context;
-            tokens[i] = c[..c.len() - 1].to_vec();
+        for (i, span) in spans {
+            tokens[*i] = self.seqs[*i].context[span.clone()].to_vec();
         }
         if tokens.iter().all(Vec::is_empty) {
             return Ok(());
@@ -155,7 +250,7 @@ impl<'s, B: ModelBackend> Session<'s, B> {
         let hidden_layers = self.proposer.hidden_layers().to_vec();
         let out = b.forward(self.engine.target, &mut self.cache, &ForwardRequest { tokens: &tokens, logits: LogitRows::None, hidden_layers: &hidden_layers })?;
         let observed: Vec<ObservedSeq<'_>> =
-            slots.iter().filter(|&&i| !tokens[i].is_empty()).map(|&i| ObservedSeq { slot: i, context: &self.seqs[i].context, kept: tokens[i].len(), finished: false }).collect();
+            spans.iter().filter(|(i, _)| !tokens[*i].is_empty()).map(|(i, _)| ObservedSeq { slot: *i, context: &self.seqs[*i].context, kept: tokens[*i].len(), finished: false }).collect();
         self.proposer.observe(b, &Observed { seqs: &observed, plan: &out.plan, hidden: out.hidden.as_ref() })
     }
 
@@ -233,7 +328,7 @@ impl<'s, B: ModelBackend> Session<'s, B> {
     /// once; its cache and proposer state are released then, not at the
     /// next admission. Returns whether the slot held a request.
     pub fn cancel(&mut self, slot: usize) -> Result<bool, DecodeError> {
-        if self.slots.get(slot) != Some(&Slot::Busy) {
+        if matches!(self.slots.get(slot), None | Some(Slot::Free)) {
             return Ok(false);
         }
         self.slots[slot] = Slot::Free;

@@ -21,6 +21,20 @@ fn proposer(name: &str, w: &LlamaWeights) -> Box<dyn Proposer<ReferenceBackend>>
         "ngram" => Box::new(NgramProposer::new(NgramConfig { k: 3, ..NgramConfig::default() }, w.config.vocab_size).unwrap()),
         "draft" => Box::new(DraftModelProposer::new(&B, "draft", &specdec_models::tiny::seeded(w.config.clone(), 77).unwrap(), w.config.vocab_size).unwrap()),
         "early-exit:1" => Box::new(DraftModelProposer::early_exit(&B, w, 1).unwrap()),
+        "dflash" => {
+            let c = &w.config;
+            let spec = specdec_models::DflashSpec {
+                layers: 1,
+                heads: c.num_attention_heads,
+                kv_heads: c.num_key_value_heads,
+                intermediate: 2 * c.hidden_size,
+                block_size: 4,
+                target_layer_ids: (0..c.num_hidden_layers).collect(),
+                mask_token_id: (c.vocab_size - 1) as u32,
+            };
+            let draft = specdec_models::seeded_dflash(c, spec, 5).unwrap();
+            Box::new(specdec_decoder::DflashProposer::new("dflash", draft, std::sync::Arc::new(w.clone()), specdec_decoder::DflashMode::Parallel).unwrap())
+        }
         other => panic!("no proposer {other}"),
     }
 }
@@ -59,6 +73,13 @@ fn staggered(w: &LlamaWeights, name: &str, reqs: &[Request], slots: usize, arriv
 }
 
 fn staggered_with(w: &LlamaWeights, name: &str, config: EngineConfig, reqs: &[Request], slots: usize, arrive: &[usize], cancel: &[(usize, usize)]) -> Vec<Option<Output>> {
+    staggered_chunked(w, name, config, reqs, slots, arrive, cancel, None)
+}
+
+/// [`staggered_with`], prompts fed `Some(budget)` tokens per forward
+/// between steps (chunked prefill), or at admission (`None`).
+#[allow(clippy::too_many_arguments)]
+fn staggered_chunked(w: &LlamaWeights, name: &str, config: EngineConfig, reqs: &[Request], slots: usize, arrive: &[usize], cancel: &[(usize, usize)], prefill: Option<usize>) -> Vec<Option<Output>> {
     let model = B.load_model(w).unwrap();
     let engine = Engine::new(&B, &model, &w.config, config).unwrap();
     let mut p = proposer(name, w);
@@ -68,8 +89,17 @@ fn staggered_with(w: &LlamaWeights, name: &str, config: EngineConfig, reqs: &[Re
     let mut next = 0;
     for step in 0.. {
         while next < reqs.len() && arrive[next] <= step && session.free_slots() > 0 {
-            slot_of[next] = Some(session.admit(vec![reqs[next].clone()], None).unwrap()[0]);
+            let admitted = match prefill {
+                Some(_) => session.admit_unfed(vec![reqs[next].clone()], None),
+                None => session.admit(vec![reqs[next].clone()], None),
+            };
+            slot_of[next] = Some(admitted.unwrap()[0]);
             next += 1;
+        }
+        if let Some(budget) = prefill
+            && session.prefilling() > 0
+        {
+            session.prefill_some(budget).unwrap();
         }
         for &(i, at) in cancel {
             if at == step
@@ -78,7 +108,7 @@ fn staggered_with(w: &LlamaWeights, name: &str, config: EngineConfig, reqs: &[Re
                 assert!(session.cancel(slot).unwrap(), "the slot held request {i}");
             }
         }
-        if next == reqs.len() && session.active() == 0 {
+        if next == reqs.len() && session.active() == 0 && session.prefilling() == 0 {
             break;
         }
         for slot in session.step(None, &mut NoSink).unwrap() {
@@ -102,6 +132,86 @@ fn requests_joining_a_running_session_give_their_output_alone() {
             assert_eq!(&g.as_ref().expect("finished").tokens, want, "DECODE-3: {name}, request {i} joined mid-run");
         }
     }
+}
+
+/// Chunked prefill: prompts fed a few tokens per forward between the steps
+/// of the requests already generating give every request the tokens and
+/// the draft counts of a whole prefill (the drafters' state included: a
+/// DFlash context grows slice by slice), for every proposer kind; a
+/// request cancelled mid-prefill frees its slot. Negative control: a slice
+/// that starts one token early (`Fault::PrefillSliceRefed`) changes outputs.
+#[test]
+fn chunked_prefill_gives_the_output_of_a_whole_one() {
+    let w = tiny();
+    let mut reqs = requests();
+    // A prompt longer than every budget below, fed over many slices.
+    reqs[2].prompt = (0..20).map(|i| (i * 7 % 11) as u32).collect();
+    let arrive = [0, 0, 1, 2, 3, 3, 5, 9];
+    let config = EngineConfig { k: 3, ..EngineConfig::default() };
+    for name in ["none", "ngram", "draft", "early-exit:1", "dflash"] {
+        let whole = staggered_chunked(&w, name, config.clone(), &reqs, 3, &arrive, &[], None);
+        for budget in [1, 3, 7] {
+            let got = staggered_chunked(&w, name, config.clone(), &reqs, 3, &arrive, &[], Some(budget));
+            for (i, (g, want)) in got.iter().zip(&whole).enumerate() {
+                let (g, want) = (g.as_ref().expect("finished"), want.as_ref().expect("finished"));
+                assert_eq!(g.tokens, want.tokens, "{name}, budget {budget}, request {i}: tokens");
+                assert_eq!(g.acceptance, want.acceptance, "{name}, budget {budget}, request {i}: draft counts");
+            }
+        }
+        // Cancelled at step 1, while its 20-token prompt is still being fed 3 at a time.
+        let got = staggered_chunked(&w, name, config.clone(), &reqs, 3, &arrive, &[(2, 1)], Some(3));
+        assert!(got[2].is_none());
+        for i in [0, 1, 3, 4, 5, 6, 7] {
+            assert_eq!(got[i].as_ref().expect("finished").tokens, whole[i].as_ref().unwrap().tokens, "{name}: request {i} beside a request cancelled mid-prefill");
+        }
+    }
+}
+
+/// Chunked prefill starves no prompt: short prompts that keep arriving
+/// beside a long one are fed first, yet the longest-waiting prompt gets half
+/// of every budget (without that, the long one below would be fed 2 tokens
+/// every other call and take 20 calls).
+#[test]
+fn a_long_prompt_is_fed_while_short_ones_keep_arriving() {
+    let w = tiny();
+    let model = B.load_model(&w).unwrap();
+    let engine = Engine::new(&B, &model, &w.config, EngineConfig { k: 3, ..EngineConfig::default() }).unwrap();
+    let mut p = NoProposer;
+    let mut session = engine.session(2, 48, &mut p).unwrap();
+    let long = session.admit_unfed(vec![Request::greedy((0..21).map(|i| i % 11).collect(), 2)], None).unwrap()[0];
+    for call in 1.. {
+        if session.free_slots() > 0 {
+            session.admit_unfed(vec![Request::greedy(vec![1, 2, 3, 4, 5, 6, 7], 1)], None).unwrap();
+        }
+        session.prefill_some(4).unwrap();
+        if !session.is_prefilling(long) {
+            assert!(call <= 10, "20 prompt tokens at half a budget of 4 a call: 10 calls, not {call}");
+            break;
+        }
+        assert!(call < 10, "the long prompt still waits after {call} calls");
+        for slot in session.step(None, &mut NoSink).unwrap() {
+            if slot != long {
+                session.take(slot);
+            }
+        }
+    }
+}
+
+/// The negative control of the chunked-prefill test: a slice that starts
+/// one token early caches the boundary token twice, and the long prompt's
+/// output changes.
+#[cfg(feature = "negative-controls")]
+#[test]
+fn a_prefill_slice_fed_from_one_token_early_is_caught() {
+    let w = tiny();
+    let mut reqs = requests();
+    reqs[2].prompt = (0..20).map(|i| (i * 7 % 11) as u32).collect();
+    let arrive = [0, 0, 1, 2, 3, 3, 5, 9];
+    let config = EngineConfig { k: 3, ..EngineConfig::default() };
+    let faulty = EngineConfig { fault: Some(specdec_decoder::Fault::PrefillSliceRefed), ..config.clone() };
+    let whole = staggered_chunked(&w, "ngram", config, &reqs, 3, &arrive, &[], None);
+    let got = staggered_chunked(&w, "ngram", faulty, &reqs, 3, &arrive, &[], Some(3));
+    assert_ne!(got[2].as_ref().unwrap().tokens, whole[2].as_ref().unwrap().tokens, "a slice boundary token fed twice must change the output");
 }
 
 #[test]
@@ -136,6 +246,7 @@ fn a_session_refuses_what_it_cannot_hold() {
     assert!(matches!(session.admit(vec![Request::greedy(vec![1], 2)], None), Err(DecodeError::Config(_))), "no free slot");
     assert!(session.take(0).is_none(), "a running request has no output yet");
     assert!(!session.cancel(5).unwrap(), "no such slot");
+    assert!(matches!(session.prefill_some(0), Err(DecodeError::Config(_))), "a prefill budget of 0");
 }
 
 /// The negative control (built with `negative-controls`, as the workspace

@@ -283,9 +283,13 @@ impl Tokenizer {
     /// The ids of [`Tokenizer::chat_conversation`]'s prompt with the control
     /// tokens the template writes and no others: the text between two of
     /// them (a role, a turn's content, the newline after a turn) is encoded
-    /// by [`Tokenizer::encode_literal`]. A special token splits the text
-    /// before the pre-tokenizer runs, so for contents that hold no special
-    /// token's string the ids equal those of encoding the rendered prompt.
+    /// by [`Tokenizer::encode_literal`]. For a byte-level BPE (every GGUF
+    /// tokenizer here, and HF's ByteLevel ones) a special token splits the
+    /// text before the pre-tokenizer runs, so for contents that hold no
+    /// special token's string the ids equal those of encoding the rendered
+    /// prompt (`models/tests/smollm2.rs`). A tokenizer whose `<|im_start|>`
+    /// or `<|im_end|>` is an added token not marked special would still
+    /// match it in text: that is refused, never encoded.
     pub fn chat_conversation_ids(&self, turns: &[(&str, &str)]) -> Result<Vec<u32>> {
         // The rendered prompt is checked and built by the one renderer; its
         // control tokens are then put back by id, its text encoded as text.
@@ -297,7 +301,14 @@ impl Tokenizer {
             ids.push(start);
             match content {
                 Some(content) => {
-                    ids.extend(self.encode_literal(&format!("{role}\n{content}"))?);
+                    let text = self.encode_literal(&format!("{role}\n{content}"))?;
+                    if text.iter().any(|&id| id == start || id == end) {
+                        return Err(tok_err(
+                            &self.source,
+                            format!("`{IM_START}` and `{IM_END}` are not special tokens here, so a message's text that writes them would encode as them; refusing the conversation"),
+                        ));
+                    }
+                    ids.extend(text);
                     ids.push(end);
                     ids.extend(self.encode_literal("\n")?);
                 }

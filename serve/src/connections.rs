@@ -7,10 +7,13 @@
 //!   one: hyper's own `header_read_timeout`, which also ends a kept-alive
 //!   connection that sends nothing (the idle timeout);
 //! - its body must arrive within the body timeout once the head has (the
-//!   handlers read it under that clock, `http.rs`);
+//!   handlers read it under that clock, `http.rs`), and a response that
+//!   stops moving (a client that does not read) ends the connection after
+//!   the same time;
 //! - at most `max_connections` are open: a new one past the cap closes the
 //!   oldest connection that has no request in flight (a client that only
-//!   holds a socket), or, when every one has, is answered 503 and closed.
+//!   holds a socket; a response it was finishing gets a second to flush),
+//!   or, when every one has, is answered 503 and closed.
 //!   A slow client so costs one connection, never the service.
 //!
 //! Shutdown: the listener closes, every connection is told to finish its
@@ -30,7 +33,7 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
@@ -42,7 +45,8 @@ pub struct Limits {
     /// A request head must arrive within this (also a kept-alive
     /// connection's idle time).
     pub header_timeout: Duration,
-    /// A request body must arrive within this once its head has.
+    /// A request body must arrive within this once its head has; a
+    /// response write may wait on the client this long.
     pub body_timeout: Duration,
     /// Open connections at most.
     pub max_connections: usize,
@@ -142,11 +146,21 @@ fn make_room(registry: &Registry, max: usize) -> bool {
     true
 }
 
-/// The answer to a connection past the cap when every place has a request in flight.
+/// The answer to a connection past the cap when every place has a request
+/// in flight: a 503, then the write side closed and what the client sent
+/// read away for a moment, so that closing does not reset the connection
+/// before the client has read the answer.
 async fn refuse(mut stream: TcpStream) {
     let body = crate::api::ApiError::status(503, "the server has as many connections as it takes, each with a request in flight; try again").body().to_string();
     let reply = format!("HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\nretry-after: 1\r\n\r\n{body}", body.len());
-    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(reply.as_bytes())).await;
+    let answered = async {
+        stream.write_all(reply.as_bytes()).await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        while stream.read(&mut sink).await? > 0 {}
+        Ok::<_, std::io::Error>(())
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), answered).await;
 }
 
 /// One connection: hyper's HTTP/1 with the header timeout, until it ends,
@@ -170,21 +184,116 @@ async fn connection(
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
+    let stream = Watched::new(stream);
+    let stalled = stream.stalled();
     let mut conn = pin!(builder.serve_connection(TokioIo::new(stream), service));
-    let mut finishing = false;
+    let (mut finishing, mut evicted) = (false, None::<tokio::time::Instant>);
+    let mut watchdog = tokio::time::interval(Duration::from_millis(250));
     loop {
         tokio::select! {
             _ = conn.as_mut() => break,
-            _ = &mut closed => break,
+            // Closed for a newcomer: what it was answering is flushed first
+            // (a second at most); a connection with nothing in flight closes now.
+            _ = &mut closed, if evicted.is_none() => {
+                conn.as_mut().graceful_shutdown();
+                evicted = Some(tokio::time::Instant::now() + Duration::from_secs(1));
+            }
             changed = finish.changed(), if !finishing => {
                 finishing = true;
                 if changed.is_ok() {
                     conn.as_mut().graceful_shutdown();
                 }
             }
+            _ = watchdog.tick() => {
+                // A client that stops reading stalls our writes: after the body
+                // timeout without progress its connection goes (a response, like
+                // a request body, must move within that time).
+                if stalled.longer_than(limits.body_timeout) || evicted.is_some_and(|at| tokio::time::Instant::now() >= at) {
+                    break;
+                }
+            }
         }
     }
     lock(&registry).remove(&id);
+}
+
+/// A connection's socket that notes since when a write has been waiting on
+/// the client (its receive window full): a client that never reads.
+struct Watched {
+    stream: TcpStream,
+    stall: Stall,
+}
+
+/// When the socket's writes stopped progressing, if they have.
+#[derive(Clone)]
+struct Stall {
+    /// Milliseconds after `base` at which a write first returned pending; 0: none pending.
+    since_ms: Arc<std::sync::atomic::AtomicU64>,
+    base: std::time::Instant,
+}
+
+impl Stall {
+    fn now_ms(&self) -> u64 {
+        self.base.elapsed().as_millis() as u64 + 1
+    }
+
+    fn note<T>(&self, poll: &Poll<T>) {
+        match poll {
+            Poll::Pending => {
+                let _ = self.since_ms.compare_exchange(0, self.now_ms(), Ordering::AcqRel, Ordering::Acquire);
+            }
+            Poll::Ready(_) => self.since_ms.store(0, Ordering::Release),
+        }
+    }
+
+    fn longer_than(&self, limit: Duration) -> bool {
+        let since = self.since_ms.load(Ordering::Acquire);
+        since != 0 && self.now_ms().saturating_sub(since) > limit.as_millis() as u64
+    }
+}
+
+impl Watched {
+    fn new(stream: TcpStream) -> Watched {
+        Watched { stream, stall: Stall { since_ms: Arc::default(), base: std::time::Instant::now() } }
+    }
+
+    fn stalled(&self) -> Stall {
+        self.stall.clone()
+    }
+}
+
+impl tokio::io::AsyncRead for Watched {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Watched {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let poll = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.stall.note(&poll);
+        poll
+    }
+
+    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> Poll<std::io::Result<usize>> {
+        let poll = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.stall.note(&poll);
+        poll
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let poll = Pin::new(&mut self.stream).poll_flush(cx);
+        self.stall.note(&poll);
+        poll
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
 }
 
 /// Counts a request in flight on its connection until dropped.

@@ -113,16 +113,11 @@ async fn auth(State(s): State<Arc<AppState>>, headers: HeaderMap, req: HttpReque
             }
         }
         None => {
-            if let Some(host) = headers.get(header::HOST)
-                && !host.to_str().is_ok_and(|h| host_allowed(h, &s.allowed_host))
-            {
-                let host = String::from_utf8_lossy(host.as_bytes());
-                return error(ApiError::status(
-                    403,
-                    format!(
-                        "Host `{host}` is not this server's address: a server without an API key answers only requests addressed to an IP address, localhost or its --host name (set --api-key to serve other names)"
-                    ),
-                ));
+            let host = headers.get(header::HOST).map(|h| String::from_utf8_lossy(h.as_bytes()).to_string());
+            if !host.as_deref().is_some_and(|h| host_allowed(h, &s.allowed_host)) {
+                let host = host.map_or("no Host header".to_string(), |h| format!("Host `{h}`"));
+                let why = "a server without an API key answers only requests addressed to an IP address, localhost or its --host name (set --api-key to serve other names)";
+                return error(ApiError::status(403, format!("{host}: {why}")));
             }
         }
     }
@@ -133,11 +128,36 @@ async fn auth(State(s): State<Arc<AppState>>, headers: HeaderMap, req: HttpReque
 /// address, `localhost`, or `bound` (the `--host` it was given). A DNS
 /// rebinding page sends its own domain name, which none of these is.
 pub fn host_allowed(host: &str, bound: &str) -> bool {
+    let is_port = |p: &str| p.is_empty() || (p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()));
     let name = match host.strip_prefix('[') {
-        Some(v6) => v6.split_once(']').map_or(v6, |(addr, _)| addr),
-        None => host.rsplit_once(':').filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit())).map_or(host, |(name, _)| name),
+        Some(v6) => match v6.split_once(']') {
+            Some((addr, rest)) if rest.is_empty() || rest.strip_prefix(':').is_some_and(is_port) => addr,
+            _ => return false,
+        },
+        None => match host.rsplit_once(':') {
+            Some((name, port)) if is_port(port) => name,
+            Some(_) => return false,
+            None => host,
+        },
     };
-    name.parse::<std::net::IpAddr>().is_ok() || name.eq_ignore_ascii_case("localhost") || name.eq_ignore_ascii_case(bound)
+    // A fully qualified name may end in a dot.
+    let name = name.strip_suffix('.').unwrap_or(name);
+    !name.is_empty() && (name.parse::<std::net::IpAddr>().is_ok() || name.eq_ignore_ascii_case("localhost") || name.eq_ignore_ascii_case(bound))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_allowed;
+
+    #[test]
+    fn hosts_that_name_the_server_and_hosts_that_do_not() {
+        for host in ["127.0.0.1", "127.0.0.1:8000", "localhost:8000", "LOCALHOST", "localhost.:80", "[::1]", "[::1]:8000", "10.0.0.5:8000", "myhost:8000"] {
+            assert!(host_allowed(host, "myhost"), "{host}");
+        }
+        for host in ["evil.example", "evil.example:8000", "localhost.evil.example", "[::1]evil", "[::1]:80x", "127.0.0.1:99999999", "", "127.0.0.1:80:80"] {
+            assert!(!host_allowed(host, "myhost"), "{host}");
+        }
+    }
 }
 
 /// Compares secrets without an early exit on the first differing byte.

@@ -25,8 +25,9 @@
 //! Modules: `scheduler.rs` is the engine thread: it owns the backend and
 //! one decoder `Session` for the server's lifetime, takes requests from a
 //! channel between steps, frees the slots of clients that went away,
-//! admits waiting requests into free slots (one prefill forward), steps the
-//! batch and sends each request its tokens. `connections.rs` is the accept
+//! admits waiting requests into free slots, feeds one chunk of their
+//! prompts (chunked prefill), steps the generating batch and sends each
+//! request its tokens. `connections.rs` is the accept
 //! loop over hyper's HTTP/1 connections (timeouts, the cap, the bounded
 //! shutdown). `http.rs` holds the axum
 //! handlers (one small function per endpoint, validation before anything is
@@ -83,6 +84,9 @@ pub struct ServeConfig {
     pub drain: Duration,
     /// What one connection may cost: header and body timeouts, a cap.
     pub limits: Limits,
+    /// Prompt tokens fed per engine iteration between decode steps
+    /// (chunked prefill); 0 feeds each prompt whole at admission.
+    pub prefill_chunk: usize,
     /// Special-token strings in user text (chat contents, completion
     /// prompts) encode as control tokens: the old behaviour, opted into.
     /// Off, user text is text and only the chat template writes control tokens.
@@ -109,6 +113,7 @@ pub fn serve_until(config: ServeConfig, listening: &mut dyn FnMut(SocketAddr), s
         k: config.k,
         max_batch: config.max_batch,
         capacity: context + max_k + 1,
+        prefill_chunk: (config.prefill_chunk > 0).then_some(config.prefill_chunk),
         metrics: Arc::clone(&metrics),
     };
     let (tx, rx) = mpsc::channel::<Msg>();

@@ -3,9 +3,12 @@
 //!
 //! Between two steps it takes the requests that arrived, drops those whose
 //! client has gone (a closed event channel: a disconnect frees the slot at
-//! the next step boundary), admits waiting requests into free slots (one
-//! prefill forward for all of them), then runs one step of the whole batch
-//! and sends each request its new tokens. A request's noise is its own
+//! the next step boundary), admits waiting requests into free slots, feeds
+//! at most one prefill chunk of their prompts (chunked prefill: a long
+//! prompt is fed over several iterations, so it cannot hold up the
+//! requests already generating; `--prefill-chunk 0` feeds each prompt
+//! whole at admission), then runs one step of the generating batch and
+//! sends each request its new tokens. A request's noise is its own
 //! seed's, and its rows its own cache slot's, so its output is the same
 //! alone and under load (DECODE-3).
 //!
@@ -67,6 +70,9 @@ pub struct EngineSetup {
     pub max_batch: usize,
     /// Session capacity: the served context plus one step's drafts.
     pub capacity: usize,
+    /// Prompt tokens fed per iteration between steps; `None` feeds each
+    /// prompt whole when it is admitted.
+    pub prefill_chunk: Option<usize>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -95,7 +101,7 @@ pub fn run<B: ModelBackend>(backend: &B, name: &str, setup: &EngineSetup, rx: Re
     ready(Ok(Ready { greedy_epsilon: backend.model_precision().argmax_margin_epsilon, backend: name.to_string(), proposer: format!("{} k={k}", setup.proposer) }));
     let codec = Arc::clone(&setup.codec);
     let detok = move |ids: &[u32]| codec.decode(ids);
-    Loop { session, clients: (0..setup.max_batch).map(|_| None).collect(), waiting: VecDeque::new(), metrics: &setup.metrics }.run(rx, &detok);
+    Loop { session, clients: (0..setup.max_batch).map(|_| None).collect(), waiting: VecDeque::new(), metrics: &setup.metrics, prefill_chunk: setup.prefill_chunk }.run(rx, &detok);
 }
 
 /// A running request's handler, and its clock.
@@ -111,13 +117,14 @@ struct Loop<'s, 'm, B: ModelBackend> {
     clients: Vec<Option<Client>>,
     waiting: VecDeque<Job>,
     metrics: &'m Metrics,
+    prefill_chunk: Option<usize>,
 }
 
 impl<B: ModelBackend> Loop<'_, '_, B> {
     fn run(&mut self, rx: Receiver<Msg>, detok: &dyn Detokenize) {
         loop {
             // Idle: wait for work (checking now and then that senders remain).
-            if self.session.active() == 0 && self.waiting.is_empty() {
+            if self.idle() {
                 match rx.recv_timeout(Duration::from_millis(200)) {
                     Ok(m) => self.take(m),
                     Err(RecvTimeoutError::Timeout) => continue,
@@ -128,16 +135,42 @@ impl<B: ModelBackend> Loop<'_, '_, B> {
                 match rx.try_recv() {
                     Ok(m) => self.take(m),
                     Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) if self.session.active() == 0 && self.waiting.is_empty() => return,
+                    Err(TryRecvError::Disconnected) if self.idle() => return,
                     Err(TryRecvError::Disconnected) => break,
                 }
             }
             self.drop_gone();
             self.admit(detok);
-            self.metrics.queue(self.session.active(), self.waiting.len());
+            if let Some(chunk) = self.prefill_chunk
+                && self.session.prefilling() > 0
+            {
+                self.prefill(chunk);
+            }
+            self.metrics.queue(self.session.active() + self.session.prefilling(), self.waiting.len());
             if self.session.active() > 0 {
                 self.step(detok);
-                self.metrics.queue(self.session.active(), self.waiting.len());
+                self.metrics.queue(self.session.active() + self.session.prefilling(), self.waiting.len());
+            }
+        }
+    }
+
+    /// Nothing to do until a message comes.
+    fn idle(&self) -> bool {
+        self.session.active() == 0 && self.session.prefilling() == 0 && self.waiting.is_empty()
+    }
+
+    /// Feeds one chunk of the admitted prompts; a failed forward fails every
+    /// request whose prompt is still being fed (the session does not say
+    /// which of them the forward held), and the generating ones go on.
+    fn prefill(&mut self, chunk: usize) {
+        if let Err(e) = self.session.prefill_some(chunk) {
+            for slot in 0..self.clients.len() {
+                if self.session.is_prefilling(slot)
+                    && let Some(c) = self.clients[slot].take()
+                {
+                    let _ = c.events.send(Event::Failed { status: 500, message: e.to_string() });
+                    let _ = self.session.cancel(slot);
+                }
             }
         }
     }
@@ -183,7 +216,11 @@ impl<B: ModelBackend> Loop<'_, '_, B> {
         let mut jobs: Vec<Job> = self.waiting.drain(..self.session.free_slots().min(self.waiting.len())).collect();
         while !jobs.is_empty() {
             let requests: Vec<Request> = jobs.iter().map(|j| j.request.clone()).collect();
-            match self.session.admit(requests, Some(detok)) {
+            let admitted = match self.prefill_chunk {
+                Some(_) => self.session.admit_unfed(requests, Some(detok)),
+                None => self.session.admit(requests, Some(detok)),
+            };
+            match admitted {
                 Ok(slots) => {
                     for (slot, j) in slots.into_iter().zip(jobs) {
                         self.metrics.prompt(j.request.prompt.len());
