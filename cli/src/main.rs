@@ -224,70 +224,7 @@ enum Command {
     /// The speculative decoder behind an OpenAI-compatible HTTP API
     /// (`/v1/completions`, `/v1/chat/completions`, `/v1/models`, `/health`,
     /// `/metrics`), with continuous batching; until SIGTERM or SIGINT.
-    Serve {
-        /// A `.gguf` file, an HF-layout directory, or `tiny:NAME` (a seeded tiny model, for tests).
-        #[arg(long)]
-        model: String,
-        #[arg(long, default_value = "ndarray")]
-        backend: String,
-        /// none, ngram, draft:PATH, early-exit:L, dflash:PATH or dflash-iter:PATH.
-        #[arg(long, default_value = "ngram")]
-        proposer: specdec_decoder::ProposerChoice,
-        /// Drafts per step at most.
-        #[arg(long, default_value_t = 4)]
-        k: usize,
-        /// The address to bind: 127.0.0.1 unless told otherwise. Without
-        /// --api-key the server answers only requests whose Host is an IP
-        /// address, localhost or this name (DNS rebinding): reached by another
-        /// name (a LAN host name, a container's service name), set --api-key.
-        #[arg(long, default_value = "127.0.0.1")]
-        host: String,
-        /// 0 picks a free port (the first line printed names it).
-        #[arg(long, default_value_t = 8000)]
-        port: u16,
-        /// Requests decoded together at most; more wait for a slot.
-        #[arg(long, default_value_t = 8)]
-        max_batch: usize,
-        /// Prompt and generated tokens of one request at most (the KV cache holds this many per slot).
-        #[arg(long, default_value_t = 2048)]
-        max_context: usize,
-        /// Every request but `/health` must carry `Authorization: Bearer KEY`
-        /// (default: the environment's SPECDEC_API_KEY, which keeps it out of `ps`).
-        #[arg(long)]
-        api_key: Option<String>,
-        /// The name clients give as `model` (default: the model file's name).
-        #[arg(long)]
-        served_model_name: Option<String>,
-        /// Request bodies larger than this are a 413.
-        #[arg(long, default_value_t = 1 << 20)]
-        max_body_bytes: usize,
-        /// Seconds a shutdown lets running requests finish before failing
-        /// them; the server exits soon after, whatever clients do.
-        #[arg(long, default_value_t = 30)]
-        drain_seconds: u64,
-        /// Seconds a request's head (request line and headers) may take to
-        /// arrive, also how long a kept-alive connection may sit idle.
-        #[arg(long, default_value_t = 10.0)]
-        header_timeout: f64,
-        /// Seconds a request's body may take to arrive once its head has (408).
-        #[arg(long, default_value_t = 30.0)]
-        body_timeout: f64,
-        /// Open connections at most: past it, the oldest connection with no
-        /// request in flight is closed (or, when all have one, the new one is answered 503).
-        #[arg(long, default_value_t = 256)]
-        max_connections: usize,
-        /// Encode special-token strings in user text (chat contents,
-        /// completion prompts) as control tokens, as HF and vLLM do. Off by
-        /// default: user text is text, and only the chat template writes
-        /// control tokens, so a user cannot forge a system turn.
-        #[arg(long)]
-        special_tokens_in_text: bool,
-        /// Prompt tokens fed per engine iteration, between the decode steps
-        /// of the requests already generating (chunked prefill), so one long
-        /// prompt cannot hold the rest up; 0 feeds each prompt whole when it is admitted.
-        #[arg(long, default_value_t = 256)]
-        prefill_chunk: usize,
-    },
+    Serve(serve::ServeArgs),
     /// Load on an OpenAI-compatible server: CLIENTS streaming chat clients
     /// at each concurrency, speculation on and off (specdec's `speculation`
     /// field); throughput and latency percentiles, and the crossover.
@@ -404,49 +341,7 @@ fn main() -> ExitCode {
         Command::Load { url, concurrency, requests, max_tokens, temperature, prompts, speculation, json } => {
             serve::load(&url, &concurrency, requests, max_tokens, temperature, prompts.as_deref(), &speculation, json.as_deref())
         }
-        Command::Serve {
-            model,
-            backend,
-            proposer,
-            k,
-            host,
-            port,
-            max_batch,
-            max_context,
-            api_key,
-            served_model_name,
-            max_body_bytes,
-            drain_seconds,
-            header_timeout,
-            body_timeout,
-            max_connections,
-            special_tokens_in_text,
-            prefill_chunk,
-        } => serve::load_model(&model).and_then(|(weights, codec, name)| {
-            let config = specdec_serve::ServeConfig {
-                weights,
-                codec,
-                model_id: served_model_name.unwrap_or(name),
-                backend,
-                proposer,
-                k,
-                host,
-                port,
-                max_batch,
-                max_context,
-                api_key: api_key.or_else(|| std::env::var("SPECDEC_API_KEY").ok().filter(|k| !k.is_empty())),
-                max_body_bytes,
-                drain: std::time::Duration::from_secs(drain_seconds),
-                limits: specdec_serve::Limits { header_timeout: seconds("--header-timeout", header_timeout)?, body_timeout: seconds("--body-timeout", body_timeout)?, max_connections },
-                special_tokens_in_text,
-                prefill_chunk,
-            };
-            specdec_serve::serve(config, &mut |addr| {
-                println!("specdec serve: listening on http://{addr}");
-                let _ = std::io::Write::flush(&mut std::io::stdout());
-            })
-            .map(|()| true)
-        }),
+        Command::Serve(args) => serve::serve(args),
         Command::Stats { seed, out, sweep, shard } => match seed.map_or_else(suite::seed_from_env, Ok) {
             Ok(seed) => match sweep {
                 Some(n) => campaign::sweep(n, shard, &out),
@@ -648,12 +543,4 @@ fn check(path: &Path, backend: &str, filter: Option<String>, case_id: Option<&st
 /// `s` as one shell word.
 fn shell_quote(s: &str) -> String {
     if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:+@%".contains(c)) { s.to_string() } else { format!("'{}'", s.replace('\'', r"'\''")) }
-}
-
-/// A duration flag given in seconds: finite, positive, and within a day.
-fn seconds(flag: &str, s: f64) -> Result<std::time::Duration, String> {
-    if !(s.is_finite() && s > 0.0 && s <= 86_400.0) {
-        return Err(format!("{flag} {s:?} must be a number of seconds in (0, 86400]"));
-    }
-    Ok(std::time::Duration::from_secs_f64(s))
 }

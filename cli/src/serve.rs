@@ -7,6 +7,113 @@ use std::sync::Arc;
 use specdec_models::tiny::TinySpec;
 use specdec_serve::text::Codec;
 
+/// `specdec serve`'s flags.
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// A `.gguf` file, an HF-layout directory, or `tiny:NAME` (a seeded tiny model, for tests).
+    #[arg(long)]
+    pub model: String,
+    #[arg(long, default_value = "ndarray")]
+    pub backend: String,
+    /// none, ngram, draft:PATH, early-exit:L, dflash:PATH or dflash-iter:PATH.
+    #[arg(long, default_value = "ngram")]
+    pub proposer: specdec_decoder::ProposerChoice,
+    /// Drafts per step at most.
+    #[arg(long, default_value_t = 4)]
+    pub k: usize,
+    /// The address to bind: 127.0.0.1 unless told otherwise. Without
+    /// --api-key the server answers only requests whose Host is an IP
+    /// address, localhost or this name (DNS rebinding): reached by another
+    /// name (a LAN host name, a container's service name), set --api-key.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// 0 picks a free port (the first line printed names it).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Requests decoded together at most; more wait for a slot.
+    #[arg(long, default_value_t = 8)]
+    pub max_batch: usize,
+    /// Prompt and generated tokens of one request at most (the KV cache holds this many per slot).
+    #[arg(long, default_value_t = 2048)]
+    pub max_context: usize,
+    /// Every request but `/health` must carry `Authorization: Bearer KEY`
+    /// (default: the environment's SPECDEC_API_KEY, which keeps it out of `ps`).
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// The name clients give as `model` (default: the model file's name).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Request bodies larger than this are a 413.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_body_bytes: usize,
+    /// Seconds a shutdown lets running requests finish before failing
+    /// them; the server exits soon after, whatever clients do.
+    #[arg(long, default_value_t = 30)]
+    pub drain_seconds: u64,
+    /// Seconds a request's head (request line and headers) may take to
+    /// arrive, also how long a kept-alive connection may sit idle.
+    #[arg(long, default_value_t = 10.0)]
+    pub header_timeout: f64,
+    /// Seconds a request's body may take to arrive once its head has (408).
+    #[arg(long, default_value_t = 30.0)]
+    pub body_timeout: f64,
+    /// Open connections at most: past it, the oldest connection with no
+    /// request in flight is closed (or, when all have one, the new one is answered 503).
+    #[arg(long, default_value_t = 256)]
+    pub max_connections: usize,
+    /// Encode special-token strings in user text (chat contents,
+    /// completion prompts) as control tokens, as HF and vLLM do. Off by
+    /// default: user text is text, and only the chat template writes
+    /// control tokens, so a user cannot forge a system turn.
+    #[arg(long)]
+    pub special_tokens_in_text: bool,
+    /// Prompt tokens fed per engine iteration, between the decode steps
+    /// of the requests already generating (chunked prefill), so one long
+    /// prompt cannot hold the rest up; 0 feeds each prompt whole when it is admitted.
+    #[arg(long, default_value_t = 256)]
+    pub prefill_chunk: usize,
+}
+
+/// Serves `args.model` until SIGTERM or SIGINT.
+pub fn serve(args: ServeArgs) -> Result<bool, String> {
+    let (weights, codec, name) = load_model(&args.model)?;
+    let config = specdec_serve::ServeConfig {
+        weights,
+        codec,
+        model_id: args.served_model_name.unwrap_or(name),
+        backend: args.backend,
+        proposer: args.proposer,
+        k: args.k,
+        host: args.host,
+        port: args.port,
+        max_batch: args.max_batch,
+        max_context: args.max_context,
+        api_key: args.api_key.or_else(|| std::env::var("SPECDEC_API_KEY").ok().filter(|k| !k.is_empty())),
+        max_body_bytes: args.max_body_bytes,
+        drain: std::time::Duration::from_secs(args.drain_seconds),
+        limits: specdec_serve::Limits {
+            header_timeout: seconds("--header-timeout", args.header_timeout)?,
+            body_timeout: seconds("--body-timeout", args.body_timeout)?,
+            max_connections: args.max_connections,
+        },
+        special_tokens_in_text: args.special_tokens_in_text,
+        prefill_chunk: args.prefill_chunk,
+    };
+    specdec_serve::serve(config, &mut |addr| {
+        println!("specdec serve: listening on http://{addr}");
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+    })
+    .map(|()| true)
+}
+
+/// A duration flag given in seconds: finite, positive, and within a day.
+fn seconds(flag: &str, s: f64) -> Result<std::time::Duration, String> {
+    if !(s.is_finite() && s > 0.0 && s <= 86_400.0) {
+        return Err(format!("{flag} {s:?} must be a number of seconds in (0, 86400]"));
+    }
+    Ok(std::time::Duration::from_secs_f64(s))
+}
+
 /// The weights, the text codec and the served name of `--model`: a `.gguf`
 /// file, an HF-layout directory, or `tiny:NAME` (a seeded tiny model with
 /// two-letter text, for tests).

@@ -68,9 +68,7 @@ fn proposer(name: &str, w: &LlamaWeights) -> Box<dyn Proposer<ReferenceBackend>>
         "early-exit:1" => Box::new(DraftModelProposer::early_exit(&B, w, 1).unwrap()),
         "dflash" | "dflash-iter" => {
             let c = &w.config;
-            let layers = (0..c.num_hidden_layers).rev().collect();
-            let spec =
-                DflashSpec { layers: 1, heads: c.num_attention_heads, kv_heads: c.num_key_value_heads, intermediate: 2 * c.hidden_size, block_size: 5, target_layer_ids: layers, mask_token_id: 0 };
+            let spec = DflashSpec { target_layer_ids: (0..c.num_hidden_layers).rev().collect(), ..DflashSpec::one_layer(c, 5, 0) };
             let draft = specdec_models::seeded_dflash(c, spec, 5).unwrap();
             let mode = if name == "dflash" { DflashMode::Parallel } else { DflashMode::Iterative { steps: 3, schedule: specdec_models::dflash::Schedule::Linear } };
             Box::new(DflashProposer::new(name, draft, std::sync::Arc::new(w.clone()), mode).unwrap())

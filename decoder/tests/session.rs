@@ -23,15 +23,7 @@ fn proposer(name: &str, w: &LlamaWeights) -> Box<dyn Proposer<ReferenceBackend>>
         "early-exit:1" => Box::new(DraftModelProposer::early_exit(&B, w, 1).unwrap()),
         "dflash" => {
             let c = &w.config;
-            let spec = specdec_models::DflashSpec {
-                layers: 1,
-                heads: c.num_attention_heads,
-                kv_heads: c.num_key_value_heads,
-                intermediate: 2 * c.hidden_size,
-                block_size: 4,
-                target_layer_ids: (0..c.num_hidden_layers).collect(),
-                mask_token_id: (c.vocab_size - 1) as u32,
-            };
+            let spec = specdec_models::DflashSpec::one_layer(c, 4, (c.vocab_size - 1) as u32);
             let draft = specdec_models::seeded_dflash(c, spec, 5).unwrap();
             Box::new(specdec_decoder::DflashProposer::new("dflash", draft, std::sync::Arc::new(w.clone()), specdec_decoder::DflashMode::Parallel).unwrap())
         }

@@ -682,6 +682,21 @@ pub struct DflashSpec {
 }
 
 impl DflashSpec {
+    /// A one-layer drafter for `target` (its heads, an MLP twice its hidden
+    /// width) reading every target layer as context, in order: the seeded
+    /// drafters of the tests and the suite.
+    pub fn one_layer(target: &LlamaConfig, block_size: usize, mask_token_id: u32) -> DflashSpec {
+        DflashSpec {
+            layers: 1,
+            heads: target.num_attention_heads,
+            kv_heads: target.num_key_value_heads,
+            intermediate: 2 * target.hidden_size,
+            block_size,
+            target_layer_ids: (0..target.num_hidden_layers).collect(),
+            mask_token_id,
+        }
+    }
+
     /// The drafter's config for `target`: its layers are Llama layers with
     /// the target's hidden width, vocabulary, norm epsilon, RoPE base and
     /// positions; validated against the target (DRAFT-6).

@@ -236,15 +236,7 @@ pub fn seeded_draft(w: &LlamaWeights) -> Result<LlamaWeights, String> {
 /// as context features, the last id as the mask).
 pub fn seeded_dflash(w: &LlamaWeights) -> Result<specdec_models::DflashDraft, String> {
     let c = &w.config;
-    let spec = specdec_models::DflashSpec {
-        layers: 1,
-        heads: c.num_attention_heads,
-        kv_heads: c.num_key_value_heads,
-        intermediate: 2 * c.hidden_size,
-        block_size: 4,
-        target_layer_ids: (0..c.num_hidden_layers).collect(),
-        mask_token_id: (c.vocab_size - 1) as u32,
-    };
+    let spec = specdec_models::DflashSpec::one_layer(c, 4, (c.vocab_size - 1) as u32);
     specdec_models::seeded_dflash(c, spec, 91).map_err(|e| e.to_string())
 }
 
