@@ -126,6 +126,14 @@ fn requests_joining_a_running_session_give_their_output_alone() {
     }
 }
 
+/// [`requests`] with request 2's prompt longer than every prefill budget
+/// of the chunked tests (fed over many slices), and their arrival steps.
+fn with_a_long_prompt() -> (Vec<Request>, [usize; 8]) {
+    let mut reqs = requests();
+    reqs[2].prompt = (0..20).map(|i| (i * 7 % 11) as u32).collect();
+    (reqs, [0, 0, 1, 2, 3, 3, 5, 9])
+}
+
 /// Chunked prefill: prompts fed a few tokens per forward between the steps
 /// of the requests already generating give every request the tokens and
 /// the draft counts of a whole prefill (the drafters' state included: a
@@ -135,10 +143,7 @@ fn requests_joining_a_running_session_give_their_output_alone() {
 #[test]
 fn chunked_prefill_gives_the_output_of_a_whole_one() {
     let w = tiny();
-    let mut reqs = requests();
-    // A prompt longer than every budget below, fed over many slices.
-    reqs[2].prompt = (0..20).map(|i| (i * 7 % 11) as u32).collect();
-    let arrive = [0, 0, 1, 2, 3, 3, 5, 9];
+    let (reqs, arrive) = with_a_long_prompt();
     let config = EngineConfig { k: 3, ..EngineConfig::default() };
     for name in ["none", "ngram", "draft", "early-exit:1", "dflash"] {
         let whole = staggered_chunked(&w, name, config.clone(), &reqs, 3, &arrive, &[], None);
@@ -196,9 +201,7 @@ fn a_long_prompt_is_fed_while_short_ones_keep_arriving() {
 #[test]
 fn a_prefill_slice_fed_from_one_token_early_is_caught() {
     let w = tiny();
-    let mut reqs = requests();
-    reqs[2].prompt = (0..20).map(|i| (i * 7 % 11) as u32).collect();
-    let arrive = [0, 0, 1, 2, 3, 3, 5, 9];
+    let (reqs, arrive) = with_a_long_prompt();
     let config = EngineConfig { k: 3, ..EngineConfig::default() };
     let faulty = EngineConfig { fault: Some(specdec_decoder::Fault::PrefillSliceRefed), ..config.clone() };
     let whole = staggered_chunked(&w, "ngram", config, &reqs, 3, &arrive, &[], None);
