@@ -5,6 +5,10 @@
 //! the lowest id; otherwise sampling runs on the device with noise from the
 //! request's own PCG64 streams seeded by `--seed`, so a run is reproducible.
 //! `--compare` also runs plain decoding and reports the speedup.
+//! `--logprobs N` reports each token's logprob and its `N` most likely
+//! alternatives (LOGPROB-1 .. LOGPROB-4), raw or processed, after the text
+//! (in `--json`, under `logprobs`); with `--compare`, the largest difference
+//! from plain decoding's.
 
 use std::io::Write as _;
 use std::sync::Arc;
@@ -13,7 +17,7 @@ use std::time::Instant;
 use serde_json::json;
 use specdec_backend::model::ModelBackend;
 use specdec_backend::{PenaltyScope, SamplingParams};
-use specdec_decoder::{Engine, EngineConfig, ProposerChoice, Request, RunOutput};
+use specdec_decoder::{Engine, EngineConfig, LogprobMode, LogprobRequest, MAX_TOP_LOGPROBS, ProposerChoice, Request, RunOutput, TokenLogprob};
 use specdec_models::{LlamaWeights, Tokenizer};
 
 use specdec_registry::Job;
@@ -35,6 +39,7 @@ pub struct Generate {
     /// The pay-off controller picks each step's k in `0 ..= k` (CTRL-7).
     pub payoff: bool,
     pub compare: bool,
+    pub logprobs: Option<LogprobRequest>,
 }
 
 /// `--controller`: `payoff` or `fixed`; unset, `payoff` for greedy decoding
@@ -61,6 +66,20 @@ impl Generate {
         }
         Ok(())
     }
+}
+
+/// The largest difference between two runs' entries at the positions both
+/// have with the same token (chosen and alternatives, by id); infinite where
+/// one lists an alternative the other does not.
+fn largest_difference(a: &[TokenLogprob], b: &[TokenLogprob]) -> f64 {
+    let mut worst: f64 = 0.0;
+    for (x, y) in a.iter().zip(b).take_while(|(x, y)| x.id == y.id) {
+        worst = worst.max((x.logprob - y.logprob).abs());
+        for &(id, lp) in &x.top {
+            worst = worst.max(y.top.iter().find(|(j, _)| *j == id).map_or(f64::INFINITY, |(_, m)| (lp - m).abs()));
+        }
+    }
+    worst
 }
 
 /// The sampling flags of `specdec generate` (LOGITS-1 .. LOGITS-12).
@@ -94,6 +113,12 @@ pub struct SamplingArgs {
     /// `ID:BIAS`, added to that id's logit before everything; repeatable.
     #[arg(long = "logit-bias", value_name = "ID:BIAS")]
     pub logit_bias: Vec<String>,
+    /// Reports each token's logprob and this many alternatives (0 ..= 20).
+    #[arg(long)]
+    pub logprobs: Option<usize>,
+    /// `raw` (the model's distribution) or `processed` (the one sampled from).
+    #[arg(long, default_value = "raw")]
+    pub logprobs_mode: String,
 }
 
 impl SamplingArgs {
@@ -113,6 +138,16 @@ impl SamplingArgs {
             other => other.to_string(),
         })?;
         Ok(params)
+    }
+
+    /// `--logprobs N --logprobs-mode MODE`, checked.
+    pub fn logprobs(&self) -> Result<Option<LogprobRequest>, String> {
+        let mode = LogprobMode::from_name(&self.logprobs_mode).ok_or_else(|| format!("--logprobs-mode {:?} must be `raw` or `processed`", self.logprobs_mode))?;
+        match self.logprobs {
+            Some(top) if top > MAX_TOP_LOGPROBS => Err(format!("--logprobs {top} must be at most {MAX_TOP_LOGPROBS}")),
+            Some(top) => Ok(Some(LogprobRequest { top, mode })),
+            None => Ok(None),
+        }
     }
 
     /// `--logit-bias ID:BIAS` pairs, parsed (the model checks the ids and
@@ -177,7 +212,14 @@ impl Job for Generate {
         let k = if self.proposer == ProposerChoice::None { 0 } else { self.k };
         let payoff = self.payoff && k > 0;
         let engine = Engine::new(b, &model, cfg, EngineConfig { k, payoff, ..EngineConfig::default() }).map_err(|e| e.to_string())?;
-        let request = Request { sampling: self.sampling, logit_bias: self.logit_bias.clone(), seed: self.seed, eos: cfg.eos_ids(), ..Request::greedy(prompt_ids.clone(), self.max_tokens) };
+        let request = Request {
+            sampling: self.sampling,
+            logit_bias: self.logit_bias.clone(),
+            seed: self.seed,
+            eos: cfg.eos_ids(),
+            logprobs: self.logprobs,
+            ..Request::greedy(prompt_ids.clone(), self.max_tokens)
+        };
         let stdout = std::io::stdout();
         let (mut streamed, mut printed) = (Vec::<u32>::new(), String::new());
         let mut sink = |_: usize, ids: &[u32]| {
@@ -212,6 +254,12 @@ impl Job for Generate {
             let speedup = run.decode_tokens_per_s() / p.decode_tokens_per_s().max(f64::MIN_POSITIVE);
             (same, speedup, p)
         });
+        // Speculation against plain decoding, position by position where both have the token.
+        let logprob_diff = match (&out.logprobs, plain.as_ref().and_then(|p| p.outputs[0].logprobs.as_ref())) {
+            (Some(on), Some(off)) => Some(largest_difference(on, off)),
+            _ => None,
+        };
+        let token_text = |id: u32| tok.decode(&[id], false).unwrap_or_default();
         if self.json {
             let mut obj = json!({
                 "backend": b.name(),
@@ -236,6 +284,14 @@ impl Job for Generate {
                     "plain_decode_tokens_per_s": p.decode_tokens_per_s(),
                     "speedup": speedup,
                 });
+                if let Some(d) = logprob_diff {
+                    obj["compare"]["max_logprob_difference"] = json!(d);
+                }
+            }
+            if let Some(entries) = &out.logprobs {
+                let entry = |id: u32, lp: f64| json!({"id": id, "token": token_text(id), "logprob": lp});
+                obj["logprobs"] =
+                    entries.iter().map(|e| json!({"id": e.id, "token": token_text(e.id), "logprob": e.logprob, "top": e.top.iter().map(|&(id, lp)| entry(id, lp)).collect::<Vec<_>>()})).collect();
             }
             // A closed pipe (`| head`) is not an error of ours.
             let _ = writeln!(stdout.lock(), "{}", serde_json::to_string_pretty(&obj).map_err(|e| e.to_string())?);
@@ -257,7 +313,12 @@ impl Job for Generate {
                 run.timings.prefill_s * 1e3,
             );
             if let Some((same, speedup, p)) = &comparison {
-                eprintln!("[compare: plain decoding {:.1} tokens/s; tokens {}; speedup {speedup:.2}x]", p.decode_tokens_per_s(), if *same { "identical" } else { "DIFFER" });
+                let logprobs = logprob_diff.map_or(String::new(), |d| format!("; logprobs differ by at most {d:.3e}"));
+                eprintln!("[compare: plain decoding {:.1} tokens/s; tokens {}; speedup {speedup:.2}x{logprobs}]", p.decode_tokens_per_s(), if *same { "identical" } else { "DIFFER" });
+            }
+            for (t, e) in out.logprobs.iter().flatten().enumerate() {
+                let top: Vec<String> = e.top.iter().map(|&(id, lp)| format!("{id} {:?} {lp:.4}", token_text(id))).collect();
+                eprintln!("[logprob {t:>4}: {} {:?} {:.4}; top: {}]", e.id, token_text(e.id), e.logprob, top.join(", "));
             }
         }
         match comparison {

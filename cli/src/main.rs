@@ -190,6 +190,10 @@ enum Command {
         engine: String,
         #[arg(long)]
         filter: Option<String>,
+        /// Leaves out the checks whose names match this glob (repeatable),
+        /// e.g. `'engine/*/processors/*/on'`: they are reported skipped.
+        #[arg(long)]
+        exclude: Vec<String>,
         #[arg(long)]
         seed: Option<u64>,
         #[arg(long)]
@@ -322,6 +326,7 @@ fn main() -> ExitCode {
                     k,
                     payoff,
                     compare,
+                    logprobs: sampling.logprobs()?,
                 };
                 job.validate()?;
                 with_backend(&backend, &mut job)?.map(|()| true)
@@ -333,9 +338,12 @@ fn main() -> ExitCode {
         }),
         Command::Check { cases, backend, filter, case_id, report } => check(&cases, &backend, filter, case_id.as_deref(), &report),
         Command::Bless { check, fixtures } => bless::run(&fixtures, check),
-        Command::EngineCheck { engine, filter, seed, report, timeout, model, statement } => {
+        Command::EngineCheck { engine, filter, exclude, seed, report, timeout, model, statement } => {
             let options = engine::CheckOptions { timeout: std::time::Duration::from_secs(timeout), model, statement };
-            suite_config(filter, None, seed, specdec_conformance::diff::DEFAULT_CASES_PER_OP, true).and_then(|cfg| engine::check(&engine, &cfg, &report, &options))
+            suite_config(filter, None, seed, specdec_conformance::diff::DEFAULT_CASES_PER_OP, true).and_then(|mut cfg| {
+                cfg.selection.exclude.extend(exclude);
+                engine::check(&engine, &cfg, &report, &options)
+            })
         }
         Command::EngineAdapter { backend, proposer, k } => engine::adapter(&backend, &proposer, k),
         Command::Load { url, concurrency, requests, max_tokens, temperature, prompts, speculation, json } => {

@@ -44,6 +44,33 @@ streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.complet
     if c.choices)
 assert streamed == chat.choices[0].message.content, (streamed, chat)
 
+# Logprobs (LOGPROB-3, LOGPROB-4): chat and completions, speculation on
+# equal to off at temperature 0, one entry per token, streamed the same.
+def chat_logprobs(speculation, stream=False, mode="raw"):
+    kw = dict(model=model, messages=[{"role": "user", "content": "BbCcBbCcBbCc"}], max_tokens=10, temperature=0,
+              logprobs=True, top_logprobs=3, extra_body={"speculation": speculation, "logprobs_mode": mode})
+    if not stream:
+        return client.chat.completions.create(**kw).choices[0].logprobs.content
+    return [e for c in client.chat.completions.create(stream=True, **kw) if c.choices and c.choices[0].logprobs
+            for e in c.choices[0].logprobs.content]
+for mode in ["raw", "processed"]:
+    on, off = chat_logprobs(True, mode=mode), chat_logprobs(False, mode=mode)
+    assert len(on) == 10 and [(e.token, e.logprob) for e in on] == [(e.token, e.logprob) for e in off], (on, off)
+    assert all(len(e.top_logprobs) == 3 and e.top_logprobs[0].logprob >= e.top_logprobs[2].logprob for e in on), on
+    assert all(e.logprob <= 0 and e.logprob == max(t.logprob for t in e.top_logprobs) for e in on), on
+    assert [(e.token, e.logprob) for e in chat_logprobs(True, stream=True, mode=mode)] == [(e.token, e.logprob) for e in on]
+done = client.completions.create(model=model, prompt=[1, 2, 3, 1, 2, 3, 1, 2], max_tokens=12, temperature=0, logprobs=2,
+                                 extra_body={"return_token_ids": True, "return_tokens_as_token_ids": True})
+lp = done.choices[0].logprobs
+assert lp.tokens == ["token_id:%d" % t for t in done.choices[0].model_extra["token_ids"]], lp
+assert len(lp.token_logprobs) == 12 and all(len(t) == 2 for t in lp.top_logprobs), lp
+try:
+    client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Bb"}], logprobs=True,
+                                   top_logprobs=21)
+    raise SystemExit("top_logprobs 21 was accepted")
+except openai.BadRequestError as e:
+    assert "top_logprobs" in str(e), e
+
 # Errors come back as the client's typed exceptions.
 try:
     client.completions.create(model=model, prompt=[1], max_tokens=0)

@@ -99,6 +99,47 @@ fn an_engine_whose_requests_share_one_noise_stream_fails_the_seed_pairs_check() 
     assert_eq!(failed(&r), ["engine/ngram/seed-pairs"], "{r:#?}");
 }
 
+/// ENGINE-7, vLLM #34497's class: the logprob of a drafted position read
+/// from the draft's `q` (a draft model of other weights than the target's).
+#[test]
+fn an_engine_that_reports_the_drafts_logprobs_fails_the_logprobs_check() {
+    let r = section("draft:seeded", with_fault(Fault::LogprobsFromDraft), Some("/logprobs/"));
+    assert_eq!(failed(&r), ["engine/draft:seeded/logprobs/on"], "{r:#?}");
+}
+
+/// ENGINE-7, llama.cpp #27972: logprob 0.0 for every token with speculation on.
+#[test]
+fn an_engine_that_reports_zero_logprobs_under_speculation_fails_the_logprobs_check() {
+    let r = section("ngram", with_fault(Fault::LogprobsZeroWhenSpeculating), Some("/logprobs/"));
+    assert_eq!(failed(&r), ["engine/ngram/logprobs/on"], "{r:#?}");
+}
+
+/// ENGINE-7, vLLM #47616: a stop string matched inside an accepted run, the
+/// entries of the whole run reported.
+#[test]
+fn an_engine_that_reports_logprobs_past_a_stop_fails_the_logprobs_check() {
+    let r = section("ngram", with_fault(Fault::LogprobsPastStop), Some("/logprobs/"));
+    assert_eq!(failed(&r), ["engine/ngram/logprobs/on"], "{r:#?}");
+    assert!(r.iter().any(|(_, _, m)| m.contains("entries end where the output ends")), "{r:#?}");
+}
+
+/// ENGINE-8, SGLang #10617: a logit bias applied to row 0 of a verify window
+/// only, so a banned id still appears under speculation.
+#[test]
+fn an_engine_that_biases_the_first_window_row_only_fails_the_bias_checks() {
+    let r = section("ngram", with_fault(Fault::BiasOnFirstRowOnly), Some("/processors/bias-"));
+    let failed = failed(&r);
+    assert!(failed.contains(&"engine/ngram/processors/bias-ban/greedy"), "{r:#?}");
+    assert!(failed.iter().all(|n| n.ends_with("/greedy") || n.ends_with("/on")), "speculation off is plain decoding and passes: {r:#?}");
+}
+
+/// ENGINE-8, SGLang #10617: min-p skipped on the rows that verify drafts.
+#[test]
+fn an_engine_that_skips_min_p_on_verified_rows_fails_the_min_p_check() {
+    let r = section("ngram", with_fault(Fault::MinPSkippedOnVerify), Some("/processors/min-p/"));
+    assert_eq!(failed(&r), ["engine/ngram/processors/min-p/on"], "{r:#?}");
+}
+
 /// An engine that answers every request with `max_new_tokens` copies of id 0.
 struct Constant(EngineInfo);
 
@@ -108,12 +149,24 @@ impl GenerationEngine for Constant {
     }
 
     fn generate(&mut self, requests: &[GenerationRequest]) -> Result<Vec<Generation>, EngineError> {
-        Ok(requests.iter().map(|r| Generation { tokens: vec![0; r.max_new_tokens], finish: Finish::Length, drafts: None }).collect())
+        Ok(requests.iter().map(|r| Generation { tokens: vec![0; r.max_new_tokens], finish: Finish::Length, drafts: None, logprobs: None }).collect())
     }
 }
 
 fn constant(vocab: usize, greedy_epsilon: f64) -> Constant {
-    Constant(EngineInfo { name: "constant".into(), version: "0".into(), speculation: "none".into(), vocab, greedy_epsilon, batch_invariant: true, stop_strings: false, eos_ids: true })
+    Constant(EngineInfo {
+        name: "constant".into(),
+        version: "0".into(),
+        speculation: "none".into(),
+        vocab,
+        greedy_epsilon,
+        batch_invariant: true,
+        stop_strings: false,
+        eos_ids: true,
+        processors: Vec::new(),
+        penalty_scopes: Vec::new(),
+        logprobs: None,
+    })
 }
 
 /// ENGINE-1: an engine cannot excuse itself. A greedy epsilon above the cap,

@@ -14,6 +14,7 @@ use crate::seq::Seq;
 use crate::sink::Sink;
 use crate::stop::{Appended, Detokenize};
 use crate::verify::Verdict;
+use specdec_reference::TokenLogprob;
 
 /// What a step committed: each active sequence's emitted count (in active
 /// order) and the step's draft counts over the active sequences.
@@ -32,6 +33,7 @@ pub(crate) fn commit<B: ModelBackend>(
     active: &[usize],
     proposed: &[usize],
     verdict: &Verdict,
+    logprobs: Vec<Vec<TokenLogprob>>,
     detok: Option<&dyn Detokenize>,
     sink: &mut dyn Sink,
 ) -> Result<Committed, DecodeError> {
@@ -43,7 +45,7 @@ pub(crate) fn commit<B: ModelBackend>(
     let mut amounts = vec![0usize; seqs.len()];
     let mut counts = Acceptance::default();
     let mut kept = Vec::with_capacity(active.len());
-    for (pos, &i) in active.iter().enumerate() {
+    for ((pos, &i), mut entries) in active.iter().enumerate().zip(logprobs) {
         let n = shared.unwrap_or(verdict.num_accepted[pos]);
         counts.record(proposed[pos], n);
         seqs[i].acceptance.record(proposed[pos], n);
@@ -51,6 +53,9 @@ pub(crate) fn commit<B: ModelBackend>(
         // token and the emitted ones but the new last (KV-6), fewer when a
         // stop cut the run (DECODE-5).
         let emitted = emit(&mut seqs[i], i, &verdict.tokens[pos][..=n], faults, detok, sink);
+        // One entry per emitted token: none past a stop that cut the run (LOGPROB-3).
+        entries.truncate(if faults.logprobs_past_stop() { n + 1 } else { emitted });
+        seqs[i].logprobs.extend(entries);
         amounts[i] = 1 + proposed[pos] - emitted + faults.extra_trim();
         kept.push(emitted);
     }

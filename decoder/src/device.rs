@@ -37,6 +37,16 @@ impl<'a> Row<'a> {
         Row { params, counted: params.penalty_scope.counted(context, prompt_len), drafts, bias }
     }
 
+    /// The row's penalty counts `[V]`: its context's scope, then the drafts
+    /// before it (LOGITS-12, LOGITS-13).
+    pub(crate) fn counts(&self, vocab: usize) -> Vec<f64> {
+        let mut row = penalty_counts(self.counted, vocab);
+        for &d in self.drafts {
+            row[d as usize] += 1.0;
+        }
+        row
+    }
+
     /// A row with no penalty context and no bias: LOGITS-1 .. LOGITS-6 and min-p.
     pub(crate) fn plain(params: SamplingParams) -> Self {
         Row { params, counted: &[], drafts: &[], bias: &[] }
@@ -61,11 +71,7 @@ pub(crate) fn process<B: ModelBackend>(b: &B, logits: &B::Tensor, rows: &[Row<'_
         .then(|| {
             let mut counts = Vec::with_capacity(r * vocab);
             for x in rows {
-                let mut row = penalty_counts(x.counted, vocab);
-                for &d in x.drafts {
-                    row[d as usize] += 1.0;
-                }
-                counts.extend(row);
+                counts.extend(x.counts(vocab));
             }
             Ok::<_, DecodeError>([upload_f64(b, vec![r, vocab], counts)?, column(&|p| p.repetition_penalty)?, column(&|p| p.presence_penalty)?, column(&|p| p.frequency_penalty)?])
         })

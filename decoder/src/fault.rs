@@ -56,11 +56,26 @@ pub enum Fault {
     /// early, so the token at every slice boundary is cached twice (an
     /// off-by-one in the slice's start).
     PrefillSliceRefed,
+    /// Reports the logprob of a drafted position from the draft's `q`, not
+    /// the target's row (vLLM #34497's class: logprobs broken under speculation).
+    LogprobsFromDraft,
+    /// Reports every logprob of a step that verified drafts as 0
+    /// (llama.cpp #27972: logprob 0.0 for every token with speculation on).
+    LogprobsZeroWhenSpeculating,
+    /// Reports the logprobs of a whole accepted run though a stop cut it
+    /// (vLLM #47616: entries past a stop string matched inside the run).
+    LogprobsPastStop,
+    /// Applies the logit bias to row 0 of a verify window only (SGLang
+    /// #10617: a token biased by -100 still appears under speculation).
+    BiasOnFirstRowOnly,
+    /// Drops min-p on every row of a window that verifies drafts (SGLang
+    /// #10617: min-p not applied under speculative verification).
+    MinPSkippedOnVerify,
 }
 
 impl Fault {
     /// Every fault, for lists of negative controls.
-    pub const ALL: [Fault; 15] = [
+    pub const ALL: [Fault; 20] = [
         Fault::RollbackOffByOne,
         Fault::BonusFromWrongRow,
         Fault::AcceptPastEos,
@@ -76,6 +91,11 @@ impl Fault {
         Fault::DraftCacheNotTrimmed,
         Fault::NgramIndexedAfterProposing,
         Fault::PrefillSliceRefed,
+        Fault::LogprobsFromDraft,
+        Fault::LogprobsZeroWhenSpeculating,
+        Fault::LogprobsPastStop,
+        Fault::BiasOnFirstRowOnly,
+        Fault::MinPSkippedOnVerify,
     ];
 }
 
@@ -101,6 +121,32 @@ impl Faults {
     /// How many of the drafts before verify row `j` its penalties count.
     pub(crate) fn penalty_window(self, j: usize) -> usize {
         if self.0 == Some(Fault::PenaltyIgnoresDrafts) { 0 } else { j }
+    }
+
+    /// The processor inputs of verify row `j` of a window of `len` drafts,
+    /// where the correct ones are `row` (LOGITS-13).
+    pub(crate) fn window_processors<'a>(self, mut row: crate::device::Row<'a>, j: usize, len: usize) -> crate::device::Row<'a> {
+        match self.0 {
+            Some(Fault::BiasOnFirstRowOnly) if j > 0 => row.bias = &[],
+            Some(Fault::MinPSkippedOnVerify) if len > 0 => row.params.min_p = 0.0,
+            _ => {}
+        }
+        row
+    }
+
+    /// Whether a step's logprobs of drafted positions come from the draft's `q`.
+    pub(crate) fn logprobs_from_draft(self) -> bool {
+        self.0 == Some(Fault::LogprobsFromDraft)
+    }
+
+    /// Whether a step that verified drafts reports every logprob as 0.
+    pub(crate) fn zero_logprobs(self, drafted: bool) -> bool {
+        drafted && self.0 == Some(Fault::LogprobsZeroWhenSpeculating)
+    }
+
+    /// Whether a run's logprobs are kept past a stop that cut it.
+    pub(crate) fn logprobs_past_stop(self) -> bool {
+        self.0 == Some(Fault::LogprobsPastStop)
     }
 
     /// Where a prefill slice that continues at `fed` starts feeding.

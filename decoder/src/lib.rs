@@ -27,7 +27,9 @@
 //! verify; `verify.rs`, greedy, DFlash or rejection sampling on the
 //! device, downloading only emitted tokens and counts; `commit.rs`,
 //! emission up to a stop ([`stop`]), the rollback (per sequence or
-//! min-accepted) and the step's counts. `ledger.rs` keeps the step's
+//! min-accepted) and the step's counts; `logprobs.rs` reports each emitted
+//! token's logprobs from its own verify row (LOGPROB-4), for the requests
+//! that ask. `ledger.rs` keeps the step's
 //! bookkeeping behind one helper: which controller picks `k` (seed 001's
 //! dynamic controller, `specdec_reference::controller`, switched on in
 //! [`config`], or the pay-off controller in
@@ -68,6 +70,7 @@ pub mod engine;
 pub mod error;
 mod fault;
 mod ledger;
+mod logprobs;
 pub mod payoff;
 pub mod proposer;
 pub mod record;
@@ -91,4 +94,5 @@ pub use request::{Acceptance, FinishReason, Output, Request, RunOutput, Timings}
 pub use seq::noise_streams;
 pub use session::Session;
 pub use sink::{NoSink, Sink};
+pub use specdec_reference::{LogprobMode, LogprobRequest, MAX_TOP_LOGPROBS, TokenLogprob};
 pub use stop::Detokenize;

@@ -4,6 +4,7 @@
 use serde::Serialize;
 use specdec_backend::SamplingParams;
 use specdec_reference::controller::{SpecStats, StepCounts};
+use specdec_reference::{LogprobRequest, MAX_TOP_LOGPROBS, TokenLogprob};
 
 use crate::error::DecodeError;
 
@@ -37,12 +38,26 @@ pub struct Request {
     /// Whether this request's steps carry drafts; `false` decodes it
     /// plainly inside a speculating batch (each step one verify of no draft).
     pub speculate: bool,
+    /// The logprobs to report with each generated token (LOGPROB-1 ..
+    /// LOGPROB-4), or none.
+    pub logprobs: Option<LogprobRequest>,
 }
 
 impl Request {
     /// A greedy request with no stop condition but `max_tokens`.
     pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Self {
-        Request { prompt, sampling: SamplingParams::greedy(), logit_bias: Vec::new(), seed: 0, max_tokens, eos: Vec::new(), stop_strings: Vec::new(), verify_uniforms: None, speculate: true }
+        Request {
+            prompt,
+            sampling: SamplingParams::greedy(),
+            logit_bias: Vec::new(),
+            seed: 0,
+            max_tokens,
+            eos: Vec::new(),
+            stop_strings: Vec::new(),
+            verify_uniforms: None,
+            speculate: true,
+            logprobs: None,
+        }
     }
 
     /// Checks the request against the model's vocabulary (ERR-1: typed, named, no clamping).
@@ -68,6 +83,11 @@ impl Request {
         }
         if let Err(e) = specdec_reference::bias_row(&self.logit_bias, vocab) {
             return bad(e.to_string());
+        }
+        if let Some(l) = self.logprobs
+            && l.top > MAX_TOP_LOGPROBS
+        {
+            return bad(format!("top_logprobs = {} is more than {MAX_TOP_LOGPROBS}", l.top));
         }
         if let Some((i, u)) = self.verify_uniforms.iter().flatten().enumerate().find(|(_, u)| !(0.0..1.0).contains(*u)) {
             return bad(format!("explicit verify uniform {i} is {u}, outside [0, 1)"));
@@ -214,6 +234,8 @@ pub struct Output {
     pub tokens: Vec<u32>,
     pub finish: FinishReason,
     pub acceptance: Acceptance,
+    /// One entry per token of `tokens` where the request asked for them.
+    pub logprobs: Option<Vec<TokenLogprob>>,
 }
 
 /// A whole `generate` call's results and metrics.

@@ -7,6 +7,7 @@ use rand_pcg::Pcg64;
 use crate::device::Row;
 use crate::request::{Acceptance, FinishReason, Request};
 use crate::stop::StopState;
+use specdec_reference::TokenLogprob;
 
 /// One request's state during a run.
 pub(crate) struct Seq {
@@ -19,6 +20,8 @@ pub(crate) struct Seq {
     pub(crate) draft_rng: Pcg64,
     pub(crate) acceptance: Acceptance,
     pub(crate) stop: StopState,
+    /// One entry per emitted token, where the request asked for logprobs.
+    pub(crate) logprobs: Vec<TokenLogprob>,
 }
 
 /// Where a request's verify uniforms come from (DECODE-3).
@@ -64,7 +67,7 @@ impl Seq {
             None => VerifyNoise::Stream(verify_rng),
         };
         let stop = StopState::new(&req);
-        Seq { context: req.prompt.clone(), req, out: Vec::new(), finish: None, verify_noise, draft_rng, acceptance: Acceptance::default(), stop }
+        Seq { context: req.prompt.clone(), req, out: Vec::new(), finish: None, verify_noise, draft_rng, acceptance: Acceptance::default(), stop, logprobs: Vec::new() }
     }
 
     /// The state of a slot that holds no request: finished, never active.

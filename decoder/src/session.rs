@@ -26,12 +26,14 @@ use crate::config::OnProposerError;
 use crate::engine::Engine;
 use crate::error::DecodeError;
 use crate::ledger::{Ledger, Phase};
+use crate::logprobs::step_logprobs;
 use crate::proposer::{Observed, ObservedSeq, Proposal, Proposer, SeqView};
 use crate::request::{Acceptance, FinishReason, Output, Request, RunOutput, Timings};
 use crate::seq::Seq;
 use crate::sink::Sink;
 use crate::stop::Detokenize;
 use crate::{verify, window};
+use specdec_reference::TokenLogprob;
 
 /// What a slot holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -284,12 +286,13 @@ impl<'s, B: ModelBackend> Session<'s, B> {
         let t = Instant::now();
         let win = window::forward(b, self.engine.target, &mut self.cache, &self.seqs, &active, &proposal, self.proposer.hidden_layers(), config.faults())?;
         let verdict = verify::verify(b, self.engine.vocab, config, &win, &mut self.seqs, &active, &proposal)?;
+        let logprobs = step_logprobs(b, self.engine.vocab, &win, &self.seqs, &active, &proposal, &verdict, config.faults())?;
         self.ledger.lap(Phase::Verify, t);
 
         // 4. Commit: emission up to a stop, and the rollback.
         let t = Instant::now();
         let proposed: Vec<usize> = proposal.drafts.iter().map(Vec::len).collect();
-        let step = commit(b, &mut self.cache, config, &mut self.seqs, &active, &proposed, &verdict, detok, sink)?;
+        let step = commit(b, &mut self.cache, config, &mut self.seqs, &active, &proposed, &verdict, logprobs, detok, sink)?;
         self.ledger.lap(Phase::Commit, t);
 
         // The proposer rolls its state back to what was kept; the controllers learn the step.
@@ -321,7 +324,14 @@ impl<'s, B: ModelBackend> Session<'s, B> {
         let s = &mut self.seqs[slot];
         let finish = s.finish?;
         self.slots[slot] = Slot::Free;
-        Some(Output { tokens: std::mem::take(&mut s.out), finish, acceptance: std::mem::take(&mut s.acceptance) })
+        let logprobs = s.req.logprobs.is_some().then(|| std::mem::take(&mut s.logprobs));
+        Some(Output { tokens: std::mem::take(&mut s.out), finish, acceptance: std::mem::take(&mut s.acceptance), logprobs })
+    }
+
+    /// The logprob entries of the request in `slot` so far, one per token it
+    /// emitted (empty where it asked for none): a server streams them.
+    pub fn logprobs(&self, slot: usize) -> &[TokenLogprob] {
+        self.seqs.get(slot).map_or(&[], |s| &s.logprobs)
     }
 
     /// Drops the request in `slot` (finished or not) and frees the slot at

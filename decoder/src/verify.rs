@@ -31,8 +31,7 @@ pub(crate) fn verify<B: ModelBackend>(b: &B, vocab: usize, config: &EngineConfig
     // (LOGITS-13); rows past its drafts are padding, never read (CONV-7).
     let mut rows = Vec::with_capacity(a * (width + 1));
     for (pos, &i) in active.iter().enumerate() {
-        let drafts = &p.drafts[pos];
-        rows.extend((0..=width).map(|j| seqs[i].row(&drafts[..faults.penalty_window(j.min(drafts.len()))])));
+        rows.extend((0..=width).map(|j| row_inputs(&seqs[i], &p.drafts[pos], j, faults)));
     }
     if greedy && p.rule == VerifyRule::DflashBlock && p.drafts.iter().all(|d| d.len() == width) {
         return dflash(b, vocab, w, seqs, active, p, &rows);
@@ -77,6 +76,13 @@ pub(crate) fn verify<B: ModelBackend>(b: &B, vocab: usize, config: &EngineConfig
     let noise = RejectionNoise { accept_uniforms: &u, draw: DrawNoiseArg::InverseCdf(&v) };
     let out = if checked { b.rejection_verify(args, noise, Comparator::Strict)? } else { b.rejection_verify_unchecked(args, noise, Comparator::Strict)? };
     download(b, &out, a, width)
+}
+
+/// The processor inputs of verify row `j` of sequence `s` with `drafts`:
+/// its context plus the drafts before the row (LOGITS-13).
+pub(crate) fn row_inputs<'a>(s: &'a Seq, drafts: &'a [u32], j: usize, faults: Faults) -> device::Row<'a> {
+    let seen = faults.penalty_window(j.min(drafts.len()));
+    faults.window_processors(s.row(&drafts[..seen]), j, drafts.len())
 }
 
 /// One step's `len` accept uniforms and its draw uniform, in DECODE-3's

@@ -156,6 +156,39 @@ fn penalised_greedy_equals_the_penalised_loop_for_every_proposer() {
     }
 }
 
+/// LOGPROB-4 on the reference backend (a batch-invariant forward): every
+/// proposer reports, at each position, exactly the entries plain decoding
+/// reports there, in both modes, greedy with every processor and sampled
+/// (positions up to where the sampled outputs part); one entry per token.
+#[test]
+fn logprobs_with_speculation_equal_plain_decodings_for_every_proposer() {
+    use specdec_decoder::{LogprobMode, LogprobRequest};
+    let w = tiny("tiny-v12-l2");
+    let bias: &[(u32, f64)] = &[(3, 0.7), (5, -0.4)];
+    let greedy = SamplingParams { repetition_penalty: 1.6, presence_penalty: 0.3, frequency_penalty: 0.2, min_p: 0.5, ..SamplingParams::greedy() };
+    let sampled = SamplingParams { temperature: 0.8, top_k: 6, ..greedy };
+    for mode in [LogprobMode::Raw, LogprobMode::Processed] {
+        for params in [greedy, sampled] {
+            let ask = Some(LogprobRequest { top: 4, mode });
+            let reqs: Vec<Request> = PROMPTS.iter().map(|pr| Request { sampling: params, logit_bias: bias.to_vec(), logprobs: ask, seed: 9, ..Request::greedy(pr.to_vec(), 12) }).collect();
+            let plain = run(&w, k(1), &reqs, &mut NoProposer);
+            for name in ["ngram", "draft", "self", "early-exit:1", "dflash", "dflash-iter"] {
+                let out = run(&w, k(4), &reqs, proposer(name, &w).as_mut());
+                assert!(out.acceptance.proposed > 0, "{name} must draft for the test to mean anything");
+                for (i, (o, p)) in out.outputs.iter().zip(&plain.outputs).enumerate() {
+                    let (lo, lp) = (o.logprobs.as_ref().unwrap(), p.logprobs.as_ref().unwrap());
+                    assert_eq!((lo.len(), lp.len()), (o.tokens.len(), p.tokens.len()), "{mode:?} {name} request {i}: one entry per token");
+                    let same = o.tokens.iter().zip(&p.tokens).take_while(|(a, b)| a == b).count();
+                    assert_eq!(lo[..same], lp[..same], "{mode:?} {params:?} {name} request {i}");
+                    if params.temperature == 0.0 {
+                        assert_eq!(same, o.tokens.len(), "{name}: greedy tokens differ");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Seed 001 scenario 1 (all accepted): a draft equal to the target accepts
 /// every draft; each step emits k + 1 tokens (CTRL-5, erratum E6).
 #[test]

@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use specdec_backend::model::{LlamaWeights, ModelBackend};
-use specdec_backend::{BackendError, SamplingParams};
-use specdec_decoder::{Detokenize, Engine, EngineConfig, FinishReason, NoProposer, NoSink, Proposer, Request};
+use specdec_backend::{BackendError, PenaltyScope};
+use specdec_decoder::{Detokenize, Engine, EngineConfig, FinishReason, LogprobMode, MAX_TOP_LOGPROBS, NoProposer, NoSink, Proposer, Request};
 
-use crate::{DraftCounts, EngineError, EngineInfo, Finish, Generation, GenerationEngine, GenerationRequest};
+use crate::{DraftCounts, EngineError, EngineInfo, Finish, Generation, GenerationEngine, GenerationRequest, LogprobStatement, Processor};
 
 /// The speculative decoder on one backend with one proposer.
 pub struct DecoderEngine<'a, B: ModelBackend> {
@@ -34,6 +34,12 @@ impl<'a, B: ModelBackend> DecoderEngine<'a, B> {
             batch_invariant: true,
             stop_strings: detok.is_some(),
             eos_ids: true,
+            processors: Processor::ALL.to_vec(),
+            penalty_scopes: vec![PenaltyScope::Context, PenaltyScope::Generated],
+            // The reference's f64 definition on the backend's own rows: they
+            // differ from the reference forward's by its logit error, which
+            // its argmax epsilon (twice the largest logit error) bounds.
+            logprobs: Some(LogprobStatement { modes: LogprobMode::ALL.to_vec(), max_top: MAX_TOP_LOGPROBS, epsilon: backend.model_precision().argmax_margin_epsilon.max(LOGPROB_ROUNDING) }),
         };
         Ok(DecoderEngine { backend, weights, model, proposer, config, detok, info })
     }
@@ -61,6 +67,7 @@ impl<'a, B: ModelBackend> DecoderEngine<'a, B> {
                     FinishReason::Capacity => Finish::Capacity,
                 },
                 drafts: speculate.then_some(DraftCounts { proposed: o.acceptance.proposed, accepted: o.acceptance.accepted }),
+                logprobs: o.logprobs,
             })
             .collect())
     }
@@ -76,8 +83,20 @@ fn backend_error(e: BackendError) -> EngineError {
 }
 
 fn to_request(r: &GenerationRequest) -> Request {
-    Request { sampling: SamplingParams::new(r.temperature, r.top_k, r.top_p), seed: r.seed, eos: r.eos.clone(), stop_strings: r.stop.clone(), ..Request::greedy(r.prompt.clone(), r.max_new_tokens) }
+    Request {
+        sampling: r.params(),
+        logit_bias: r.logit_bias.clone(),
+        seed: r.seed,
+        eos: r.eos.clone(),
+        stop_strings: r.stop.clone(),
+        logprobs: r.logprobs,
+        ..Request::greedy(r.prompt.clone(), r.max_new_tokens)
+    }
 }
+
+/// The f64 arithmetic of a logprob on the host (a log-sum-exp over the
+/// vocabulary): the least epsilon any backend states, the reference's own included.
+const LOGPROB_ROUNDING: f64 = 1e-9;
 
 impl<B: ModelBackend> GenerationEngine for DecoderEngine<'_, B> {
     fn info(&self) -> &EngineInfo {

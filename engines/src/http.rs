@@ -15,13 +15,24 @@
 //! - draft counts: `choices[0].draft_tokens` where the server reports them;
 //! - the engine's statement (vocabulary, greedy epsilon, batch invariance):
 //!   `/v1/models`' `data[0].specdec`, which `specdec serve` publishes; for
-//!   another server it is given by the caller.
+//!   another server it is given by the caller;
+//! - the processors: OpenAI's `logit_bias` (a map, ids as strings),
+//!   `presence_penalty` and `frequency_penalty`, vLLM's `min_p` and
+//!   `repetition_penalty`, and ours, `penalty_scope`;
+//! - logprobs (LOGPROB-3): `logprobs: N` with vLLM's
+//!   `return_tokens_as_token_ids` (tokens written `token_id:N`, so an
+//!   alternative is an id, never a string two ids may share) and our
+//!   `logprobs_mode` (`raw` or `processed`; vLLM fixes it at start).
 //!
 //! **llama.cpp's native endpoint** (`llama-cpp+http://HOST:PORT`): one
 //! `POST /completion` on token ids with `return_tokens` (ids back in
 //! `tokens`), every sampler of its chain the contract does not name set to
 //! its neutral value (min-p 0, typical-p 1, penalties off: the server's
-//! defaults are not neutral), `stop_type` for the finish reason and
+//! defaults are not neutral; the contract's min-p, bias pairs and penalties
+//! go out as asked, the penalties over the whole context with
+//! `repeat_last_n: -1`, so a penalty over the generated tokens alone is
+//! refused; logprobs through `n_probs`, raw from `top_logprobs` or
+//! processed from `post_sampling_probs`' `top_probs`), `stop_type` for the finish reason and
 //! `timings.draft_n` / `draft_n_accepted` for the draft counts. What is lost:
 //! the server takes no eos ids per request, only its model's own, so the
 //! request goes out with `ignore_eos` and the output is cut here after the
@@ -42,6 +53,9 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
+
+use specdec_backend::PenaltyScope;
+use specdec_decoder::{LogprobMode, TokenLogprob};
 
 use crate::{DraftCounts, EngineError, EngineInfo, Finish, Generation, GenerationEngine, GenerationRequest, validate_outputs};
 
@@ -145,7 +159,7 @@ impl HttpEngine {
         let base = self.server(r)?;
         let (url, body) = match self.dialect {
             Dialect::OpenAi => (format!("{base}/v1/completions"), openai_body(r)),
-            Dialect::LlamaCpp => (format!("{base}/completion"), llama_cpp_body(r)),
+            Dialect::LlamaCpp => (format!("{base}/completion"), llama_cpp_body(r)?),
         };
         let mut reply = self.agent.post(&url).send_json(&body).map_err(|e| EngineError::Failed(format!("{url}: {e}")))?;
         let status = reply.status().as_u16();
@@ -156,7 +170,7 @@ impl HttpEngine {
             return Err(if (400..500).contains(&status) { EngineError::Request { index: 0, reason: message } } else { EngineError::Failed(format!("{status}: {message}")) });
         }
         match self.dialect {
-            Dialect::OpenAi => parse_choice(&v),
+            Dialect::OpenAi => parse_choice(&v, r),
             Dialect::LlamaCpp => parse_llama_cpp(&v, r, self.speculates && r.speculation),
         }
     }
@@ -173,18 +187,54 @@ fn openai_body(r: &GenerationRequest) -> Value {
     if !r.stop.is_empty() {
         body["stop"] = json!(r.stop);
     }
+    // OpenAI's fields, vLLM's `min_p` and `repetition_penalty`, and ours:
+    // `penalty_scope` (OpenAI counts presence and frequency over the
+    // generated tokens) and `logprobs_mode` (vLLM fixes it at start).
+    if r.min_p != 0.0 {
+        body["min_p"] = json!(r.min_p);
+    }
+    if !r.logit_bias.is_empty() {
+        body["logit_bias"] = Value::Object(r.logit_bias.iter().map(|(id, b)| (id.to_string(), json!(b))).collect());
+    }
+    for (name, value, neutral) in [("repetition_penalty", r.repetition_penalty, 1.0), ("presence_penalty", r.presence_penalty, 0.0), ("frequency_penalty", r.frequency_penalty, 0.0)] {
+        if value != neutral {
+            body[name] = json!(value);
+        }
+    }
+    if r.params().penalised() {
+        body["penalty_scope"] = json!(r.penalty_scope.name());
+    }
+    if let Some(ask) = r.logprobs {
+        body["logprobs"] = json!(ask.top);
+        body["logprobs_mode"] = json!(ask.mode.name());
+        body["return_tokens_as_token_ids"] = json!(true);
+    }
     body
 }
 
 /// llama.cpp's native request: every sampler the contract does not name
-/// neutral (its defaults are top-k 40, top-p 0.95, min-p 0.05, T 0.8).
-fn llama_cpp_body(r: &GenerationRequest) -> Value {
-    json!({
+/// neutral (its defaults are top-k 40, top-p 0.95, min-p 0.05, T 0.8). Its
+/// penalties count the last `repeat_last_n` tokens of the context, prompt
+/// included (-1: all of it), so a request whose penalties count the
+/// generated tokens alone is refused.
+fn llama_cpp_body(r: &GenerationRequest) -> Result<Value, EngineError> {
+    if r.params().penalised() && r.penalty_scope != PenaltyScope::Context {
+        return Err(EngineError::Request { index: 0, reason: "llama.cpp's penalties count the prompt too: the `generated` penalty scope cannot be asked of it".into() });
+    }
+    let mut body = json!({
         "prompt": r.prompt, "n_predict": r.max_new_tokens, "temperature": r.temperature, "top_k": r.top_k, "top_p": r.top_p,
-        "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+        "min_p": r.min_p, "typical_p": 1.0, "repeat_penalty": r.repetition_penalty, "repeat_last_n": -1,
+        "presence_penalty": r.presence_penalty, "frequency_penalty": r.frequency_penalty,
         "dry_multiplier": 0.0, "xtc_probability": 0.0, "top_n_sigma": -1.0, "mirostat": 0, "dynatemp_range": 0.0,
         "seed": r.seed % LLAMA_CPP_RANDOM_SEED, "ignore_eos": true, "return_tokens": true, "stream": false, "stop": r.stop,
-    })
+        "logit_bias": r.logit_bias.iter().map(|(id, b)| json!([id, b])).collect::<Vec<_>>(),
+    });
+    if let Some(ask) = r.logprobs {
+        // `n_probs` 0 reports nothing; the alternatives are cut to `top` on reading.
+        body["n_probs"] = json!(ask.top.max(1));
+        body["post_sampling_probs"] = json!(ask.mode == LogprobMode::Processed);
+    }
+    Ok(body)
 }
 
 /// One `/completion` reply as a [`Generation`], cut after the first of the
@@ -200,8 +250,15 @@ fn parse_llama_cpp(v: &Value, r: &GenerationRequest, counted: bool) -> Result<Ge
         Some("eos") => Finish::Eos,
         other => return Err(bad(format!("`stop_type` {other:?} is not `limit`, `word` or `eos`"))),
     };
+    let mut logprobs = match r.logprobs {
+        Some(ask) => Some(llama_cpp_logprobs(v, ask.top)?),
+        None => None,
+    };
     if let Some(i) = tokens.iter().position(|t| r.eos.contains(t)) {
         tokens.truncate(i + 1);
+        if let Some(l) = logprobs.as_mut() {
+            l.truncate(i + 1);
+        }
         finish = Finish::Eos;
     }
     let drafts = match (counted, v.get("timings")) {
@@ -214,7 +271,40 @@ fn parse_llama_cpp(v: &Value, r: &GenerationRequest, counted: bool) -> Result<Ge
         }
         _ => None,
     };
-    Ok(Generation { tokens, finish, drafts })
+    Ok(Generation { tokens, finish, drafts, logprobs })
+}
+
+/// llama.cpp's `completion_probabilities`: per token `id` and `logprob` with
+/// `top_logprobs` (raw), or `prob` with `top_probs` (`post_sampling_probs`);
+/// the alternatives cut to the `top` asked.
+fn llama_cpp_logprobs(v: &Value, top: usize) -> Result<Vec<TokenLogprob>, EngineError> {
+    let bad = |m: String| EngineError::Contract(m);
+    let probs = v.get("completion_probabilities").and_then(Value::as_array).ok_or_else(|| bad("`completion_probabilities` is missing (`n_probs`)".into()))?;
+    let one = |e: &Value| -> Result<(u32, f64), EngineError> {
+        let id = e.get("id").and_then(Value::as_u64).and_then(|t| u32::try_from(t).ok()).ok_or_else(|| bad(format!("a probability entry has no `id`: {e}")))?;
+        let lp = match (e.get("logprob").and_then(Value::as_f64), e.get("prob").and_then(Value::as_f64)) {
+            (Some(lp), _) => lp,
+            (None, Some(p)) => p.ln(),
+            _ => return Err(bad(format!("a probability entry has neither `logprob` nor `prob`: {e}"))),
+        };
+        Ok((id, lp))
+    };
+    probs
+        .iter()
+        .map(|e| {
+            let (id, logprob) = one(e)?;
+            let alts = e.get("top_logprobs").or_else(|| e.get("top_probs")).and_then(Value::as_array).ok_or_else(|| bad(format!("a probability entry has no `top_logprobs`: {e}")))?;
+            let top = sorted_top(alts.iter().map(one).collect::<Result<Vec<_>, _>>()?, top);
+            Ok(TokenLogprob { id, logprob, top })
+        })
+        .collect()
+}
+
+/// Alternatives in LOGPROB-3's order (logprob descending, then id), the first `n`.
+fn sorted_top(mut top: Vec<(u32, f64)>, n: usize) -> Vec<(u32, f64)> {
+    top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    top.truncate(n);
+    top
 }
 
 fn get_json(agent: &ureq::Agent, url: &str) -> Result<Value, EngineError> {
@@ -227,7 +317,7 @@ fn get_json(agent: &ureq::Agent, url: &str) -> Result<Value, EngineError> {
 }
 
 /// One completion reply as a [`Generation`].
-fn parse_choice(v: &Value) -> Result<Generation, EngineError> {
+fn parse_choice(v: &Value, r: &GenerationRequest) -> Result<Generation, EngineError> {
     let bad = |m: String| EngineError::Contract(m);
     let choice = v.pointer("/choices/0").ok_or_else(|| bad("the reply has no `choices[0]`".into()))?;
     let ids = choice.get("token_ids").and_then(Value::as_array).ok_or_else(|| bad("`choices[0].token_ids` is missing: the server does not return ids (`return_token_ids`)".into()))?;
@@ -245,7 +335,32 @@ fn parse_choice(v: &Value) -> Result<Generation, EngineError> {
         }),
         None => None,
     };
-    Ok(Generation { tokens, finish, drafts })
+    let logprobs = match choice.get("logprobs") {
+        Some(l) if !l.is_null() => Some(openai_logprobs(l, r.logprobs.map_or(0, |a| a.top))?),
+        _ => None,
+    };
+    Ok(Generation { tokens, finish, drafts, logprobs })
+}
+
+/// A completion's `logprobs` (`tokens`, `token_logprobs`, `top_logprobs`),
+/// its tokens written `token_id:N` (vLLM's `return_tokens_as_token_ids`).
+fn openai_logprobs(l: &Value, top: usize) -> Result<Vec<TokenLogprob>, EngineError> {
+    let bad = |m: String| EngineError::Contract(m);
+    let id = |s: &str| s.strip_prefix("token_id:").and_then(|n| n.parse::<u32>().ok()).ok_or_else(|| bad(format!("logprobs token {s:?} is not written `token_id:N` (`return_tokens_as_token_ids`)")));
+    let list = |name: &str| l.get(name).and_then(Value::as_array).ok_or_else(|| bad(format!("`logprobs.{name}` is missing or not a list")));
+    let (tokens, values, tops) = (list("tokens")?, list("token_logprobs")?, list("top_logprobs")?);
+    if values.len() != tokens.len() || tops.len() != tokens.len() {
+        return Err(bad(format!("`logprobs` lists {} tokens, {} logprobs and {} top lists", tokens.len(), values.len(), tops.len())));
+    }
+    let mut out = Vec::with_capacity(tokens.len());
+    for ((t, v), alts) in tokens.iter().zip(values).zip(tops) {
+        let token = id(t.as_str().ok_or_else(|| bad(format!("logprobs token {t} is not a string")))?)?;
+        let logprob = v.as_f64().ok_or_else(|| bad(format!("token logprob {v} is not a number")))?;
+        let alts = alts.as_object().ok_or_else(|| bad(format!("a top_logprobs entry {alts} is not an object")))?;
+        let alts = alts.iter().map(|(k, v)| Ok((id(k)?, v.as_f64().ok_or_else(|| bad(format!("top logprob {v} is not a number")))?))).collect::<Result<Vec<_>, EngineError>>()?;
+        out.push(TokenLogprob { id: token, logprob, top: sorted_top(alts, top) });
+    }
+    Ok(out)
 }
 
 impl GenerationEngine for HttpEngine {

@@ -33,7 +33,7 @@ mod decoder;
 mod exec;
 mod http;
 
-pub use contract::{DraftCounts, EngineInfo, Finish, Generation, GenerationRequest};
+pub use contract::{DraftCounts, EngineInfo, Finish, Generation, GenerationRequest, LogprobStatement, Processor};
 pub use decoder::DecoderEngine;
 pub use exec::{ExecEngine, serve_exec};
 pub use http::{Dialect, HttpEngine, parse_http_engine};
@@ -83,6 +83,41 @@ pub fn validate_outputs(info: &EngineInfo, requests: &[GenerationRequest], outpu
         }
         if o.tokens.is_empty() && o.finish != Finish::Capacity {
             return Err(EngineError::Contract(format!("request {i}: no token generated, finish {:?}", o.finish)));
+        }
+        validate_logprobs(info, &requests[i], o).map_err(|e| EngineError::Contract(format!("request {i}: logprobs: {e}")))?;
+    }
+    Ok(())
+}
+
+/// The shape of an output's logprobs (LOGPROB-3): present exactly when
+/// asked, each entry's id the token at its position (where there is one),
+/// at most `top` alternatives, ids in the vocabulary, values finite and at
+/// most 0. How many entries there are is for the checks to judge (entries
+/// end where the output ends).
+fn validate_logprobs(info: &EngineInfo, r: &GenerationRequest, o: &Generation) -> Result<(), String> {
+    let (ask, entries) = match (&r.logprobs, &o.logprobs) {
+        (None, None) => return Ok(()),
+        (None, Some(_)) => return Err("reported, though the request asked for none".into()),
+        (Some(_), None) => return Err("asked for, none reported".into()),
+        (Some(ask), Some(entries)) => (ask, entries),
+    };
+    for (t, e) in entries.iter().enumerate() {
+        if let Some(&token) = o.tokens.get(t)
+            && e.id != token
+        {
+            return Err(format!("entry {t} is of id {}, the token there is {token}", e.id));
+        }
+        if e.top.len() > ask.top {
+            return Err(format!("entry {t} lists {} alternatives, {} were asked", e.top.len(), ask.top));
+        }
+        for (id, lp) in std::iter::once((e.id, e.logprob)).chain(e.top.iter().copied()) {
+            if id as usize >= info.vocab {
+                return Err(format!("entry {t} names id {id}, outside the vocabulary of {}", info.vocab));
+            }
+            // f32 rounding may put a certain token's logprob a hair above 0.
+            if !(lp.is_finite() && lp <= 1e-6) {
+                return Err(format!("entry {t}: logprob {lp} of id {id} is not a finite value <= 0"));
+            }
         }
     }
     Ok(())

@@ -10,6 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use specdec_backend::PenaltyScope;
+use specdec_decoder::{LogprobMode, LogprobRequest, TokenLogprob};
 use specdec_engines::{DraftCounts, EngineError, EngineInfo, Finish, GenerationEngine, GenerationRequest, HttpEngine};
 
 /// A server that answers `/v1/models` with no statement, `/slots` with
@@ -75,7 +77,19 @@ impl Scripted {
 }
 
 fn statement() -> EngineInfo {
-    EngineInfo { name: "llama-server".into(), version: "0".into(), speculation: "ngram-simple".into(), vocab: 12, greedy_epsilon: 1e-4, batch_invariant: false, stop_strings: true, eos_ids: true }
+    EngineInfo {
+        name: "llama-server".into(),
+        version: "0".into(),
+        speculation: "ngram-simple".into(),
+        vocab: 12,
+        greedy_epsilon: 1e-4,
+        batch_invariant: false,
+        stop_strings: true,
+        eos_ids: true,
+        processors: Vec::new(),
+        penalty_scopes: Vec::new(),
+        logprobs: None,
+    }
 }
 
 fn connect(spec: &str) -> HttpEngine {
@@ -112,6 +126,40 @@ fn requests_carry_ids_and_neutral_samplers_and_go_to_the_server_of_their_specula
     ] {
         assert_eq!(body[field], want, "{field} in {body}");
     }
+}
+
+/// ENGINE-2: min-p, the bias pairs, the repetition penalty over the whole
+/// context, and `n_probs` go out; raw logprobs (`top_logprobs`) and
+/// processed ones (`top_probs`, read as their logarithms) come back in
+/// LOGPROB-3's order, cut to the alternatives asked; a penalty over the
+/// generated tokens alone is refused by index (llama.cpp counts the prompt).
+#[test]
+fn processors_and_logprobs_are_carried_and_read() {
+    let reply = json!({"tokens": [1, 2], "stop_type": "limit", "timings": {}, "completion_probabilities": [
+        {"id": 1, "logprob": -0.5, "top_logprobs": [{"id": 1, "logprob": -0.5}, {"id": 4, "logprob": -1.5}, {"id": 7, "logprob": -1.0}]},
+        {"id": 2, "logprob": -0.1, "top_logprobs": [{"id": 2, "logprob": -0.1}]},
+    ]});
+    let server = Scripted::start(reply);
+    let mut engine = connect(&server.url);
+    let ask = |mode| Some(LogprobRequest { top: 2, mode });
+    let r = GenerationRequest { min_p: 0.2, logit_bias: vec![(3, -100.0)], repetition_penalty: 1.3, logprobs: ask(LogprobMode::Raw), ..request(true) };
+    let out = engine.generate(&[r]).unwrap();
+    let want = vec![TokenLogprob { id: 1, logprob: -0.5, top: vec![(1, -0.5), (7, -1.0)] }, TokenLogprob { id: 2, logprob: -0.1, top: vec![(2, -0.1)] }];
+    assert_eq!(out[0].logprobs, Some(want));
+    let body = &server.bodies()[0];
+    for (field, want) in
+        [("min_p", json!(0.2)), ("logit_bias", json!([[3, -100.0]])), ("repeat_penalty", json!(1.3)), ("repeat_last_n", json!(-1)), ("n_probs", json!(2)), ("post_sampling_probs", json!(false))]
+    {
+        assert_eq!(body[field], want, "{field} in {body}");
+    }
+    let r = GenerationRequest { presence_penalty: 0.5, penalty_scope: PenaltyScope::Generated, ..request(true) };
+    assert!(matches!(engine.generate(&[r]), Err(EngineError::Request { index: 0, .. })));
+
+    let reply = json!({"tokens": [1], "stop_type": "limit", "timings": {}, "completion_probabilities": [{"id": 1, "prob": 0.5, "top_probs": [{"id": 1, "prob": 0.5}]}]});
+    let server = Scripted::start(reply);
+    let out = connect(&server.url).generate(&[GenerationRequest { logprobs: ask(LogprobMode::Processed), ..request(true) }]).unwrap();
+    assert_eq!(out[0].logprobs, Some(vec![TokenLogprob { id: 1, logprob: 0.5f64.ln(), top: vec![(1, 0.5f64.ln())] }]));
+    assert_eq!(server.bodies()[0]["post_sampling_probs"], json!(true));
 }
 
 #[test]

@@ -4,7 +4,8 @@
 //! Contents: greedy and DFlash verification ([`greedy`]), the accept test
 //! ([`accept`]), rejection sampling with its residual and bonus
 //! ([`rejection`]), draws ([`sampling`]), temperature, top-k, top-p and the
-//! processors around them ([`logits`]), lossy verifiers ([`lossy`]), the
+//! processors around them ([`logits`]) and the logprobs reported of them
+//! ([`logprob`]), lossy verifiers ([`lossy`]), the
 //! n-gram proposer and its incremental index ([`ngram`]: its per-n tables
 //! filled on the cores for a long append), the batched KV cache and paged
 //! gather ([`kvcache`]), the dynamic controller ([`controller`]), DFlash
@@ -32,6 +33,7 @@ pub mod error;
 pub mod greedy;
 pub mod kvcache;
 pub mod logits;
+pub mod logprob;
 pub mod lossy;
 pub mod ngram;
 pub mod parallel;
@@ -45,6 +47,7 @@ pub use accept::{Comparator, accept_test, speculative_accept};
 pub use error::{ErrorKind, Result, SpecError};
 pub use greedy::{DflashOutput, VerifyOutput, dflash_accept, greedy_verify};
 pub use logits::{BatchInputs, PenaltyScope, RowInputs, SamplingParams, bias_row, penalty_counts, process_logits, process_logits_batch, process_logits_batch_with, process_logits_with, window_counts};
+pub use logprob::{LOGPROB_FLOOR, LogprobMode, LogprobRequest, MAX_TOP_LOGPROBS, TokenLogprob, logprob_row};
 pub use rejection::{RejectionInputs, rejection_verify, residual_distribution};
 pub use sampling::{DrawMethod, DrawNoise, Drawn};
 pub use tensor::Tensor;

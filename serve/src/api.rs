@@ -8,6 +8,10 @@
 //! `repetition_penalty`; and ours, `speculation` (`false` decodes the
 //! request plainly) and `penalty_scope` (what the penalties count:
 //! `generated`, OpenAI's definition and the default here, or `context`).
+//! Logprobs (LOGPROB-3) as OpenAI asks them (`logprobs: N` on completions,
+//! `logprobs` with `top_logprobs` on chat), with vLLM's
+//! `return_tokens_as_token_ids` and a per-request `logprobs_mode` (`raw`,
+//! the default as vLLM's, or `processed`; vLLM fixes it at start).
 
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -100,6 +104,10 @@ pub struct Common {
     #[serde(default)]
     pub ignore_eos: bool,
     pub speculation: Option<bool>,
+    /// vLLM's name: `raw` or `processed` (LOGPROB-1, LOGPROB-2).
+    pub logprobs_mode: Option<String>,
+    #[serde(default)]
+    pub return_tokens_as_token_ids: bool,
 }
 
 /// `POST /v1/completions`'s own fields (the rest are [`Common`]).
@@ -108,7 +116,8 @@ pub struct CompletionBody {
     pub prompt: Prompt,
     #[serde(default)]
     pub echo: bool,
-    pub logprobs: Option<Value>,
+    /// Alternatives per token (0 reports the chosen token's alone).
+    pub logprobs: Option<i64>,
 }
 
 impl CompletionBody {
@@ -131,10 +140,11 @@ pub struct ChatBody {
     /// Chat's name for `max_tokens` (either may be given; this one wins).
     pub max_completion_tokens: Option<i64>,
     pub logprobs: Option<bool>,
+    pub top_logprobs: Option<i64>,
 }
 
 impl ChatBody {
-    pub const FIELDS: &[&str] = &["messages", "max_completion_tokens", "logprobs"];
+    pub const FIELDS: &[&str] = &["messages", "max_completion_tokens", "logprobs", "top_logprobs"];
 }
 
 /// Parses a JSON object body into an endpoint's own fields `T` (named
@@ -189,6 +199,22 @@ pub struct Sampling {
     pub stream: bool,
     pub include_usage: bool,
     pub return_token_ids: bool,
+    /// Set by the endpoint from its own fields ([`logprobs`]).
+    pub logprobs: Option<specdec_decoder::LogprobRequest>,
+    /// Tokens in logprobs written `token_id:N`.
+    pub tokens_as_ids: bool,
+    mode: specdec_decoder::LogprobMode,
+}
+
+impl Sampling {
+    /// Logprobs with `top` alternatives, asked through `param`: 0 ..= 20
+    /// (OpenAI's range), in the request's mode.
+    pub fn ask_logprobs(&mut self, top: i64, param: &str) -> Result<(), ApiError> {
+        let max = specdec_decoder::MAX_TOP_LOGPROBS;
+        let top = usize::try_from(top).ok().filter(|&t| t <= max).ok_or_else(|| ApiError::bad(param, format!("{param} = {top} must be in [0, {max}]")))?;
+        self.logprobs = Some(specdec_decoder::LogprobRequest { top, mode: self.mode });
+        Ok(())
+    }
 }
 
 /// Checks the shared fields against the served model (`model_id`, a
@@ -276,7 +302,14 @@ pub fn validate(c: &Common, model_id: &str, vocab: usize) -> Result<Sampling, Ap
         specdec_backend::SpecError::InvalidParameter { name, value, reason } => ApiError::bad(name, format!("{name} = {value} {reason}")),
         other => ApiError::bad("sampling", other.to_string()),
     })?;
+    let mode = match c.logprobs_mode.as_deref() {
+        None => specdec_decoder::LogprobMode::Raw,
+        Some(m) => specdec_decoder::LogprobMode::from_name(m).ok_or_else(|| ApiError::bad("logprobs_mode", format!("logprobs_mode = {m:?} must be \"raw\" or \"processed\"")))?,
+    };
     Ok(Sampling {
+        logprobs: None,
+        tokens_as_ids: c.return_tokens_as_token_ids,
+        mode,
         max_tokens,
         params,
         logit_bias,

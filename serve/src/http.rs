@@ -33,7 +33,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use rand::{RngExt, SeedableRng};
 use serde_json::{Value, json};
-use specdec_decoder::{Acceptance, FinishReason, Request};
+use specdec_decoder::{Acceptance, FinishReason, Request, TokenLogprob};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::api::{self, ApiError, ChatBody, CompletionBody, Prompt, Sampling};
@@ -222,12 +222,12 @@ async fn completions(State(s): State<Arc<AppState>>, req: HttpRequest) -> Respon
 /// A completion body's prompt ids and sampling.
 fn completion_prompt(s: &AppState, body: &[u8]) -> Result<(Vec<u32>, Sampling), ApiError> {
     let (own, common) = api::parse::<CompletionBody>(body, CompletionBody::FIELDS)?;
-    let sampling = api::validate(&common, &s.model_id, s.vocab)?;
+    let mut sampling = api::validate(&common, &s.model_id, s.vocab)?;
     if own.echo {
         return Err(ApiError::bad("echo", "echo is not supported"));
     }
-    if own.logprobs.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(ApiError::bad("logprobs", "logprobs are not supported"));
+    if let Some(top) = own.logprobs {
+        sampling.ask_logprobs(top, "logprobs")?;
     }
     let text = |t: &str| s.codec.encode_text(t, s.special_tokens_in_text).map_err(|e| ApiError::bad("prompt", e));
     let prompt = match own.prompt {
@@ -256,9 +256,11 @@ fn chat_prompt(s: &AppState, body: &[u8]) -> Result<(Vec<u32>, Sampling), ApiErr
     if own.max_completion_tokens.is_some() {
         common.max_tokens = own.max_completion_tokens;
     }
-    let sampling = api::validate(&common, &s.model_id, s.vocab)?;
-    if own.logprobs == Some(true) {
-        return Err(ApiError::bad("logprobs", "logprobs are not supported"));
+    let mut sampling = api::validate(&common, &s.model_id, s.vocab)?;
+    match (own.logprobs, own.top_logprobs) {
+        (Some(true), top) => sampling.ask_logprobs(top.unwrap_or(0), "top_logprobs")?,
+        (_, Some(_)) => return Err(ApiError::bad("top_logprobs", "top_logprobs needs logprobs: true")),
+        _ => {}
     }
     if own.messages.is_empty() {
         return Err(ApiError::bad("messages", "no messages"));
@@ -350,6 +352,7 @@ fn request(s: &AppState, kind: Kind, prompt: Vec<u32>, p: &Sampling) -> Result<R
         eos,
         stop_strings: p.stop.clone(),
         speculate: p.speculation,
+        logprobs: p.logprobs,
         ..Request::greedy(prompt, max_tokens)
     })
 }
@@ -381,6 +384,19 @@ impl Head {
                 let delta = if first { json!({"role": "assistant", "content": text}) } else { json!({"content": text}) };
                 json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason, "stop_reason": stop_reason})
             }
+        }
+    }
+}
+
+impl Head {
+    /// A choice's `logprobs` in this endpoint's layout, for entries whose
+    /// text starts `offset` characters into the output (completions count
+    /// it); returns the offset after them.
+    fn logprobs(&self, s: &AppState, p: &Sampling, entries: &[TokenLogprob], offset: usize) -> (Value, usize) {
+        let tokens = crate::logprobs::Tokens { codec: &s.codec, as_ids: p.tokens_as_ids };
+        match self.kind {
+            Kind::Completion => tokens.completion(entries, offset),
+            Kind::Chat => (tokens.chat(entries), offset),
         }
     }
 }
@@ -432,13 +448,19 @@ fn drafts(a: &Acceptance) -> Value {
 
 /// Waits for the whole output and answers with one JSON body.
 async fn whole(s: &AppState, head: &Head, request: &Request, p: &Sampling, mut rx: UnboundedReceiver<Event>) -> Response {
-    let mut tokens = Vec::new();
+    let (mut tokens, mut entries) = (Vec::new(), Vec::new());
     loop {
         match rx.recv().await {
-            Some(Event::Tokens(ids)) => tokens.extend(ids),
+            Some(Event::Tokens(ids, logprobs)) => {
+                tokens.extend(ids);
+                entries.extend(logprobs);
+            }
             Some(Event::Done { finish, acceptance }) => {
                 let (text, reason, stop_reason) = finished(&s.codec, &tokens, finish, &request.eos, &request.stop_strings);
                 let mut choice = head.choice(&text, json!(reason), stop_reason, None);
+                if p.logprobs.is_some() {
+                    choice["logprobs"] = head.logprobs(s, p, &entries, 0).0;
+                }
                 if p.return_token_ids {
                     choice["token_ids"] = json!(tokens);
                     choice["prompt_token_ids"] = json!(request.prompt);
@@ -462,11 +484,18 @@ async fn whole(s: &AppState, head: &Head, request: &Request, p: &Sampling, mut r
 fn stream(s: Arc<AppState>, head: Head, request: Request, p: Sampling, mut rx: UnboundedReceiver<Event>) -> Response {
     let (tx, out) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(64);
     tokio::spawn(async move {
-        let chunk = |delta_text: &str, ids: &[u32], finish: Option<(&str, Value)>, first: bool| -> Value {
+        // Characters of the output the logprobs chunks have covered (their `text_offset`).
+        let mut offset = 0;
+        let mut chunk = |delta_text: &str, ids: &[u32], logprobs: &[TokenLogprob], finish: Option<(&str, Value)>, first: bool| -> Value {
             let (reason, stop_reason) = finish.map_or((Value::Null, Value::Null), |(r, sr)| (json!(r), sr));
             let mut choice = head.choice(delta_text, reason, stop_reason, Some(first));
             if p.return_token_ids {
                 choice["token_ids"] = json!(ids);
+            }
+            if p.logprobs.is_some() && !logprobs.is_empty() {
+                let (v, end) = head.logprobs(&s, &p, logprobs, offset);
+                choice["logprobs"] = v;
+                offset = end;
             }
             head.body(&s, true, json!([choice]))
         };
@@ -485,13 +514,14 @@ fn stream(s: Arc<AppState>, head: Head, request: Request, p: Sampling, mut rx: U
                 _ = tx.closed() => return,
             };
             match event {
-                Some(Event::Tokens(ids)) => {
+                Some(Event::Tokens(ids, logprobs)) => {
                     tokens.extend(&ids);
                     let text = visible_text(&s.codec, &tokens, &request.eos, &request.stop_strings);
                     let end = sendable(&text, hold);
                     let delta = if end > sent && text.is_char_boundary(sent) { &text[sent..end] } else { "" };
-                    if !delta.is_empty() || p.return_token_ids {
-                        if !send(chunk(delta, &ids, None, first)).await {
+                    // Ids and logprobs go with the chunk of the step that emitted them.
+                    if !delta.is_empty() || p.return_token_ids || p.logprobs.is_some() {
+                        if !send(chunk(delta, &ids, &logprobs, None, first)).await {
                             return;
                         }
                         first = false;
@@ -501,7 +531,7 @@ fn stream(s: Arc<AppState>, head: Head, request: Request, p: Sampling, mut rx: U
                 Some(Event::Done { finish, .. }) => {
                     let (text, reason, stop_reason) = finished(&s.codec, &tokens, finish, &request.eos, &request.stop_strings);
                     let rest = if text.len() > sent && text.is_char_boundary(sent) { &text[sent..] } else { "" };
-                    if !send(chunk(rest, &[], Some((reason, stop_reason)), first)).await {
+                    if !send(chunk(rest, &[], &[], Some((reason, stop_reason)), first)).await {
                         return;
                     }
                     if p.include_usage {

@@ -44,6 +44,7 @@ pub mod api;
 pub mod connections;
 pub mod http;
 pub mod load;
+pub mod logprobs;
 pub mod metrics;
 pub mod scheduler;
 pub mod text;
@@ -205,6 +206,11 @@ fn statement(ready: &Ready, proposer: &ProposerChoice, vocab: usize) -> serde_js
         "greedy_epsilon": ready.greedy_epsilon,
         "batch_invariant": true,
         "stop_strings": true,
+        "processors": ["min_p", "logit_bias", "repetition_penalty", "presence_penalty", "frequency_penalty"],
+        "penalty_scopes": ["context", "generated"],
+        // The decoder's statement (specdec-engines' DecoderEngine): the
+        // reference's f64 definition on the backend's rows.
+        "logprobs": {"modes": ["raw", "processed"], "max_top": specdec_decoder::MAX_TOP_LOGPROBS, "epsilon": ready.greedy_epsilon.max(1e-9)},
     })
 }
 

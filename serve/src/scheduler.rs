@@ -21,7 +21,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
 use specdec_backend::model::{LlamaWeights, ModelBackend};
-use specdec_decoder::{Acceptance, DecodeError, Detokenize, Engine, EngineConfig, FinishReason, ProposerChoice, Request, Session};
+use specdec_decoder::{Acceptance, DecodeError, Detokenize, Engine, EngineConfig, FinishReason, ProposerChoice, Request, Session, TokenLogprob};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::metrics::Metrics;
@@ -37,8 +37,9 @@ pub struct Job {
 /// What the engine tells a request's handler.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
-    /// The request's next tokens, in order.
-    Tokens(Vec<u32>),
+    /// The request's next tokens, in order, with their logprob entries
+    /// where it asked for them.
+    Tokens(Vec<u32>, Vec<TokenLogprob>),
     /// It finished; its draft counts.
     Done { finish: FinishReason, acceptance: Acceptance },
     /// It could not run (a typed reason), or was cancelled by a shutdown.
@@ -260,8 +261,9 @@ impl<B: ModelBackend> Loop<'_, '_, B> {
                     Some(t) => self.metrics.tokens(ids.len(), Some(now.duration_since(t).as_secs_f64())),
                 }
                 c.last = Some(now);
+                let logprobs = self.session.logprobs(slot).get(c.emitted..).unwrap_or_default().to_vec();
                 c.emitted += ids.len();
-                let _ = c.events.send(Event::Tokens(ids));
+                let _ = c.events.send(Event::Tokens(ids, logprobs));
             }
         }
         match result {

@@ -106,12 +106,12 @@ pub const SAMPLED_PARAMS: SamplingParams = SamplingParams::new(1.0, 4, 1.0);
 
 /// What a request samples with: its parameters and its logit bias.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Setting {
+pub struct Setting<'a> {
     pub params: SamplingParams,
-    pub bias: &'static [(u32, f64)],
+    pub bias: &'a [(u32, f64)],
 }
 
-impl Setting {
+impl Setting<'_> {
     pub const fn plain(params: SamplingParams) -> Self {
         Setting { params, bias: &[] }
     }

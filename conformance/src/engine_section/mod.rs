@@ -39,12 +39,33 @@
 //! - `seed-pairs` (ENGINE-6, statistical): two requests of one batch with
 //!   different seeds have independent first tokens: the law of the pair is
 //!   the product of the exact first-token laws (an engine whose requests
-//!   share one noise stream fails).
+//!   share one noise stream fails);
+//! - `logprobs/<on|off>` (ENGINE-7, `logprobs.rs`): every reported logprob
+//!   against the reference's at its position, entries ending with the output;
+//! - `processors/<setting>/<greedy|on|off>` (ENGINE-8, `processors.rs`):
+//!   min-p, a banning and a boosting bias and each penalty, greedy identity
+//!   and the exact law with speculation on and off.
+//!
+//! What an engine does not state it takes (a processor, a penalty scope, a
+//! logprob mode) is never asked of it: the check is not supported, named.
+//!
+//! Layout: this file holds the items, the loop, the shared request
+//! machinery and the original checks; the families added with logprobs and
+//! every sampling parameter live beside it, one file each, as the section
+//! grows.
 //!
 //! The negative controls (`tests/engine_section.rs`) run these checks on
 //! engines with one bug each (eos leak, a length cap checked before the
 //! stop strings, a draft `q` other than the law its drafts came from, noise
-//! shared across requests) and assert each is rejected.
+//! shared across requests, logprobs from the draft, of 0 or past a stop, a
+//! bias on a window's first row only, min-p skipped on verified rows) and
+//! assert each is rejected.
+
+mod logprobs;
+mod processors;
+
+pub use logprobs::{LOGPROB_TOP, MAX_LOGPROB_EPSILON, reference_logprobs};
+pub use processors::{Bias, PROCESSOR_SETTINGS, ProcessorSetting};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -111,11 +132,29 @@ pub fn engine_items(label: &str) -> Vec<EngineItem> {
         items.push(EngineItem { name, check: "two-sample", rules: &["ENGINE-4", "STAT-3"], sampled: Some((s, true)) });
     }
     items.push(item("seed-pairs", &["ENGINE-6", "DECODE-3", "STAT-3"]));
+    for on in [true, false] {
+        let name = format!("engine/{label}/logprobs/{}", on_off(on));
+        items.push(EngineItem { name, check: "logprobs", rules: &["ENGINE-7", "LOGPROB-1", "LOGPROB-2", "LOGPROB-3", "LOGPROB-4"], sampled: Some((0, on)) });
+    }
+    for (s, setting) in PROCESSOR_SETTINGS.iter().enumerate() {
+        if setting.has_greedy() {
+            let name = format!("engine/{label}/processors/{}/greedy", setting.name);
+            items.push(EngineItem { name, check: "processors-greedy", rules: &["ENGINE-8", "LOGITS-2", "LOGITS-13"], sampled: Some((s, true)) });
+        }
+        for on in [true, false] {
+            let name = format!("engine/{label}/processors/{}/{}", setting.name, on_off(on));
+            items.push(EngineItem { name, check: "processors", rules: &["ENGINE-8", "LOGITS-11", "LOGITS-13", "REJECT-7", "STAT-3"], sampled: Some((s, on)) });
+        }
+    }
     items
 }
 
+fn on_off(on: bool) -> &'static str {
+    if on { "on" } else { "off" }
+}
+
 fn is_statistical(check: &str) -> bool {
-    matches!(check, "sampled" | "two-sample" | "seed-pairs")
+    matches!(check, "sampled" | "two-sample" | "seed-pairs" | "processors")
 }
 
 /// The statistical checks of one engine: the family Holm judges.
@@ -134,7 +173,7 @@ pub fn run(engine: &mut dyn GenerationEngine, label: &str, weights: &LlamaWeight
         }
         let plain = plain.get_or_insert_with(|| reference_greedy(weights, &tiny_prompts(), &[]));
         Ran::Exact(match plain {
-            Ok(plain) => catch(|| exact_check(engine, weights, plain, item.check)).unwrap_or_else(|m| Err(Verdict::Fail(m))).unwrap_or_else(|v| v),
+            Ok(plain) => catch(|| exact_item(engine, weights, plain, item, cfg.seed)).unwrap_or_else(|m| Err(Verdict::Fail(m))).unwrap_or_else(|v| v),
             Err(e) => Verdict::Fail(e.clone()),
         })
     })
@@ -212,6 +251,10 @@ fn refuse_statement(info: &EngineInfo, w: &LlamaWeights, model: &str) -> Option<
 /// The engine's outputs for `requests`, validated (ENGINE-1) before any check reads
 /// them; a refused request makes the check not supported.
 fn generate(engine: &mut dyn GenerationEngine, requests: &[GenerationRequest]) -> Result<Vec<Generation>, Verdict> {
+    // What the engine does not state it takes is not asked of it (ENGINE-1).
+    if let Some((i, why)) = requests.iter().enumerate().find_map(|(i, r)| engine.info().refuses(r).map(|why| (i, why))) {
+        return Err(Verdict::NotSupported(format!("request {i}: {why}")));
+    }
     let outputs = engine.generate(requests).map_err(|e| match e {
         EngineError::Request { index, reason } => Verdict::NotSupported(format!("the engine refused request {index}: {reason}")),
         EngineError::NotSupported(why) => Verdict::NotSupported(why),
@@ -288,12 +331,36 @@ impl Expect {
     }
 }
 
+/// An exact check of the section.
+fn exact_item(engine: &mut dyn GenerationEngine, w: &LlamaWeights, plain: &[GreedyRun], item: &EngineItem, seed: u64) -> Result<Verdict, Verdict> {
+    match (item.check, item.sampled) {
+        ("logprobs", Some((_, on))) => logprobs::check(engine, w, plain, on, stat::stream_seed(seed, &item.name)),
+        ("processors-greedy", Some((s, _))) => processors::greedy(engine, w, &PROCESSOR_SETTINGS[s]),
+        (check, _) => exact_check(engine, w, plain, check),
+    }
+}
+
 /// The exact checks: greedy identity, eos, length, stop and batch.
 fn exact_check(engine: &mut dyn GenerationEngine, w: &LlamaWeights, plain: &[GreedyRun], check: &str) -> Result<Verdict, Verdict> {
-    let fail = Verdict::Fail;
+    if check == "batch" {
+        return batch_check(engine);
+    }
     let info = engine.info().clone();
+    let mut cases = match exact_cases(check, &info, w, plain)? {
+        Ok(cases) => cases,
+        Err(why) => return Ok(Verdict::NotSupported(why)),
+    };
+    let off: Vec<Expect> = cases.iter().map(|c| Expect { req: GenerationRequest { speculation: false, ..c.req.clone() }, run: c.run.clone(), keep: c.keep, finish: c.finish }).collect();
+    cases.extend(off);
+    judge_all(engine, &cases, check)
+}
+
+/// The requests of an exact check (speculation on) and what the reference
+/// expects of each; `Ok(Err(why))` where the engine's statement rules the
+/// check out.
+fn exact_cases(check: &str, info: &EngineInfo, w: &LlamaWeights, plain: &[GreedyRun]) -> Result<Result<Vec<Expect>, String>, Verdict> {
+    let fail = Verdict::Fail;
     let prompts = tiny_prompts();
-    // Speculation on, then the same requests off.
     let mut cases: Vec<Expect> = Vec::new();
     match check {
         "greedy-identity" => {
@@ -303,7 +370,7 @@ fn exact_check(engine: &mut dyn GenerationEngine, w: &LlamaWeights, plain: &[Gre
         }
         "eos" => {
             if !info.eos_ids {
-                return Ok(Verdict::NotSupported("the engine takes no eos ids per request (its transport cuts its output after an eos, which this check would judge instead)".into()));
+                return Ok(Err("the engine takes no eos ids per request (its transport cuts its output after an eos, which this check would judge instead)".into()));
             }
             let eos = tiny_eos(w, &prompts).map_err(fail)?;
             for (p, run) in prompts.iter().zip(plain) {
@@ -338,7 +405,7 @@ fn exact_check(engine: &mut dyn GenerationEngine, w: &LlamaWeights, plain: &[Gre
         }
         "stop" => {
             if !info.stop_strings {
-                return Ok(Verdict::NotSupported("the engine does not take stop strings".into()));
+                return Ok(Err("the engine does not take stop strings".into()));
             }
             for (p, run) in prompts.iter().zip(plain) {
                 for (s, keep) in cuts(&run.tokens, &STOP_CUTS, &tiny_text) {
@@ -350,12 +417,9 @@ fn exact_check(engine: &mut dyn GenerationEngine, w: &LlamaWeights, plain: &[Gre
                 }
             }
         }
-        "batch" => return batch_check(engine),
         other => return Err(fail(format!("unknown check `{other}`"))),
     }
-    let off: Vec<Expect> = cases.iter().map(|c| Expect { req: GenerationRequest { speculation: false, ..c.req.clone() }, run: c.run.clone(), keep: c.keep, finish: c.finish }).collect();
-    cases.extend(off);
-    judge_all(engine, &cases, check)
+    Ok(Ok(cases))
 }
 
 /// Runs `cases` (speculation on, then the same requests off) as one batch
@@ -481,6 +545,9 @@ fn statistical_check(engine: &mut dyn GenerationEngine, w: &LlamaWeights, item: 
             ..GenerationRequest::sampled(prompt.clone(), params, base.wrapping_add(i as u64).wrapping_add(if on { 0 } else { 1 << 40 }), SAMPLED_TOKENS, on)
         };
         return two_sample(engine, &item.name, &request, family, TWO_SAMPLE_DELTA);
+    }
+    if let (Some((setting, on)), "processors") = (item.sampled, item.check) {
+        return processors::law(engine, w, &PROCESSOR_SETTINGS[setting], on, &item.name, base, family);
     }
     if let Some((setting, on)) = item.sampled {
         let (label, params) = SETTINGS[setting];
