@@ -210,6 +210,8 @@ fn hostile_requests_get_typed_4xx() {
         ("prompt past the context", json!({"prompt": vec![1; 45]}).to_string(), 400, "context is 40"),
         ("max_tokens past the context", json!({"prompt": [1, 2], "max_tokens": 39}).to_string(), 400, "context is 40"),
         ("several prompts", json!({"prompt": [[1], [2]]}).to_string(), 400, "several prompts"),
+        ("negative logprobs", json!({"prompt": [1], "logprobs": -1}).to_string(), 400, "logprobs = -1"),
+        ("logprobs past OpenAI's 20", json!({"prompt": [1], "logprobs": 21}).to_string(), 400, "logprobs = 21"),
         ("unknown model", json!({"prompt": [1], "model": "gpt-4"}).to_string(), 404, "gpt-4"),
         ("body over the limit", json!({"prompt": vec![1; 3000]}).to_string(), 413, "length limit"),
     ];
@@ -220,8 +222,14 @@ fn hostile_requests_get_typed_4xx() {
         let message = v["error"]["message"].as_str().unwrap_or_default();
         assert!(message.contains(says), "{what}: `{message}` does not say `{says}`");
     }
-    let chat_cases =
-        [(json!({"messages": []}), "no messages"), (json!({"messages": [{"role": "user"}]}), "content"), (json!({"messages": [{"role": "user", "content": "Bb"}], "logprobs": true}), "logprobs")];
+    let bb = json!([{"role": "user", "content": "Bb"}]);
+    let chat_cases = [
+        (json!({"messages": []}), "no messages"),
+        (json!({"messages": [{"role": "user"}]}), "content"),
+        (json!({"messages": bb, "logprobs": true, "top_logprobs": 21}), "top_logprobs = 21"),
+        (json!({"messages": bb, "top_logprobs": 2}), "top_logprobs needs logprobs"),
+        (json!({"messages": bb, "logprobs": true, "logprobs_mode": "sampled"}), "logprobs_mode"),
+    ];
     for (body, says) in chat_cases {
         let (got, text) = server.call("POST", "/v1/chat/completions", &[], &body.to_string());
         assert!(got == 400 && text.contains(says), "{body}: {got} {text}");
