@@ -527,6 +527,13 @@ fn next_law(w: &LlamaWeights, context: &[u32], prompt_len: usize, setting: &Sett
     Ok(rows.remove(0))
 }
 
+/// The penalty counts of a row whose context is `tokens` (the first
+/// `prompt_len` the prompt) under `params`' scope, or none when no penalty
+/// is on (LOGITS-12).
+pub fn penalty_counts_of(params: &SamplingParams, tokens: &[u32], prompt_len: usize, vocab: usize) -> Option<Vec<f64>> {
+    params.penalised().then(|| penalty_counts(params.penalty_scope.counted(tokens, prompt_len), vocab))
+}
+
 /// The processed law of the token after each context, by the reference
 /// forward, and the largest `|logit|` seen. Each context's first
 /// `prompt_len` tokens are the prompt; the penalties count its scope of the
@@ -545,7 +552,7 @@ fn processed_rows_counting(model: &RefModel, contexts: &[Vec<u32>], counted: &[V
         let out = model.forward(&mut cache, &ForwardRequest::last_logits(std::slice::from_ref(context))).map_err(|e| e.to_string())?;
         scale = out.logits.iter().fold(scale, |m, x| m.max(x.abs()));
         let vocab = out.logits.len();
-        let counts = setting.params.penalised().then(|| penalty_counts(setting.params.penalty_scope.counted(counted, prompt_len), vocab));
+        let counts = penalty_counts_of(&setting.params, counted, prompt_len, vocab);
         let bias = if setting.bias.is_empty() { None } else { Some(bias_row(setting.bias, vocab).map_err(|e| e.to_string())?) };
         let inputs = RowInputs { counts: counts.as_deref(), bias: bias.as_deref() };
         rows.push(process_logits_with(&out.logits, setting.params, inputs).map_err(|e| e.to_string())?);

@@ -13,11 +13,11 @@ use specdec_backend::{PenaltyScope, SamplingParams};
 use specdec_decoder::{LogprobMode, LogprobRequest};
 use specdec_engines::{EngineInfo, Generation, GenerationEngine, GenerationRequest, Processor};
 use specdec_reference::logprob::{entry, floored};
-use specdec_reference::{RowInputs, bias_row, logprob_row, penalty_counts};
+use specdec_reference::{RowInputs, bias_row, logprob_row};
 
 use super::{GreedyRun, exact_cases, generate};
 use crate::compare::Verdict;
-use crate::e2e_section::sampled_setup;
+use crate::e2e_section::{penalty_counts_of, sampled_setup};
 
 /// Alternatives asked per token.
 pub const LOGPROB_TOP: usize = 5;
@@ -112,7 +112,7 @@ pub fn reference_logprobs(model: &RefModel, r: &GenerationRequest, tokens: &[u32
     (0..tokens.len())
         .map(|t| {
             let logits = &out.logits[(n - 1 + t) * vocab..][..vocab];
-            let counts = params.penalised().then(|| penalty_counts(params.penalty_scope.counted(&context[..n + t], n), vocab));
+            let counts = penalty_counts_of(&params, &context[..n + t], n, vocab);
             logprob_row(logits, mode, params, RowInputs { counts: counts.as_deref(), bias: bias.as_deref() }).map_err(|e| e.to_string())
         })
         .collect()

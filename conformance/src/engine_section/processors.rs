@@ -19,12 +19,12 @@ use specdec_backend::{PenaltyScope, SamplingParams};
 use specdec_decoder::LogprobMode;
 use specdec_engines::{Finish, GenerationEngine, GenerationRequest};
 use specdec_reference::logprob::entry;
-use specdec_reference::{RowInputs, bias_row, logprob_row, penalty_counts};
+use specdec_reference::{RowInputs, bias_row, logprob_row};
 use specdec_stats::TestReport;
 
 use super::{E2E_BETA, E2E_DELTA, Expect, GreedyRun, generate_n, judge_all};
 use crate::compare::Verdict;
-use crate::e2e_section::{Setting, TINY_TOKENS, exact_law_with, sampled_setup, tiny_prompts};
+use crate::e2e_section::{Setting, TINY_TOKENS, exact_law_with, penalty_counts_of, sampled_setup, tiny_prompts};
 use crate::stat;
 
 /// A logit bias of a setting, resolved on the reference.
@@ -122,7 +122,7 @@ fn reference_greedy(model: &RefModel, r: &GenerationRequest) -> Result<GreedyRun
     for _ in 0..r.max_new_tokens {
         let mut cache = model.new_cache(1, context.len()).map_err(|e| e.to_string())?;
         let out = model.forward(&mut cache, &ForwardRequest::last_logits(std::slice::from_ref(&context))).map_err(|e| e.to_string())?;
-        let counts = params.penalised().then(|| penalty_counts(params.penalty_scope.counted(&context, r.prompt.len()), vocab));
+        let counts = penalty_counts_of(&params, &context, r.prompt.len(), vocab);
         let lp = logprob_row(&out.logits, LogprobMode::Processed, params, RowInputs { counts: counts.as_deref(), bias: bias.as_deref() }).map_err(|e| e.to_string())?;
         let top = entry(&lp, 0, 2).top;
         let (id, margin) = match top[..] {
