@@ -1,0 +1,276 @@
+//! Structured-output constraints and the token mask they define
+//! (CONSTRAIN-1 .. CONSTRAIN-4): the plain definition every fast mask is
+//! checked against.
+//!
+//! A constraint is a regular language over the bytes of the output text: a
+//! regex, or a JSON schema of the stated subset translated to one
+//! ([`schema`]). It is compiled once into a byte DFA (regex-automata's dense
+//! DFA, anchored at the output's start, every match kept), and the states
+//! from which a match is still reachable are found by a plain backward
+//! search: those are *live*. A token is allowed in a state iff it has text
+//! and walking its bytes one by one from the state ends in a live state; an
+//! eos id is allowed iff the state accepts (the output so far is a match)
+//! and is never walked (CONSTRAIN-2). That is the whole rule: no trie, no
+//! cache, no cleverness, so that a fast mask (the decoder's) can be checked
+//! against it token by token.
+//!
+//! Invariants: every input is validated (a pattern the DFA builder refuses,
+//! a schema outside the subset, a language that matches nothing, a DFA past
+//! its size limit: typed [`ConstraintError`]s, never a panic); a
+//! [`State`] is only made by this crate, from a live DFA state.
+
+pub mod schema;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use regex_automata::dfa::{Automaton, dense};
+use regex_automata::util::primitives::StateID;
+use regex_automata::util::start;
+use regex_automata::{Anchored, MatchKind};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// The most memory a constraint's DFA may take (its build and its table).
+pub const DFA_SIZE_LIMIT: usize = 64 << 20;
+
+/// The most live states a constraint may have (the backward search and a
+/// fast mask cache are sized by it).
+pub const MAX_STATES: usize = 1 << 18;
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ConstraintError {
+    #[error("regex {pattern:?}: {reason}")]
+    Regex { pattern: String, reason: String },
+    #[error("json schema at {path}: {reason}")]
+    Schema { path: String, reason: String },
+    #[error("regex {pattern:?} matches no text at all")]
+    MatchesNothing { pattern: String },
+    #[error("regex {pattern:?} has more than {MAX_STATES} states")]
+    TooManyStates { pattern: String },
+    #[error("vocabulary: {reason}")]
+    Vocabulary { reason: String },
+}
+
+/// What a request constrains its output to (CONSTRAIN-1), as a request
+/// carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConstraintSpec {
+    /// The whole output text matches this regex (Rust `regex` syntax).
+    Regex(String),
+    /// The whole output text is a compact JSON value valid under this schema
+    /// (the subset of [`schema`]).
+    JsonSchema(serde_json::Value),
+}
+
+impl ConstraintSpec {
+    /// The family name checks and reports use: `regex` or `json_schema`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ConstraintSpec::Regex(_) => "regex",
+            ConstraintSpec::JsonSchema(_) => "json_schema",
+        }
+    }
+
+    /// The constraint "the output is exactly one of `choices`" (vLLM's
+    /// `choice`), as the regex of their alternation, each escaped.
+    pub fn choice(choices: &[String]) -> Self {
+        ConstraintSpec::Regex(choices.iter().map(|c| regex_syntax::escape(c)).collect::<Vec<_>>().join("|"))
+    }
+
+    /// The regex this constraint is.
+    pub fn pattern(&self) -> Result<String, ConstraintError> {
+        match self {
+            ConstraintSpec::Regex(r) => Ok(r.clone()),
+            ConstraintSpec::JsonSchema(s) => schema::to_regex(s),
+        }
+    }
+}
+
+/// A state of a constraint's DFA from which a match is still reachable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct State(StateID);
+
+impl State {
+    /// A number naming this state (stable for one compiled constraint).
+    pub fn id(self) -> usize {
+        self.0.as_usize()
+    }
+}
+
+/// A compiled constraint: its DFA, start state and live states.
+#[derive(Debug, Clone)]
+pub struct Constraint {
+    pattern: String,
+    dfa: dense::DFA<Vec<u32>>,
+    start: StateID,
+    live: HashSet<StateID>,
+}
+
+impl Constraint {
+    pub fn new(spec: &ConstraintSpec) -> Result<Self, ConstraintError> {
+        Constraint::regex(&spec.pattern()?)
+    }
+
+    /// The constraint "the whole output text matches `pattern`".
+    pub fn regex(pattern: &str) -> Result<Self, ConstraintError> {
+        let bad = |reason: String| ConstraintError::Regex { pattern: pattern.to_string(), reason };
+        let config =
+            dense::Config::new().match_kind(MatchKind::All).start_kind(regex_automata::dfa::StartKind::Anchored).dfa_size_limit(Some(DFA_SIZE_LIMIT)).determinize_size_limit(Some(DFA_SIZE_LIMIT));
+        let dfa = dense::Builder::new().configure(config).build(pattern).map_err(|e| bad(e.to_string()))?;
+        let start = dfa.start_state(&start::Config::new().anchored(Anchored::Yes)).map_err(|e| bad(e.to_string()))?;
+        let live = live_states(&dfa, start).ok_or_else(|| ConstraintError::TooManyStates { pattern: pattern.to_string() })?;
+        if !live.contains(&start) {
+            return Err(ConstraintError::MatchesNothing { pattern: pattern.to_string() });
+        }
+        Ok(Constraint { pattern: pattern.to_string(), dfa, start, live })
+    }
+
+    pub fn pattern(&self) -> &str {
+        &self.pattern
+    }
+
+    /// The state of the empty output.
+    pub fn start(&self) -> State {
+        State(self.start)
+    }
+
+    /// Live states (the size of any per-state mask cache).
+    pub fn live_states(&self) -> usize {
+        self.live.len()
+    }
+
+    /// The state after `bytes` from `state`, or `None` once no match is
+    /// reachable (CONSTRAIN-2: one byte at a time, nothing skipped).
+    pub fn walk(&self, state: State, bytes: &[u8]) -> Option<State> {
+        let mut s = state.0;
+        for &b in bytes {
+            s = self.dfa.next_state(s, b);
+            if !self.live.contains(&s) {
+                return None;
+            }
+        }
+        Some(State(s))
+    }
+
+    /// Whether the output that led to `state` is a match (eos may end it).
+    pub fn accepts(&self, state: State) -> bool {
+        self.dfa.is_match_state(self.dfa.next_eoi_state(state.0))
+    }
+
+    /// Whether the whole of `text` matches.
+    pub fn matches(&self, text: &[u8]) -> bool {
+        self.walk(self.start(), text).is_some_and(|s| self.accepts(s))
+    }
+}
+
+/// The states reachable from `start` from which a match is reachable: a
+/// forward search for the states, then a backward one from the accepting
+/// states. `None` past [`MAX_STATES`].
+fn live_states(dfa: &dense::DFA<Vec<u32>>, start: StateID) -> Option<HashSet<StateID>> {
+    let mut seen = HashSet::from([start]);
+    let mut queue = VecDeque::from([start]);
+    let mut into: HashMap<StateID, Vec<StateID>> = HashMap::new();
+    let mut accepting = Vec::new();
+    while let Some(s) = queue.pop_front() {
+        if dfa.is_match_state(dfa.next_eoi_state(s)) {
+            accepting.push(s);
+        }
+        for b in 0..=255u8 {
+            let t = dfa.next_state(s, b);
+            if dfa.is_dead_state(t) {
+                continue;
+            }
+            into.entry(t).or_default().push(s);
+            if seen.insert(t) {
+                if seen.len() > MAX_STATES {
+                    return None;
+                }
+                queue.push_back(t);
+            }
+        }
+    }
+    let mut live: HashSet<StateID> = accepting.iter().copied().collect();
+    let mut queue: VecDeque<StateID> = accepting.into();
+    while let Some(t) = queue.pop_front() {
+        for &s in into.get(&t).into_iter().flatten() {
+            if live.insert(s) {
+                queue.push_back(s);
+            }
+        }
+    }
+    Some(live)
+}
+
+/// Each token id's bytes as they appear in the output text; `None` for a
+/// token that is not text (a special token), which a constraint never
+/// allows but as an eos (CONSTRAIN-2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Vocabulary {
+    tokens: Vec<Option<Vec<u8>>>,
+}
+
+impl Vocabulary {
+    pub fn new(tokens: Vec<Option<Vec<u8>>>) -> Result<Self, ConstraintError> {
+        if tokens.is_empty() {
+            return Err(ConstraintError::Vocabulary { reason: "it is empty".into() });
+        }
+        if let Some(i) = tokens.iter().position(|t| t.as_ref().is_some_and(Vec::is_empty)) {
+            return Err(ConstraintError::Vocabulary { reason: format!("token {i} has text of no bytes (give `None` for a token that is not text)") });
+        }
+        Ok(Vocabulary { tokens })
+    }
+
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// The bytes of `id`, `None` for a token that is not text or an id out of range.
+    pub fn bytes(&self, id: u32) -> Option<&[u8]> {
+        self.tokens.get(id as usize)?.as_deref()
+    }
+
+    /// The text of `ids` (tokens that are not text add nothing).
+    pub fn text(&self, ids: &[u32]) -> Vec<u8> {
+        ids.iter().filter_map(|&i| self.bytes(i)).flatten().copied().collect()
+    }
+}
+
+/// CONSTRAIN-2: the tokens allowed after an output that left the constraint
+/// in `state`: a text token whose bytes walk to a live state, and the eos
+/// ids where the state accepts.
+pub fn allowed(c: &Constraint, state: State, vocab: &Vocabulary, eos: &[u32]) -> Vec<bool> {
+    let accepts = c.accepts(state);
+    (0..vocab.len() as u32).map(|id| if eos.contains(&id) { accepts } else { vocab.bytes(id).is_some_and(|b| c.walk(state, b).is_some()) }).collect()
+}
+
+/// The state after `token` from `state` (CONSTRAIN-4): an eos leaves it
+/// where it is (and ends the output) where the state accepts; `None` where
+/// the token is not allowed.
+pub fn advance(c: &Constraint, state: State, token: u32, vocab: &Vocabulary, eos: &[u32]) -> Option<State> {
+    if eos.contains(&token) {
+        return c.accepts(state).then_some(state);
+    }
+    c.walk(state, vocab.bytes(token)?)
+}
+
+/// The state after `tokens` from the start, `None` where one is not allowed.
+pub fn state_after(c: &Constraint, tokens: &[u32], vocab: &Vocabulary, eos: &[u32]) -> Option<State> {
+    tokens.iter().try_fold(c.start(), |s, &t| advance(c, s, t, vocab, eos))
+}
+
+/// Whether a finished output satisfies the constraint: every token allowed
+/// in turn and the text a match (an eos, if any, last).
+pub fn output_matches(c: &Constraint, tokens: &[u32], vocab: &Vocabulary, eos: &[u32]) -> bool {
+    state_after(c, tokens, vocab, eos).is_some_and(|s| c.accepts(s))
+}
+
+/// CONSTRAIN-1: a row of scores with every token the constraint does not
+/// allow set to `-inf`, the others untouched. `allowed` has the row's length.
+pub fn mask_scores(scores: &[f64], allowed: &[bool]) -> Vec<f64> {
+    scores.iter().zip(allowed).map(|(&s, &ok)| if ok { s } else { f64::NEG_INFINITY }).collect()
+}

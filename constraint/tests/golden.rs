@@ -1,0 +1,143 @@
+//! The hand-worked masks of `fixtures/constraints/masks.json` through one
+//! `check()` (CONSTRAIN-1 .. CONSTRAIN-4), the JSON-schema subset's
+//! translation on worked texts (CONSTRAIN-5), and every refused input.
+
+use serde_json::{Value, json};
+use specdec_constraint::{Constraint, ConstraintError, ConstraintSpec, Vocabulary, allowed, output_matches, schema, state_after};
+
+const MASKS: &str = include_str!("../../fixtures/constraints/masks.json");
+
+fn vocabulary(case: &Value) -> Vocabulary {
+    let tokens = if let Some(v) = case.get("vocab") {
+        v.as_array().unwrap().iter().map(|t| t.as_str().map(|s| s.as_bytes().to_vec())).collect()
+    } else {
+        case["vocab_bytes"].as_array().unwrap().iter().map(|t| Some(t.as_array().unwrap().iter().map(|b| b.as_u64().unwrap() as u8).collect())).collect()
+    };
+    Vocabulary::new(tokens).unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+/// One case: at every listed output, the allowed ids and acceptance are the
+/// hand-worked ones; every listed bad output is refused.
+fn check(case: &Value) {
+    let id = case["id"].as_str().unwrap();
+    let c = Constraint::regex(case["regex"].as_str().unwrap()).unwrap();
+    let vocab = vocabulary(case);
+    let eos = ids(&case["eos"]);
+    let steps = case["steps"].as_array().unwrap();
+    assert!(!steps.is_empty(), "{id}: a case with no steps checks nothing");
+    for step in steps {
+        let after = ids(&step["after"]);
+        let state = state_after(&c, &after, &vocab, &eos).unwrap_or_else(|| panic!("{id}: {after:?} is not allowed"));
+        let mask = allowed(&c, state, &vocab, &eos);
+        let got: Vec<u32> = (0..mask.len() as u32).filter(|&i| mask[i as usize]).collect();
+        assert_eq!(got, ids(&step["allowed"]), "{id}: allowed after {after:?}");
+        assert_eq!(c.accepts(state), step["accepts"].as_bool().unwrap(), "{id}: accepts after {after:?}");
+    }
+    for bad in case["not_allowed_outputs"].as_array().unwrap() {
+        assert!(state_after(&c, &ids(bad), &vocab, &eos).is_none(), "{id}: {bad} should not be allowed");
+    }
+}
+
+#[test]
+fn hand_worked_masks() {
+    let file: Value = serde_json::from_str(MASKS).unwrap();
+    let cases = file["cases"].as_array().unwrap();
+    assert!(cases.len() >= 6, "CONSTRAIN-2: the fixture lost cases");
+    for case in cases {
+        check(case);
+    }
+}
+
+/// The negative control of `check`: a wrong expectation fails it.
+#[test]
+#[should_panic(expected = "allowed after")]
+fn a_wrong_mask_fails_the_check() {
+    let mut case: Value = serde_json::from_str::<Value>(MASKS).unwrap()["cases"][0].clone();
+    case["steps"][0]["allowed"] = json!([0, 1]);
+    check(&case);
+}
+
+#[test]
+fn a_finished_output_matches_only_with_eos_at_an_accepting_state() {
+    let c = Constraint::regex("(AaBb)+").unwrap();
+    let vocab = Vocabulary::new(["Aa", "Bb", "Cc"].iter().map(|s| Some(s.as_bytes().to_vec())).collect()).unwrap();
+    assert!(output_matches(&c, &[0, 1, 2], &vocab, &[2]), "CONSTRAIN-4: eos at an accepting state");
+    assert!(output_matches(&c, &[0, 1], &vocab, &[2]), "a cap may end a matching output");
+    assert!(!output_matches(&c, &[0], &vocab, &[2]), "a cap in a non-accepting state is no match");
+    assert!(!output_matches(&c, &[0, 2], &vocab, &[2]));
+}
+
+fn schema_matches(s: Value, text: &str) -> bool {
+    Constraint::new(&ConstraintSpec::JsonSchema(s)).unwrap().matches(text.as_bytes())
+}
+
+#[test]
+fn the_json_schema_subset_on_worked_texts() {
+    let tool = json!({"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "count": {"type": "integer"}, "ok": {"type": "boolean"}}, "required": ["name"]});
+    for (text, valid) in [
+        (r#"{"name":"ls"}"#, true),
+        (r#"{"name":"ls","count":-3}"#, true),
+        (r#"{"name":"ls","ok":false}"#, true),
+        (r#"{"name":"ls","count":0,"ok":true}"#, true),
+        (r#"{"name":"a\"b"}"#, true),
+        (r#"{"count":1}"#, false),
+        (r#"{"name":"ls","count":01}"#, false),
+        (r#"{"name": "ls"}"#, false),
+        (r#"{"ok":true,"name":"ls"}"#, false),
+        (r#"{"name":"ninechars"}"#, false),
+        (r#"{"name":"ls",}"#, false),
+    ] {
+        assert_eq!(schema_matches(tool.clone(), text), valid, "CONSTRAIN-5: {text}");
+    }
+    let first_optional = json!({"type": "object", "properties": {"a": {"type": "null"}, "b": {"enum": ["x", 2]}}});
+    for (text, valid) in [("{}", true), (r#"{"a":null}"#, true), (r#"{"b":"x"}"#, true), (r#"{"a":null,"b":2}"#, true), (r#"{,"b":2}"#, false), (r#"{"b":3}"#, false)] {
+        assert_eq!(schema_matches(first_optional.clone(), text), valid, "{text}");
+    }
+    let list = json!({"type": "array", "items": {"type": "number"}, "minItems": 1, "maxItems": 2});
+    for (text, valid) in [("[1.5]", true), ("[1,-2e3]", true), ("[]", false), ("[1,2,3]", false), ("[.5]", false)] {
+        assert_eq!(schema_matches(list.clone(), text), valid, "{text}");
+    }
+    let either = json!({"anyOf": [{"type": "integer"}, {"const": "none"}]});
+    for (text, valid) in [("7", true), (r#""none""#, true), ("none", false)] {
+        assert_eq!(schema_matches(either.clone(), text), valid, "{text}");
+    }
+}
+
+/// CONSTRAIN-1: the mask sets refused tokens to -inf and leaves the others bit for bit.
+#[test]
+fn the_mask_touches_only_refused_tokens() {
+    let scores = [0.1f64, -3.0, f64::NEG_INFINITY, 7.25];
+    let masked = specdec_constraint::mask_scores(&scores, &[true, false, true, false]);
+    assert_eq!(masked, vec![0.1, f64::NEG_INFINITY, f64::NEG_INFINITY, f64::NEG_INFINITY], "CONSTRAIN-1");
+    assert_eq!(masked[0].to_bits(), 0.1f64.to_bits(), "CONSTRAIN-1: an allowed score is untouched");
+}
+
+#[test]
+fn refused_inputs_are_typed_errors() {
+    assert!(matches!(Constraint::regex("(Aa"), Err(ConstraintError::Regex { .. })));
+    assert!(matches!(Constraint::regex(r"[^\s\S]"), Err(ConstraintError::MatchesNothing { .. })));
+    assert!(matches!(Constraint::regex(r"a\bb"), Err(ConstraintError::Regex { .. })), "a Unicode word boundary has no DFA");
+    for (s, at) in [
+        (json!({"$ref": "#/x"}), "#"),
+        (json!({"type": "string", "pattern": "a+"}), "#"),
+        (json!({"type": "object"}), "#"),
+        (json!({"type": "object", "properties": {"a": {"type": "string", "format": "date"}}}), "#/properties/a"),
+        (json!({"type": "object", "properties": {}, "required": ["a"]}), "#"),
+        (json!({"type": ["string", "null"]}), "#"),
+        (json!({"type": "array", "items": {"type": "integer"}, "maxItems": 100000}), "#"),
+        (json!({"type": "string", "minLength": 3, "maxLength": 2}), "#"),
+        (json!({"enum": []}), "#"),
+        (json!("string"), "#"),
+    ] {
+        match schema::to_regex(&s) {
+            Err(ConstraintError::Schema { path, .. }) => assert_eq!(path, at, "{s}"),
+            other => panic!("{s}: {other:?}"),
+        }
+    }
+    assert!(Vocabulary::new(vec![]).is_err());
+    assert!(Vocabulary::new(vec![Some(vec![])]).is_err(), "an empty text is not a token's text");
+}
