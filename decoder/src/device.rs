@@ -28,13 +28,16 @@ pub(crate) struct Row<'a> {
     pub(crate) drafts: &'a [u32],
     /// `(id, bias)` pairs, validated with the request (LOGITS-7).
     pub(crate) bias: &'a [(u32, f64)],
+    /// The tokens a constraint allows at this row (CONSTRAIN-1, CONSTRAIN-3);
+    /// the others' logits become `-inf` before every processor.
+    pub(crate) allowed: Option<&'a [bool]>,
 }
 
 impl<'a> Row<'a> {
     /// The row after `drafts` of a request whose context (prompt, then
     /// generated tokens) is `context`, its prompt the first `prompt_len`.
     pub(crate) fn after(params: SamplingParams, context: &'a [u32], prompt_len: usize, bias: &'a [(u32, f64)], drafts: &'a [u32]) -> Self {
-        Row { params, counted: params.penalty_scope.counted(context, prompt_len), drafts, bias }
+        Row { params, counted: params.penalty_scope.counted(context, prompt_len), drafts, bias, allowed: None }
     }
 
     /// The row's penalty counts `[V]`: its context's scope, then the drafts
@@ -49,7 +52,7 @@ impl<'a> Row<'a> {
 
     /// A row with no penalty context and no bias: LOGITS-1 .. LOGITS-6 and min-p.
     pub(crate) fn plain(params: SamplingParams) -> Self {
-        Row { params, counted: &[], drafts: &[], bias: &[] }
+        Row { params, counted: &[], drafts: &[], bias: &[], allowed: None }
     }
 }
 
@@ -61,6 +64,8 @@ impl<'a> Row<'a> {
 /// when some row uses them: nothing is downloaded for them (BACKEND-1).
 pub(crate) fn process<B: ModelBackend>(b: &B, logits: &B::Tensor, rows: &[Row<'_>], vocab: usize) -> Result<B::Tensor, DecodeError> {
     let r = rows.len();
+    let masked = rows.iter().any(|x| x.allowed.is_some()).then(|| mask(b, logits, rows, vocab)).transpose()?;
+    let logits = masked.as_ref().unwrap_or(logits);
     let column = |f: &dyn Fn(&SamplingParams) -> f64| upload_f64(b, vec![r], rows.iter().map(|x| f(&x.params)).collect());
     let temperature = column(&|p| p.temperature)?;
     let top_k = upload_i64(b, vec![r], rows.iter().map(|x| x.params.top_k as i64).collect())?;
@@ -96,10 +101,33 @@ pub(crate) fn process<B: ModelBackend>(b: &B, logits: &B::Tensor, rows: &[Row<'_
     Ok(b.process_logits(logits, params)?)
 }
 
-/// Whether a row's greedy argmax differs from the raw logits' (bias or
-/// penalties move it, LOGITS-2).
+/// `logits [R, V]` with every token a row's constraint refuses at `-inf`
+/// (CONSTRAIN-1): downloaded, masked on the host and uploaded again, the
+/// values of the allowed tokens bit for bit (an f32 logit widens to f64 and
+/// narrows back exactly).
+fn mask<B: ModelBackend>(b: &B, logits: &B::Tensor, rows: &[Row<'_>], vocab: usize) -> Result<B::Tensor, DecodeError> {
+    let mut host = b.download_f64(logits)?;
+    let shape = host.shape().to_vec();
+    if shape != [rows.len(), vocab] {
+        return Err(DecodeError::Internal(format!("masking logits of shape {shape:?} with {} rows of {vocab}", rows.len())));
+    }
+    let data = host.data_mut();
+    for (r, row) in rows.iter().enumerate() {
+        if let Some(allowed) = row.allowed {
+            for (x, &ok) in data[r * vocab..][..vocab].iter_mut().zip(allowed) {
+                if !ok {
+                    *x = f64::NEG_INFINITY;
+                }
+            }
+        }
+    }
+    upload_f64(b, shape, host.into_data())
+}
+
+/// Whether a row's greedy argmax differs from the raw logits' (bias,
+/// penalties or a constraint move it, LOGITS-2).
 pub(crate) fn moves_argmax(rows: &[Row<'_>]) -> bool {
-    rows.iter().any(|x| !x.bias.is_empty() || x.params.penalised())
+    rows.iter().any(|x| !x.bias.is_empty() || x.params.penalised() || x.allowed.is_some())
 }
 
 /// One id per row of `probs [R, V]` by inverse CDF, row `r` with the next

@@ -71,11 +71,24 @@ pub enum Fault {
     /// Drops min-p on every row of a window that verifies drafts (SGLang
     /// #10617: min-p not applied under speculative verification).
     MinPSkippedOnVerify,
+    /// Feeds a step's drafts to the constraint's state and never rolls it
+    /// back after a rejection (the grammar state of vLLM #56077's class).
+    ConstraintNotRolledBack,
+    /// Masks row 0 of a verify window with the constraint only.
+    MaskFirstRowOnly,
+    /// Masks every row of a verify window with the committed state, not the
+    /// state after the drafts before the row.
+    MaskFromCommittedState,
+    /// A draft model draws under the constraint's mask but reports `q`
+    /// without it. Injected into the proposer.
+    DraftQWithoutMask,
+    /// Allows eos in a state that does not accept.
+    EosOutsideAccept,
 }
 
 impl Fault {
     /// Every fault, for lists of negative controls.
-    pub const ALL: [Fault; 20] = [
+    pub const ALL: [Fault; 25] = [
         Fault::RollbackOffByOne,
         Fault::BonusFromWrongRow,
         Fault::AcceptPastEos,
@@ -96,6 +109,11 @@ impl Fault {
         Fault::LogprobsPastStop,
         Fault::BiasOnFirstRowOnly,
         Fault::MinPSkippedOnVerify,
+        Fault::ConstraintNotRolledBack,
+        Fault::MaskFirstRowOnly,
+        Fault::MaskFromCommittedState,
+        Fault::DraftQWithoutMask,
+        Fault::EosOutsideAccept,
     ];
 }
 
@@ -132,6 +150,26 @@ impl Faults {
             _ => {}
         }
         row
+    }
+
+    /// Whether verify row `j` carries its constraint mask.
+    pub(crate) fn masks_window_row(self, j: usize) -> bool {
+        j == 0 || self.0 != Some(Fault::MaskFirstRowOnly)
+    }
+
+    /// Whether every row is masked with the committed state.
+    pub(crate) fn masks_from_committed_state(self) -> bool {
+        self.0 == Some(Fault::MaskFromCommittedState)
+    }
+
+    /// Whether eos is allowed where the constraint does not accept.
+    pub(crate) fn eos_outside_accept(self) -> bool {
+        self.0 == Some(Fault::EosOutsideAccept)
+    }
+
+    /// Whether the constraint's state keeps a step's rejected drafts.
+    pub(crate) fn constraint_not_rolled_back(self) -> bool {
+        self.0 == Some(Fault::ConstraintNotRolledBack)
     }
 
     /// Whether a step's logprobs of drafted positions come from the draft's `q`.

@@ -29,7 +29,9 @@
 //! emission up to a stop ([`stop`]), the rollback (per sequence or
 //! min-accepted) and the step's counts; `logprobs.rs` reports each emitted
 //! token's logprobs from its own verify row (LOGPROB-4), for the requests
-//! that ask. `ledger.rs` keeps the step's
+//! that ask; `masks.rs` masks each verify row of a constrained request
+//! with its constraint's state after the drafts before it (CONSTRAIN-3),
+//! the constraint and its fast mask being [`constrained`]. `ledger.rs` keeps the step's
 //! bookkeeping behind one helper: which controller picks `k` (seed 001's
 //! dynamic controller, `specdec_reference::controller`, switched on in
 //! [`config`], or the pay-off controller in
@@ -65,12 +67,14 @@
 pub mod choice;
 mod commit;
 pub mod config;
+pub mod constrained;
 pub(crate) mod device;
 pub mod engine;
 pub mod error;
 mod fault;
 mod ledger;
 mod logprobs;
+mod masks;
 pub mod payoff;
 pub mod proposer;
 pub mod record;
@@ -84,6 +88,7 @@ mod window;
 
 pub use choice::ProposerChoice;
 pub use config::{EngineConfig, MAX_K, OnProposerError, Rollback};
+pub use constrained::{Constrained, TokenTable};
 pub use engine::Engine;
 pub use error::DecodeError;
 pub use fault::Fault;
@@ -94,5 +99,6 @@ pub use request::{Acceptance, FinishReason, Output, Request, RunOutput, Timings}
 pub use seq::noise_streams;
 pub use session::Session;
 pub use sink::{NoSink, Sink};
+pub use specdec_constraint::{ConstraintError, ConstraintSpec, Vocabulary};
 pub use specdec_reference::{LogprobMode, LogprobRequest, MAX_TOP_LOGPROBS, TokenLogprob};
 pub use stop::Detokenize;

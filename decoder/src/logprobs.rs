@@ -10,12 +10,14 @@
 //! reference's definition in f64 on the host ([`specdec_reference::logprob_row`]).
 
 use specdec_backend::model::ModelBackend;
+use specdec_constraint::mask_scores;
 use specdec_reference::logprob::entry;
-use specdec_reference::{RowInputs, TokenLogprob, bias_row, logprob_row};
+use specdec_reference::{LogprobMode, RowInputs, TokenLogprob, bias_row, logprob_row};
 
 use crate::device;
 use crate::error::DecodeError;
 use crate::fault::Faults;
+use crate::masks::WindowMasks;
 use crate::proposer::Proposal;
 use crate::seq::Seq;
 use crate::verify::{Verdict, row_inputs};
@@ -33,6 +35,7 @@ pub(crate) fn step_logprobs<B: ModelBackend>(
     active: &[usize],
     p: &Proposal<B::Tensor>,
     verdict: &Verdict,
+    masks: &WindowMasks,
     faults: Faults,
 ) -> Result<Vec<Vec<TokenLogprob>>, DecodeError> {
     let mut out = vec![Vec::new(); active.len()];
@@ -56,7 +59,10 @@ pub(crate) fn step_logprobs<B: ModelBackend>(
         let drafts = &p.drafts[pos];
         for (j, &token) in verdict.tokens[pos].iter().enumerate() {
             let logits = rows.next().ok_or_else(|| DecodeError::Internal("fewer logprob rows than emitted tokens".into()))?;
-            let row = row_inputs(s, drafts, j, faults);
+            let row = row_inputs(s, drafts, j, faults, masks[pos][j].as_deref());
+            // The processed law is the masked one (CONSTRAIN-1); the raw one is the model's.
+            let masked = row.allowed.filter(|_| ask.mode == LogprobMode::Processed).map(|a| mask_scores(logits, a));
+            let logits = masked.as_deref().unwrap_or(logits);
             let counts = row.params.penalised().then(|| row.counts(vocab));
             let bias = if row.bias.is_empty() { None } else { Some(bias_row(row.bias, vocab).map_err(|e| DecodeError::Request { index: i, reason: e.to_string() })?) };
             let inputs = RowInputs { counts: counts.as_deref(), bias: bias.as_deref() };

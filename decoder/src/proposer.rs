@@ -15,7 +15,9 @@ pub mod ngram;
 use rand_pcg::Pcg64;
 use specdec_backend::SamplingParams;
 use specdec_backend::model::{ForwardPlan, ModelBackend};
+use specdec_constraint::State;
 
+use crate::constrained::Constrained;
 use crate::error::DecodeError;
 use crate::fault::Fault;
 
@@ -37,6 +39,10 @@ pub struct SeqView<'a> {
     pub prompt_len: usize,
     /// The request's logit bias (LOGITS-7).
     pub logit_bias: &'a [(u32, f64)],
+    /// The request's constraint and its state after `context` (CONSTRAIN-3).
+    pub constraint: Option<(&'a Constrained, State)>,
+    /// The request's eos ids (a constraint allows them where it accepts).
+    pub eos: &'a [u32],
 }
 
 impl<'a> SeqView<'a> {
@@ -44,6 +50,17 @@ impl<'a> SeqView<'a> {
     /// `q` counts the context plus the drafts before it (LOGITS-13).
     pub(crate) fn row(&self, drafts: &'a [u32]) -> crate::device::Row<'a> {
         crate::device::Row::after(self.sampling, self.context, self.prompt_len, self.logit_bias, drafts)
+    }
+
+    /// The tokens the request's constraint allows after `context` and
+    /// `drafts` (CONSTRAIN-3): `None` without a constraint, or past a draft
+    /// it refuses, or where it allows nothing (a draft drawn there is
+    /// unmasked, its `q` the law it was drawn from, and the target refuses
+    /// it).
+    pub fn allowed_after(&self, drafts: &[u32]) -> Option<Vec<bool>> {
+        let (c, state) = self.constraint?;
+        let state = drafts.iter().try_fold(state, |st, &t| c.advance(st, t, self.eos))?;
+        Some(c.allowed(state, self.eos)).filter(|m| m.contains(&true))
     }
 }
 

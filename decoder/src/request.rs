@@ -6,6 +6,7 @@ use specdec_backend::SamplingParams;
 use specdec_reference::controller::{SpecStats, StepCounts};
 use specdec_reference::{LogprobRequest, MAX_TOP_LOGPROBS, TokenLogprob};
 
+use crate::constrained::Constrained;
 use crate::error::DecodeError;
 
 /// One generation request: its own prompt, sampling, seed and stops.
@@ -41,6 +42,9 @@ pub struct Request {
     /// The logprobs to report with each generated token (LOGPROB-1 ..
     /// LOGPROB-4), or none.
     pub logprobs: Option<LogprobRequest>,
+    /// The constraint the output text must match (CONSTRAIN-1 .. CONSTRAIN-4),
+    /// or none; it needs an eos id to end a match.
+    pub constraint: Option<Constrained>,
 }
 
 impl Request {
@@ -57,6 +61,7 @@ impl Request {
             verify_uniforms: None,
             speculate: true,
             logprobs: None,
+            constraint: None,
         }
     }
 
@@ -88,6 +93,18 @@ impl Request {
             && l.top > MAX_TOP_LOGPROBS
         {
             return bad(format!("top_logprobs = {} is more than {MAX_TOP_LOGPROBS}", l.top));
+        }
+        if let Some(c) = &self.constraint {
+            let tokens = c.table().vocabulary().len();
+            if tokens != vocab {
+                return bad(format!("the constraint's token table has {tokens} tokens, the model {vocab}"));
+            }
+            if self.eos.is_empty() {
+                return bad("a constrained request needs an eos id: its output ends with one at a match".into());
+            }
+            if !c.allowed(c.constraint().start(), &self.eos).contains(&true) {
+                return bad(format!("the constraint `{}` allows no first token of this vocabulary", c.constraint().pattern()));
+            }
         }
         if let Some((i, u)) = self.verify_uniforms.iter().flatten().enumerate().find(|(_, u)| !(0.0..1.0).contains(*u)) {
             return bad(format!("explicit verify uniform {i} is {u}, outside [0, 1)"));

@@ -7,6 +7,7 @@ use rand_pcg::Pcg64;
 use crate::device::Row;
 use crate::request::{Acceptance, FinishReason, Request};
 use crate::stop::StopState;
+use specdec_constraint::State;
 use specdec_reference::TokenLogprob;
 
 /// One request's state during a run.
@@ -22,6 +23,8 @@ pub(crate) struct Seq {
     pub(crate) stop: StopState,
     /// One entry per emitted token, where the request asked for logprobs.
     pub(crate) logprobs: Vec<TokenLogprob>,
+    /// The constraint's state after `out` (CONSTRAIN-4); `None` without one.
+    pub(crate) constraint: Option<State>,
 }
 
 /// Where a request's verify uniforms come from (DECODE-3).
@@ -67,7 +70,8 @@ impl Seq {
             None => VerifyNoise::Stream(verify_rng),
         };
         let stop = StopState::new(&req);
-        Seq { context: req.prompt.clone(), req, out: Vec::new(), finish: None, verify_noise, draft_rng, acceptance: Acceptance::default(), stop, logprobs: Vec::new() }
+        let constraint = req.constraint.as_ref().map(|c| c.constraint().start());
+        Seq { context: req.prompt.clone(), req, out: Vec::new(), finish: None, verify_noise, draft_rng, acceptance: Acceptance::default(), stop, logprobs: Vec::new(), constraint }
     }
 
     /// The state of a slot that holds no request: finished, never active.

@@ -32,7 +32,7 @@ use crate::request::{Acceptance, FinishReason, Output, Request, RunOutput, Timin
 use crate::seq::Seq;
 use crate::sink::Sink;
 use crate::stop::Detokenize;
-use crate::{verify, window};
+use crate::{masks, verify, window};
 use specdec_reference::TokenLogprob;
 
 /// What a slot holds.
@@ -285,14 +285,18 @@ impl<'s, B: ModelBackend> Session<'s, B> {
         // 2. The window forward, 3. its verify.
         let t = Instant::now();
         let win = window::forward(b, self.engine.target, &mut self.cache, &self.seqs, &active, &proposal, self.proposer.hidden_layers(), config.faults())?;
-        let verdict = verify::verify(b, self.engine.vocab, config, &win, &mut self.seqs, &active, &proposal)?;
-        let logprobs = step_logprobs(b, self.engine.vocab, &win, &self.seqs, &active, &proposal, &verdict, config.faults())?;
+        let masks = masks::window_masks(&self.seqs, &active, &proposal.drafts, win.width, config.faults())?;
+        let verdict = verify::verify(b, self.engine.vocab, config, &win, &mut self.seqs, &active, &proposal, &masks)?;
+        let logprobs = step_logprobs(b, self.engine.vocab, &win, &self.seqs, &active, &proposal, &verdict, &masks, config.faults())?;
         self.ledger.lap(Phase::Verify, t);
 
         // 4. Commit: emission up to a stop, and the rollback.
         let t = Instant::now();
         let proposed: Vec<usize> = proposal.drafts.iter().map(Vec::len).collect();
         let step = commit(b, &mut self.cache, config, &mut self.seqs, &active, &proposed, &verdict, logprobs, detok, sink)?;
+        for ((&i, &kept), drafts) in active.iter().zip(&step.kept).zip(&proposal.drafts) {
+            masks::commit_state(&mut self.seqs[i], kept, drafts, config.faults());
+        }
         self.ledger.lap(Phase::Commit, t);
 
         // The proposer rolls its state back to what was kept; the controllers learn the step.
@@ -378,7 +382,8 @@ impl<'s, B: ModelBackend> Session<'s, B> {
             .map(|&i| {
                 let req = &seqs[i].req;
                 let max_drafts = if req.speculate { k.min(self.capacity - lens[i] - 1) } else { 0 };
-                SeqView { slot: i, context: &seqs[i].context, max_drafts, sampling: req.sampling, prompt_len: req.prompt.len(), logit_bias: &req.logit_bias }
+                let constraint = req.constraint.as_ref().zip(seqs[i].constraint);
+                SeqView { slot: i, context: &seqs[i].context, max_drafts, sampling: req.sampling, prompt_len: req.prompt.len(), logit_bias: &req.logit_bias, constraint, eos: &req.eos }
             })
             .collect();
         let mut rngs: Vec<Pcg64> = active.iter().map(|&i| seqs[i].draft_rng.clone()).collect();

@@ -10,6 +10,7 @@ use crate::config::EngineConfig;
 use crate::device;
 use crate::error::DecodeError;
 use crate::fault::Faults;
+use crate::masks::WindowMasks;
 use crate::proposer::{Proposal, VerifyRule};
 use crate::seq::{Seq, VerifyNoise};
 use crate::window::Window;
@@ -23,15 +24,26 @@ pub(crate) struct Verdict {
 
 /// Verifies `w`; `config.checked` runs the ops with their validity
 /// read-back (GLUE-6).
-pub(crate) fn verify<B: ModelBackend>(b: &B, vocab: usize, config: &EngineConfig, w: &Window<B::Tensor>, seqs: &mut [Seq], active: &[usize], p: &Proposal<B::Tensor>) -> Result<Verdict, DecodeError> {
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn verify<B: ModelBackend>(
+    b: &B,
+    vocab: usize,
+    config: &EngineConfig,
+    w: &Window<B::Tensor>,
+    seqs: &mut [Seq],
+    active: &[usize],
+    p: &Proposal<B::Tensor>,
+    masks: &WindowMasks,
+) -> Result<Verdict, DecodeError> {
     let (checked, faults) = (config.checked, config.faults());
     let (a, width) = (active.len(), w.width);
     let greedy = active.iter().all(|&i| seqs[i].req.sampling.temperature == 0.0);
     // Row `j` of a sequence counts its context plus its drafts before `j`
-    // (LOGITS-13); rows past its drafts are padding, never read (CONV-7).
+    // (LOGITS-13) and is masked with the constraint's state after them
+    // (CONSTRAIN-3); rows past its drafts are padding, never read (CONV-7).
     let mut rows = Vec::with_capacity(a * (width + 1));
     for (pos, &i) in active.iter().enumerate() {
-        rows.extend((0..=width).map(|j| row_inputs(&seqs[i], &p.drafts[pos], j, faults)));
+        rows.extend((0..=width).map(|j| row_inputs(&seqs[i], &p.drafts[pos], j, faults, masks[pos][j].as_deref())));
     }
     if greedy && p.rule == VerifyRule::DflashBlock && p.drafts.iter().all(|d| d.len() == width) {
         return dflash(b, vocab, w, seqs, active, p, &rows);
@@ -79,10 +91,12 @@ pub(crate) fn verify<B: ModelBackend>(b: &B, vocab: usize, config: &EngineConfig
 }
 
 /// The processor inputs of verify row `j` of sequence `s` with `drafts`:
-/// its context plus the drafts before the row (LOGITS-13).
-pub(crate) fn row_inputs<'a>(s: &'a Seq, drafts: &'a [u32], j: usize, faults: Faults) -> device::Row<'a> {
+/// its context plus the drafts before the row (LOGITS-13), and the row's
+/// constraint mask (CONSTRAIN-3).
+pub(crate) fn row_inputs<'a>(s: &'a Seq, drafts: &'a [u32], j: usize, faults: Faults, allowed: Option<&'a [bool]>) -> device::Row<'a> {
     let seen = faults.penalty_window(j.min(drafts.len()));
-    faults.window_processors(s.row(&drafts[..seen]), j, drafts.len())
+    let row = device::Row { allowed, ..s.row(&drafts[..seen]) };
+    faults.window_processors(row, j, drafts.len())
 }
 
 /// One step's `len` accept uniforms and its draw uniform, in DECODE-3's

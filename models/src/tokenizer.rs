@@ -337,6 +337,31 @@ impl Tokenizer {
         guarded(&self.source, || self.inner.decode(ids, skip_special_tokens).map_err(|e| tok_err(&self.source, e)))
     }
 
+    /// Each id's bytes as the output text gets them (CONSTRAIN-2), `None`
+    /// for a special token: a byte-level BPE piece read back through GPT-2's
+    /// byte-to-character table, a non-special added token as its text. Other
+    /// tokenizer kinds are an error naming the decoder.
+    pub fn token_bytes(&self) -> Result<Vec<Option<Vec<u8>>>> {
+        if !matches!(self.inner.get_decoder(), Some(DecoderWrapper::ByteLevel(_))) {
+            return Err(tok_err(&self.source, "token bytes are read for byte-level BPE tokenizers only"));
+        }
+        let table = gpt2_unicode_to_byte();
+        let added = self.inner.get_added_tokens_decoder();
+        (0..self.vocab_size() as u32)
+            .map(|id| {
+                if let Some(t) = added.get(&id) {
+                    return Ok((!t.special && !t.content.is_empty()).then(|| t.content.as_bytes().to_vec()));
+                }
+                let Some(piece) = self.inner.id_to_token(id) else { return Ok(None) };
+                let bytes = piece
+                    .chars()
+                    .map(|c| table.get(&c).copied().ok_or_else(|| tok_err(&self.source, format!("token {id} {piece:?}: {c:?} is no byte-level character"))))
+                    .collect::<Result<Vec<u8>>>()?;
+                Ok((!bytes.is_empty()).then_some(bytes))
+            })
+            .collect()
+    }
+
     /// Vocabulary size, added tokens included.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
@@ -515,6 +540,24 @@ fn jinja_literal_text(s: &str) -> Option<String> {
         }
     }
     Some(out)
+}
+
+/// GPT-2's byte-level alphabet read backwards: the printable bytes stand
+/// for themselves, the others for the characters from U+0100 on, in order.
+fn gpt2_unicode_to_byte() -> std::collections::HashMap<char, u8> {
+    let printable = |b: u8| (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || b >= 0xAE;
+    let mut next = 256u32;
+    (0..=255u8)
+        .map(|b| {
+            let c = if printable(b) {
+                char::from(b)
+            } else {
+                next += 1;
+                char::from_u32(next - 1).expect("below U+0200")
+            };
+            (c, b)
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -157,3 +157,21 @@ fn pre_tokenizer_decides_digit_merges() {
     assert_eq!(with("gpt2").encode("a 12", true).unwrap(), vec![byte('a'), g1, byte('2')]);
     assert_eq!(with("smollm").encode("a 12", true).unwrap(), vec![byte('a'), byte(' '), byte('1'), byte('2')]);
 }
+
+/// CONSTRAIN-2: each token's bytes, concatenated, are the text it encodes
+/// (bytes of a character split across tokens included); special tokens
+/// have none, a user-defined one its literal text.
+#[test]
+fn token_bytes_spell_the_text() {
+    let t = small();
+    let bytes = t.token_bytes().unwrap();
+    assert_eq!(bytes.len(), t.vocab_size());
+    for text in ["Hello, world!", "naïve café, 東京 🙂👍🏽", "tabs\tand\nnewlines  the thin", "a<tool>b 2024"] {
+        let ids = t.encode(text, true).unwrap();
+        let spelled: Vec<u8> = ids.iter().flat_map(|&i| bytes[i as usize].clone().unwrap_or_else(|| panic!("{text:?}: token {i} has no bytes"))).collect();
+        assert_eq!(spelled, text.as_bytes(), "{text:?}");
+    }
+    assert_eq!((bytes[1].as_ref(), bytes[2].as_ref()), (None, None), "<|im_start|> and <|im_end|> are not text");
+    assert_eq!(bytes[id("<tool>") as usize].as_deref(), Some(&b"<tool>"[..]));
+    assert_eq!(bytes[byte(' ') as usize].as_deref(), Some(&b" "[..]));
+}

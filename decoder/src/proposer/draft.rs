@@ -47,6 +47,8 @@ enum QFault {
     Unprocessed,
     /// `q` reported without the penalties and the bias the drafts were drawn with.
     WithoutPenalties,
+    /// `q` reported without the constraint's mask the drafts were drawn under.
+    WithoutMask,
 }
 
 impl QFault {
@@ -54,7 +56,8 @@ impl QFault {
     fn reported(fault: Option<QFault>, row: Row<'_>) -> Row<'_> {
         match fault {
             Some(QFault::Unprocessed) => Row { params: SamplingParams { top_k: 0, top_p: 1.0, ..row.params }, ..row },
-            Some(QFault::WithoutPenalties) => Row::plain(SamplingParams { repetition_penalty: 1.0, presence_penalty: 0.0, frequency_penalty: 0.0, ..row.params }),
+            Some(QFault::WithoutPenalties) => Row { allowed: row.allowed, ..Row::plain(SamplingParams { repetition_penalty: 1.0, presence_penalty: 0.0, frequency_penalty: 0.0, ..row.params }) },
+            Some(QFault::WithoutMask) => Row { allowed: None, ..row },
             _ => row,
         }
     }
@@ -141,6 +144,9 @@ impl<B: ModelBackend> Proposer<B> for DraftModelProposer<B> {
 
     fn inject(&mut self, fault: Fault) {
         self.keeps_rejected |= fault == Fault::DraftCacheNotTrimmed;
+        if fault == Fault::DraftQWithoutMask {
+            self.q_fault = Some(QFault::WithoutMask);
+        }
     }
 
     fn propose(&mut self, backend: &B, seqs: &[SeqView<'_>], rngs: &mut [Pcg64]) -> Result<Proposal<B::Tensor>, DecodeError> {
@@ -166,8 +172,12 @@ impl<B: ModelBackend> Proposer<B> for DraftModelProposer<B> {
         for step in 0..steps {
             let out = backend.forward(&self.model, cache, &ForwardRequest { tokens: &feed, logits: LogitRows::Last, hidden_layers: &[] })?;
             let logits = out.logits.ok_or_else(|| DecodeError::Internal("a draft forward returned no logits".into()))?;
-            // Rows come in batch order of the sequences fed: `seqs` order.
-            let rows = |bend: fn(Option<QFault>, Row<'_>) -> Row<'_>| -> Vec<Row<'_>> { seqs.iter().zip(&drafts).map(|(s, before)| bend(self.q_fault, s.row(before))).collect() };
+            // Rows come in batch order of the sequences fed: `seqs` order;
+            // each masked with its constraint's state after its drafts so far.
+            let masks: Vec<Option<Vec<bool>>> = seqs.iter().zip(&drafts).map(|(s, before)| s.allowed_after(before)).collect();
+            let rows = |bend: fn(Option<QFault>, Row<'_>) -> Row<'_>| -> Vec<Row<'_>> {
+                seqs.iter().zip(&drafts).zip(&masks).map(|((s, before), mask)| bend(self.q_fault, Row { allowed: mask.as_deref(), ..s.row(before) })).collect()
+            };
             let q = device::process(backend, &logits, &rows(QFault::reported), self.vocab)?;
             let ids = if self.q_fault.is_some() {
                 let drawn = device::process(backend, &logits, &rows(QFault::drawn), self.vocab)?;

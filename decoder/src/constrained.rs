@@ -1,0 +1,145 @@
+//! Structured outputs (CONSTRAIN-1, CONSTRAIN-2): a request's constraint
+//! and the fast token mask; the window rule that applies it is `masks.rs`.
+//!
+//! The mask of a state is computed once by walking a byte trie of the
+//! vocabulary from the state (each shared prefix walked once, a dead branch
+//! cut at its first byte) and cached per state; it equals the plain
+//! definition, [`specdec_constraint::allowed`], token for token
+//! (`tests/constrained.rs`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use specdec_constraint::{Constraint, ConstraintError, ConstraintSpec, State, Vocabulary};
+
+/// A model's vocabulary as text bytes, with the byte trie the fast mask
+/// walks; built once per model and shared by its requests.
+#[derive(Debug)]
+pub struct TokenTable {
+    vocab: Vocabulary,
+    /// Node 0 is the root; a node's tokens are those whose bytes end there.
+    nodes: Vec<TrieNode>,
+}
+
+#[derive(Debug, Default)]
+struct TrieNode {
+    children: Vec<(u8, u32)>,
+    tokens: Vec<u32>,
+}
+
+impl TokenTable {
+    pub fn new(vocab: Vocabulary) -> Self {
+        let mut nodes = vec![TrieNode::default()];
+        for id in 0..vocab.len() as u32 {
+            let Some(bytes) = vocab.bytes(id) else { continue };
+            let mut at = 0usize;
+            for &b in bytes {
+                at = match nodes[at].children.iter().find(|(c, _)| *c == b) {
+                    Some(&(_, next)) => next as usize,
+                    None => {
+                        nodes.push(TrieNode::default());
+                        let next = nodes.len() - 1;
+                        nodes[at].children.push((b, next as u32));
+                        next
+                    }
+                };
+            }
+            nodes[at].tokens.push(id);
+        }
+        TokenTable { vocab, nodes }
+    }
+
+    /// The tiny models' text (`Aa`, `Bb`, .., [`specdec_models::tiny::tiny_text`])
+    /// for a vocabulary of `vocab` ids.
+    pub fn tiny(vocab: usize) -> Arc<Self> {
+        let tokens = (0..vocab as u32).map(|i| Some(specdec_models::tiny::tiny_text(&[i]).into_bytes())).collect();
+        Arc::new(TokenTable::new(Vocabulary::new(tokens).expect("every tiny token is two letters")))
+    }
+
+    pub fn vocabulary(&self) -> &Vocabulary {
+        &self.vocab
+    }
+
+    /// The text tokens the constraint allows from `state` (eos aside).
+    fn walk(&self, c: &Constraint, state: State) -> Vec<bool> {
+        let mut allowed = vec![false; self.vocab.len()];
+        let mut stack = vec![(0usize, state)];
+        while let Some((node, s)) = stack.pop() {
+            for &(b, child) in &self.nodes[node].children {
+                if let Some(next) = c.walk(s, &[b]) {
+                    for &t in &self.nodes[child as usize].tokens {
+                        allowed[t as usize] = true;
+                    }
+                    stack.push((child as usize, next));
+                }
+            }
+        }
+        allowed
+    }
+}
+
+/// A request's compiled constraint over a model's [`TokenTable`].
+#[derive(Clone)]
+pub struct Constrained(Arc<Inner>);
+
+struct Inner {
+    spec: ConstraintSpec,
+    constraint: Constraint,
+    table: Arc<TokenTable>,
+    /// The text-token mask of each state met so far.
+    masks: Mutex<HashMap<State, Arc<[bool]>>>,
+}
+
+impl Constrained {
+    pub fn new(spec: ConstraintSpec, table: Arc<TokenTable>) -> Result<Self, ConstraintError> {
+        let constraint = Constraint::new(&spec)?;
+        Ok(Constrained(Arc::new(Inner { spec, constraint, table, masks: Mutex::new(HashMap::new()) })))
+    }
+
+    pub fn spec(&self) -> &ConstraintSpec {
+        &self.0.spec
+    }
+
+    pub fn constraint(&self) -> &Constraint {
+        &self.0.constraint
+    }
+
+    pub fn table(&self) -> &TokenTable {
+        &self.0.table
+    }
+
+    /// The tokens allowed after an output that left the constraint in
+    /// `state`: the text tokens of the cached trie walk, and `eos` where the
+    /// state accepts (CONSTRAIN-2).
+    pub fn allowed(&self, state: State, eos: &[u32]) -> Vec<bool> {
+        let text = {
+            let mut cache = self.0.masks.lock().unwrap_or_else(|e| e.into_inner());
+            cache.entry(state).or_insert_with(|| self.0.table.walk(&self.0.constraint, state).into()).clone()
+        };
+        let mut allowed = text.to_vec();
+        let accepts = self.0.constraint.accepts(state);
+        for &e in eos {
+            if let Some(slot) = allowed.get_mut(e as usize) {
+                *slot = accepts;
+            }
+        }
+        allowed
+    }
+
+    /// The state after `token` (CONSTRAIN-4), `None` where it is not allowed.
+    pub fn advance(&self, state: State, token: u32, eos: &[u32]) -> Option<State> {
+        specdec_constraint::advance(&self.0.constraint, state, token, self.0.table.vocabulary(), eos)
+    }
+}
+
+impl PartialEq for Constrained {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.spec == other.0.spec && Arc::ptr_eq(&self.0.table, &other.0.table)
+    }
+}
+
+impl std::fmt::Debug for Constrained {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Constrained({:?})", self.0.spec)
+    }
+}

@@ -1,0 +1,328 @@
+//! Structured outputs under speculation (CONSTRAIN-1 .. CONSTRAIN-4) on the
+//! reference backend (exact f64) and the tiny seeded models: the fast mask
+//! equals the plain definition on every state met; greedy output equals an
+//! independent plain constrained greedy loop for every proposer and `k`;
+//! sampled outputs keep the constraint and the first two tokens have the
+//! exact law of constrained plain sampling (chi-squared, stated size and
+//! power, no retry); and each grammar bug peers ship fails one of these.
+
+use std::sync::Arc;
+
+use specdec_backend::model::{ForwardRequest, LlamaWeights, ModelBackend, RefModel};
+use specdec_backend::{NgramConfig, ReferenceBackend, SamplingParams};
+use specdec_constraint::{Constraint, ConstraintSpec, Vocabulary, allowed, mask_scores, output_matches, state_after};
+use specdec_decoder::{Constrained, DflashMode, DflashProposer, DraftModelProposer, Engine, EngineConfig, Fault, FinishReason, NgramProposer, NoProposer, NoSink, Proposer, Request, TokenTable};
+use specdec_models::DflashSpec;
+use specdec_models::tiny::{TinySpec, tiny_text};
+use specdec_reference::process_logits;
+
+const B: ReferenceBackend = ReferenceBackend;
+const EOS: u32 = 11;
+
+/// Regexes over the tiny models' text (`Aa`, `Bb`, ..; eos is `Ll`, id 11):
+/// a class of tokens; tokens straddling the pattern's elements, no token
+/// twice in a row (a repeating prompt makes the n-gram drafts break it); a
+/// forced middle and a bounded tail.
+const PATTERNS: [&str; 3] = ["([A-F][a-f])+", "A(a[BC]|b[AC]|c[AB])*[abc]", "(AaBb|CcDd|Ee)*Ff(Gg|Hh){2,4}"];
+
+fn tiny() -> LlamaWeights {
+    TinySpec::preset("tiny-v12-l2").unwrap().weights().unwrap()
+}
+
+fn table(vocab: usize) -> Arc<TokenTable> {
+    Arc::new(TokenTable::new(Vocabulary::new((0..vocab as u32).map(|i| Some(tiny_text(&[i]).into_bytes())).collect()).unwrap()))
+}
+
+fn constrained(pattern: &str, table: &Arc<TokenTable>) -> Constrained {
+    Constrained::new(ConstraintSpec::Regex(pattern.into()), table.clone()).unwrap()
+}
+
+fn proposer(name: &str, w: &LlamaWeights) -> Box<dyn Proposer<ReferenceBackend>> {
+    let v = w.config.vocab_size;
+    match name {
+        "none" => Box::new(NoProposer),
+        "ngram" => Box::new(NgramProposer::new(NgramConfig { k: 8, ..NgramConfig::default() }, v).unwrap()),
+        "draft" => Box::new(DraftModelProposer::new(&B, "draft", &specdec_models::tiny::seeded(w.config.clone(), 77).unwrap(), v).unwrap()),
+        "self" => Box::new(DraftModelProposer::new(&B, "self", w, v).unwrap()),
+        "early-exit:1" => Box::new(DraftModelProposer::early_exit(&B, w, 1).unwrap()),
+        "dflash" => {
+            let c = &w.config;
+            let spec = DflashSpec { target_layer_ids: (0..c.num_hidden_layers).rev().collect(), ..DflashSpec::one_layer(c, 5, 0) };
+            Box::new(DflashProposer::new(name, specdec_models::seeded_dflash(c, spec, 5).unwrap(), Arc::new(w.clone()), DflashMode::Parallel).unwrap())
+        }
+        other => panic!("unknown proposer {other}"),
+    }
+}
+
+const PROPOSERS: [&str; 6] = ["none", "ngram", "draft", "self", "early-exit:1", "dflash"];
+const PROMPTS: [&[u32]; 3] = [&[0, 1, 0, 1, 0, 1, 0], &[5], &[2, 2, 2, 2, 2]];
+
+/// The logits after `context`, from the reference forward.
+fn logits(w: &LlamaWeights, context: &[u32]) -> Vec<f64> {
+    let model = RefModel::new(w.clone());
+    let mut cache = model.new_cache(1, context.len() + 1).unwrap();
+    model.forward(&mut cache, &ForwardRequest::last_logits(std::slice::from_ref(&context.to_vec()))).unwrap().logits
+}
+
+/// Plain constrained greedy decoding written independently of the engine:
+/// the plain mask of `specdec_constraint`, argmax of the masked logits with
+/// ties to the lowest id, one token at a time, until eos or `n`.
+fn plain_constrained_greedy(w: &LlamaWeights, prompt: &[u32], n: usize, pattern: &str) -> Vec<u32> {
+    let c = Constraint::regex(pattern).unwrap();
+    let vocab = table(w.config.vocab_size).vocabulary().clone();
+    let mut out: Vec<u32> = Vec::new();
+    while out.len() < n {
+        let state = state_after(&c, &out, &vocab, &[EOS]).unwrap();
+        let z = mask_scores(&logits(w, &[prompt, &out].concat()), &allowed(&c, state, &vocab, &[EOS]));
+        let best = (0..z.len()).fold(0, |b, i| if z[i] > z[b] { i } else { b }) as u32;
+        out.push(best);
+        if best == EOS {
+            break;
+        }
+    }
+    out
+}
+
+fn generate(w: &LlamaWeights, config: EngineConfig, reqs: &[Request], proposer: &mut dyn Proposer<ReferenceBackend>) -> Vec<specdec_decoder::Output> {
+    let model = B.load_model(w).unwrap();
+    Engine::new(&B, &model, &w.config, config).unwrap().generate(reqs, proposer, None, &mut NoSink).unwrap().outputs
+}
+
+fn request(prompt: &[u32], max_tokens: usize, c: &Constrained) -> Request {
+    Request { eos: vec![EOS], constraint: Some(c.clone()), ..Request::greedy(prompt.to_vec(), max_tokens) }
+}
+
+/// The first greedy check that fails, over every pattern, proposer, k and
+/// prompt, or `None`: the outputs equal plain constrained greedy decoding
+/// (DECODE-2 with CONSTRAIN-3) and each finished output matches.
+fn greedy_failure(fault: Option<Fault>, proposers: &[&str]) -> Option<String> {
+    let w = tiny();
+    let t = table(w.config.vocab_size);
+    for pattern in PATTERNS {
+        let c = constrained(pattern, &t);
+        let reqs: Vec<Request> = PROMPTS.iter().map(|p| request(p, 14, &c)).collect();
+        let want: Vec<Vec<u32>> = PROMPTS.iter().map(|p| plain_constrained_greedy(&w, p, 14, pattern)).collect();
+        for name in proposers {
+            for k in [1, 3, 5] {
+                let out = generate(&w, EngineConfig { k, fault, ..EngineConfig::default() }, &reqs, proposer(name, &w).as_mut());
+                for (i, o) in out.iter().enumerate() {
+                    if o.tokens != want[i] {
+                        return Some(format!("{pattern} {name} k={k} prompt {i}: {:?}, plain {:?}", o.tokens, want[i]));
+                    }
+                    if o.finish == FinishReason::Eos && !output_matches(c.constraint(), &o.tokens, t.vocabulary(), &[EOS]) {
+                        return Some(format!("{pattern} {name} k={k} prompt {i}: {:?} does not match", o.tokens));
+                    }
+                }
+            }
+        }
+    }
+    None
+}
+
+/// CONSTRAIN-3, DECODE-2: greedy identity for every proposer and k.
+#[test]
+fn constrained_greedy_equals_plain_constrained_greedy_for_every_proposer() {
+    // The check is not empty: the patterns end some outputs with eos and
+    // the constraint changes what plain greedy decoding says.
+    let w = tiny();
+    let free = |p: &[u32]| {
+        let model = B.load_model(&w).unwrap();
+        let engine = Engine::new(&B, &model, &w.config, EngineConfig::default()).unwrap();
+        engine.generate(&[Request::greedy(p.to_vec(), 14)], &mut NoProposer, None, &mut NoSink).unwrap().outputs[0].tokens.clone()
+    };
+    let ended = PATTERNS.iter().flat_map(|pat| PROMPTS.iter().map(|p| plain_constrained_greedy(&w, p, 14, pat)).collect::<Vec<_>>()).filter(|o| o.last() == Some(&EOS)).count();
+    assert!(ended > 0, "some constrained output ends at eos");
+    assert!(PROMPTS.iter().any(|p| free(p) != plain_constrained_greedy(&w, p, 14, PATTERNS[1])), "the constraint changes the output");
+    if let Some(failure) = greedy_failure(None, &PROPOSERS) {
+        panic!("CONSTRAIN-3: {failure}");
+    }
+}
+
+/// The fast mask (the trie walk, cached) equals the plain definition on
+/// every state an output reaches, for the tiny vocabulary and for a
+/// byte-level one where tokens split characters and JSON punctuation.
+#[test]
+fn the_fast_mask_equals_the_plain_definition() {
+    let t = table(12);
+    for pattern in PATTERNS {
+        let c = constrained(pattern, &t);
+        let plain = Constraint::regex(pattern).unwrap();
+        let mut frontier = vec![Vec::<u32>::new()];
+        let mut seen = 0;
+        while let Some(out) = frontier.pop() {
+            let state = state_after(&plain, &out, t.vocabulary(), &[EOS]).unwrap();
+            let mask = c.allowed(state, &[EOS]);
+            assert_eq!(mask, allowed(&plain, state, t.vocabulary(), &[EOS]), "CONSTRAIN-2: {pattern} after {out:?}");
+            seen += 1;
+            if out.len() < 6 {
+                frontier.extend((0..12u32).filter(|&i| mask[i as usize] && i != EOS).map(|i| [out.clone(), vec![i]].concat()));
+            }
+        }
+        assert!(seen > 10, "{pattern}: only {seen} outputs walked");
+    }
+    // Bytes: every single byte, and pieces that straddle JSON tokens and UTF-8.
+    let mut pieces: Vec<Option<Vec<u8>>> = (0..=255u8).map(|b| Some(vec![b])).collect();
+    for p in ["{\"", "\":", "\",\"", "\"}", "true", "fal", "se", "nu", "ll", "12", "-0", "é", "\u{e9}\"", "\\u00"] {
+        pieces.push(Some(p.as_bytes().to_vec()));
+    }
+    pieces.push(None);
+    let eos = [(pieces.len() - 1) as u32];
+    let t = Arc::new(TokenTable::new(Vocabulary::new(pieces).unwrap()));
+    let schema = serde_json::json!({"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}, "ok": {"type": "boolean"}}, "required": ["name"]});
+    let c = Constrained::new(ConstraintSpec::JsonSchema(schema.clone()), t.clone()).unwrap();
+    let plain = Constraint::new(&ConstraintSpec::JsonSchema(schema)).unwrap();
+    for text in [r#"{"name":"é\u00e9","n":-12,"ok":false}"#, r#"{"name":"","ok":true}"#] {
+        let mut state = plain.start();
+        for &b in text.as_bytes() {
+            assert_eq!(c.allowed(state, &eos), allowed(&plain, state, t.vocabulary(), &eos), "{text} at byte {b}");
+            state = plain.walk(state, &[b]).unwrap();
+        }
+        assert!(plain.accepts(state) && c.allowed(state, &eos)[eos[0] as usize], "{text}");
+    }
+}
+
+/// The exact law of the first two tokens of constrained plain sampling:
+/// each row masked with the state after the tokens before it (CONSTRAIN-1),
+/// then processed (LOGITS-11).
+fn exact_two_token_law(w: &LlamaWeights, prompt: &[u32], c: &Constraint, vocab: &Vocabulary, p: SamplingParams) -> Vec<f64> {
+    let v = w.config.vocab_size;
+    let row = |out: &[u32]| {
+        let state = state_after(c, out, vocab, &[EOS]).unwrap();
+        process_logits(&mask_scores(&logits(w, &[prompt, out].concat()), &allowed(c, state, vocab, &[EOS])), p).unwrap()
+    };
+    let first = row(&[]);
+    let mut law = vec![0.0; v * v];
+    for a in 0..v {
+        if first[a] > 0.0 && a as u32 != EOS {
+            for (b, pb) in row(&[a as u32]).into_iter().enumerate() {
+                law[a * v + b] = first[a] * pb;
+            }
+        } else if a as u32 == EOS {
+            law[a * v] = first[a]; // eos ends the output: one cell
+        }
+    }
+    law
+}
+
+/// The p-value of the first two tokens of `n` seeded runs against the
+/// exact constrained law.
+fn two_token_p_value(fault: Option<Fault>, name: &str, n: u64) -> f64 {
+    let w = tiny();
+    let t = table(w.config.vocab_size);
+    let pattern = PATTERNS[1];
+    let c = constrained(pattern, &t);
+    let p = SamplingParams::new(1.0, 0, 1.0);
+    let prompt = [0u32, 1, 0, 1];
+    let law = exact_two_token_law(&w, &prompt, c.constraint(), t.vocabulary(), p);
+    let reqs: Vec<Request> = (0..n).map(|seed| Request { sampling: p, seed, ..request(&prompt, 2, &c) }).collect();
+    let v = w.config.vocab_size;
+    let mut counts = vec![0u64; v * v];
+    for o in generate(&w, EngineConfig { k: 3, fault, ..EngineConfig::default() }, &reqs, proposer(name, &w).as_mut()) {
+        let cell = o.tokens[0] as usize * v + o.tokens.get(1).map_or(0, |&b| b as usize);
+        counts[cell] += 1;
+    }
+    let cells: Vec<usize> = (0..law.len()).filter(|&i| law[i] > 0.0 || counts[i] > 0).collect();
+    let observed: Vec<u64> = cells.iter().map(|&i| counts[i]).collect();
+    let expected: Vec<f64> = cells.iter().map(|&i| law[i]).collect();
+    specdec_stats::chi_squared_gof(&observed, &expected).unwrap().p_value().unwrap()
+}
+
+/// Level of each law test: the suite runs 3 (two proposers, one control),
+/// so a clean run fails with probability at most 3e-3, by no retry.
+const ALPHA: f64 = 1e-3;
+
+/// Draws enough runs that a law at total variation 0.1 from the exact one
+/// is caught with probability 0.99 at ALPHA (the planned power).
+fn planned_runs() -> u64 {
+    specdec_stats::min_samples(40, 0.1, ALPHA, 0.01).unwrap()
+}
+
+/// CONSTRAIN-3 with REJECT-7: sampled with speculation on (a draft model
+/// drawing under the mask, and n-gram drafts the mask refuses), the first
+/// two tokens have the exact law of constrained plain sampling.
+#[test]
+fn constrained_sampling_has_the_exact_law_with_speculation() {
+    let n = planned_runs();
+    for name in ["draft", "ngram"] {
+        let p = two_token_p_value(None, name, n);
+        eprintln!("{name}: p = {p:.3e} over {n} runs");
+        assert!(p >= ALPHA, "CONSTRAIN-1, CONSTRAIN-3: {name}: p = {p:.2e} over {n} runs");
+    }
+}
+
+/// Sampled outputs, on every proposer, are allowed token by token.
+#[test]
+fn sampled_outputs_keep_the_constraint_on_every_proposer() {
+    let w = tiny();
+    let t = table(w.config.vocab_size);
+    for pattern in PATTERNS {
+        let c = constrained(pattern, &t);
+        let reqs: Vec<Request> = (0..12u64).map(|seed| Request { sampling: SamplingParams::new(0.9, 0, 0.95), seed, ..request(PROMPTS[(seed % 3) as usize], 16, &c) }).collect();
+        for name in PROPOSERS {
+            for o in generate(&w, EngineConfig { k: 4, ..EngineConfig::default() }, &reqs, proposer(name, &w).as_mut()) {
+                assert!(state_after(c.constraint(), &o.tokens, t.vocabulary(), &[EOS]).is_some(), "CONSTRAIN-4: {pattern} {name}: {:?}", o.tokens);
+                if o.finish == FinishReason::Eos {
+                    assert!(output_matches(c.constraint(), &o.tokens, t.vocabulary(), &[EOS]), "{pattern} {name}: {:?}", o.tokens);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn constrained_requests_are_checked() {
+    let w = tiny();
+    let model = B.load_model(&w).unwrap();
+    let engine = Engine::new(&B, &model, &w.config, EngineConfig::default()).unwrap();
+    let t = table(12);
+    let c = constrained(PATTERNS[0], &t);
+    let err = |r: Request| engine.generate(&[r], &mut NoProposer, None, &mut NoSink).unwrap_err().to_string();
+    assert!(err(Request { eos: vec![], ..request(&[1], 4, &c) }).contains("needs an eos id"));
+    assert!(err(request(&[1], 4, &constrained(PATTERNS[0], &table(13)))).contains("13 tokens"));
+    // A pattern the tiny text cannot start: `Ab` is no token.
+    assert!(err(request(&[1], 4, &constrained("Ab", &t))).contains("allows no first token"));
+    // One it can start but not continue: after `Aa` only the byte `x`.
+    assert!(err(request(&[1], 4, &constrained("Aax", &t))).contains("cannot continue"));
+}
+
+/// The negative controls: each grammar bug peers ship fails a check here.
+mod faults {
+    use super::*;
+
+    /// vLLM #56077's class: the state fed the drafts and not rolled back.
+    #[test]
+    fn a_state_not_rolled_back_is_caught() {
+        let failure = greedy_failure(Some(Fault::ConstraintNotRolledBack), &["ngram"]);
+        eprintln!("ConstraintNotRolledBack: {failure:?}");
+        assert!(failure.is_some());
+    }
+
+    #[test]
+    fn a_mask_on_the_first_row_only_is_caught() {
+        let failure = greedy_failure(Some(Fault::MaskFirstRowOnly), &["ngram"]);
+        eprintln!("MaskFirstRowOnly: {failure:?}");
+        assert!(failure.is_some());
+    }
+
+    #[test]
+    fn a_mask_from_the_committed_state_is_caught() {
+        let failure = greedy_failure(Some(Fault::MaskFromCommittedState), &["ngram"]);
+        eprintln!("MaskFromCommittedState: {failure:?}");
+        assert!(failure.is_some());
+    }
+
+    #[test]
+    fn eos_outside_an_accepting_state_is_caught() {
+        let failure = greedy_failure(Some(Fault::EosOutsideAccept), &["none"]);
+        eprintln!("EosOutsideAccept: {failure:?}");
+        assert!(failure.is_some());
+    }
+
+    /// HF #47932's class for constraints: drafts drawn under the mask, `q` reported without it.
+    #[test]
+    fn a_draft_q_without_the_mask_is_caught() {
+        let p = two_token_p_value(Some(Fault::DraftQWithoutMask), "draft", planned_runs());
+        eprintln!("DraftQWithoutMask: p = {p:.3e}");
+        assert!(p < ALPHA, "the law check missed a q without the mask: p = {p:.2e}");
+    }
+}
