@@ -191,7 +191,7 @@ impl Job for CheckDecoder<'_> {
 
 fn decoder_engine<'a, B: ModelBackend>(backend: &'a B, proposer: &str, w: &Arc<LlamaWeights>, config: EngineConfig) -> Result<DecoderEngine<'a, B>, String> {
     let p = build_proposer(backend, proposer, w)?;
-    DecoderEngine::new(backend, Arc::clone(w), p, config, Some(Box::new(tiny_text))).map_err(|e| e.to_string())
+    DecoderEngine::new(backend, Arc::clone(w), p, config, Some(Box::new(tiny_text))).map(|e| e.with_constraints(specdec_decoder::TokenTable::tiny(w.config.vocab_size))).map_err(|e| e.to_string())
 }
 
 /// Serves specdec's decoder on `backend` with `proposer` and `k` over

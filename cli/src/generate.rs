@@ -17,7 +17,7 @@ use std::time::Instant;
 use serde_json::json;
 use specdec_backend::model::ModelBackend;
 use specdec_backend::{PenaltyScope, SamplingParams};
-use specdec_decoder::{Engine, EngineConfig, LogprobMode, LogprobRequest, MAX_TOP_LOGPROBS, ProposerChoice, Request, RunOutput, TokenLogprob};
+use specdec_decoder::{Constrained, ConstraintSpec, Engine, EngineConfig, LogprobMode, LogprobRequest, MAX_TOP_LOGPROBS, ProposerChoice, Request, RunOutput, TokenLogprob, TokenTable, Vocabulary};
 use specdec_models::{LlamaWeights, Tokenizer};
 
 use specdec_registry::Job;
@@ -40,6 +40,36 @@ pub struct Generate {
     pub payoff: bool,
     pub compare: bool,
     pub logprobs: Option<LogprobRequest>,
+    /// The constraint the output text must match (CONSTRAIN-1 .. CONSTRAIN-4).
+    pub constraint: Option<ConstraintSpec>,
+}
+
+/// `--regex R` or `--json-schema FILE` (one at most), read and checked.
+pub fn constraint_flags(regex: Option<String>, json_schema: Option<&std::path::Path>) -> Result<Option<ConstraintSpec>, String> {
+    let spec = match (regex, json_schema) {
+        (Some(_), Some(_)) => return Err("give --regex or --json-schema, not both".into()),
+        (Some(r), None) => ConstraintSpec::Regex(r),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path).map_err(|e| format!("--json-schema {}: {e}", path.display()))?;
+            ConstraintSpec::JsonSchema(serde_json::from_str(&text).map_err(|e| format!("--json-schema {}: {e}", path.display()))?)
+        }
+        (None, None) => return Ok(None),
+    };
+    // Compiled once here so a bad pattern or schema fails before the model loads.
+    specdec_constraint::Constraint::new(&spec).map_err(|e| format!("--{}: {e}", spec.kind().replace('_', "-")))?;
+    Ok(Some(spec))
+}
+
+/// A request's constraint over `tok`'s tokens, the model's vocabulary of
+/// `vocab` ids (ids past the tokenizer's are not text).
+pub fn constrained(spec: &ConstraintSpec, tok: &Tokenizer, vocab: usize) -> Result<Constrained, String> {
+    let mut bytes = tok.token_bytes().map_err(|e| e.to_string())?;
+    if bytes.len() > vocab {
+        return Err(format!("the tokenizer has {} tokens, the model {vocab}", bytes.len()));
+    }
+    bytes.resize(vocab, None);
+    let table = Arc::new(TokenTable::new(Vocabulary::new(bytes).map_err(|e| e.to_string())?));
+    Constrained::new(spec.clone(), table).map_err(|e| e.to_string())
 }
 
 /// `--controller`: `payoff` or `fixed`; unset, `payoff` for greedy decoding
@@ -218,6 +248,7 @@ impl Job for Generate {
             seed: self.seed,
             eos: cfg.eos_ids(),
             logprobs: self.logprobs,
+            constraint: self.constraint.as_ref().map(|c| constrained(c, tok, cfg.vocab_size)).transpose()?,
             ..Request::greedy(prompt_ids.clone(), self.max_tokens)
         };
         let stdout = std::io::stdout();
@@ -260,6 +291,11 @@ impl Job for Generate {
             _ => None,
         };
         let token_text = |id: u32| tok.decode(&[id], false).unwrap_or_default();
+        // Whether the output keeps its constraint: every token allowed in turn, a match where it ended.
+        let kept = request.constraint.as_ref().map(|c| {
+            let state = specdec_constraint::state_after(c.constraint(), &out.tokens, c.table().vocabulary(), &request.eos);
+            (state.is_some(), state.is_some_and(|s| c.constraint().accepts(s)))
+        });
         if self.json {
             let mut obj = json!({
                 "backend": b.name(),
@@ -288,6 +324,9 @@ impl Job for Generate {
                     obj["compare"]["max_logprob_difference"] = json!(d);
                 }
             }
+            if let (Some(spec), Some((allowed, matches))) = (&self.constraint, kept) {
+                obj["constraint"] = json!({"kind": spec.kind(), "every_token_allowed": allowed, "matches": matches});
+            }
             if let Some(entries) = &out.logprobs {
                 let entry = |id: u32, lp: f64| json!({"id": id, "token": token_text(id), "logprob": lp});
                 obj["logprobs"] =
@@ -315,6 +354,19 @@ impl Job for Generate {
             if let Some((same, speedup, p)) = &comparison {
                 let logprobs = logprob_diff.map_or(String::new(), |d| format!("; logprobs differ by at most {d:.3e}"));
                 eprintln!("[compare: plain decoding {:.1} tokens/s; tokens {}; speedup {speedup:.2}x{logprobs}]", p.decode_tokens_per_s(), if *same { "identical" } else { "DIFFER" });
+            }
+            if let (Some(spec), Some((allowed, matches))) = (&self.constraint, kept) {
+                eprintln!(
+                    "[constraint {}: {}]",
+                    spec.kind(),
+                    if matches {
+                        "the output matches"
+                    } else if allowed {
+                        "every token allowed; no match yet where the output ended"
+                    } else {
+                        "BROKEN: a token the constraint refuses"
+                    }
+                );
             }
             for (t, e) in out.logprobs.iter().flatten().enumerate() {
                 let top: Vec<String> = e.top.iter().map(|&(id, lp)| format!("{id} {:?} {lp:.4}", token_text(id))).collect();

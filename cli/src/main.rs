@@ -134,6 +134,13 @@ enum Command {
         /// Also run plain decoding and print the speedup (greedy: fails if the tokens differ).
         #[arg(long)]
         compare: bool,
+        /// Constrain the output text to match this regex (CONSTRAIN-1).
+        #[arg(long)]
+        regex: Option<String>,
+        /// Constrain the output to compact JSON valid under this schema file
+        /// (the subset of spec section 23).
+        #[arg(long, value_name = "FILE")]
+        json_schema: Option<PathBuf>,
     },
     /// Training data for a draft: the target's greedy continuations of one
     /// split of a prompt file, with its hidden states at `--layers`.
@@ -308,8 +315,9 @@ fn main() -> ExitCode {
             suite_config(filter, xfails.as_deref(), seed, diff_cases, !no_stat).and_then(|cfg| conform(&backend, &SuiteConfig { shard, ..cfg }, &report, &files))
         }
         Command::Model { command } => model::run(command),
-        Command::Generate { model, backend, prompt, chat, max_tokens, sampling, seed, json, proposer, k, controller, compare } => {
-            specdec_models::load(&model).map_err(|e| e.to_string()).and_then(|loaded| {
+        Command::Generate { model, backend, prompt, chat, max_tokens, sampling, seed, json, proposer, k, controller, compare, regex, json_schema } => {
+            let constraint = generate::constraint_flags(regex, json_schema.as_deref());
+            constraint.and_then(|constraint| specdec_models::load(&model).map(|l| (l, constraint)).map_err(|e| e.to_string())).and_then(|(loaded, constraint)| {
                 let sampling_params = sampling.params()?;
                 let payoff = generate::payoff_controller(controller.as_deref(), &sampling_params)?;
                 let mut job = generate::Generate {
@@ -327,6 +335,7 @@ fn main() -> ExitCode {
                     payoff,
                     compare,
                     logprobs: sampling.logprobs()?,
+                    constraint,
                 };
                 job.validate()?;
                 with_backend(&backend, &mut job)?.map(|()| true)

@@ -71,6 +71,18 @@ try:
 except openai.BadRequestError as e:
     assert "top_logprobs" in str(e), e
 
+# Structured outputs (CONSTRAIN-3): a regex over tiny text, greedy, the same
+# tokens with speculation on and off, the text a match ending at eos 11.
+import re
+pattern = "A(a[BC]|b[AC]|c[AB])*[abc]"
+def constrained(speculation):
+    return client.completions.create(model=model, prompt=[0, 1, 0, 1, 0, 1, 0], max_tokens=20, temperature=0,
+                                     extra_body={"structured_outputs": {"regex": pattern}, "stop_token_ids": [11],
+                                                 "return_token_ids": True, "speculation": speculation}).choices[0]
+on, off = constrained(True), constrained(False)
+assert on.model_extra["token_ids"] == off.model_extra["token_ids"], (on, off)
+assert on.finish_reason == "stop" and re.fullmatch(pattern, on.text), on
+
 # Errors come back as the client's typed exceptions.
 try:
     client.completions.create(model=model, prompt=[1], max_tokens=0)

@@ -212,6 +212,13 @@ fn hostile_requests_get_typed_4xx() {
         ("several prompts", json!({"prompt": [[1], [2]]}).to_string(), 400, "several prompts"),
         ("negative logprobs", json!({"prompt": [1], "logprobs": -1}).to_string(), 400, "logprobs = -1"),
         ("logprobs past OpenAI's 20", json!({"prompt": [1], "logprobs": 21}).to_string(), 400, "logprobs = 21"),
+        ("a regex that does not compile", json!({"prompt": [1], "structured_outputs": {"regex": "(Aa"}, "stop_token_ids": [11]}).to_string(), 400, "(Aa"),
+        ("a regex no tiny token can start", json!({"prompt": [1], "structured_outputs": {"regex": "xyz"}, "stop_token_ids": [11]}).to_string(), 400, "allows no first token"),
+        ("a grammar", json!({"prompt": [1], "structured_outputs": {"grammar": "root ::= \"a\""}}).to_string(), 400, "grammar is not supported"),
+        ("any JSON object", json!({"prompt": [1], "response_format": {"type": "json_object"}}).to_string(), 400, "json_object"),
+        ("a schema outside the subset", json!({"prompt": [1], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/a"}}}}).to_string(), 400, "$ref"),
+        ("two constraints", json!({"prompt": [1], "guided_regex": "Aa", "structured_outputs": {"regex": "Bb"}}).to_string(), 400, "one constraint"),
+        ("a constraint with no eos to end it", json!({"prompt": [1], "guided_regex": "(Aa)+", "ignore_eos": true}).to_string(), 400, "ignore_eos"),
         ("unknown model", json!({"prompt": [1], "model": "gpt-4"}).to_string(), 404, "gpt-4"),
         ("body over the limit", json!({"prompt": vec![1; 3000]}).to_string(), 413, "length limit"),
     ];
@@ -351,8 +358,8 @@ fn the_openai_python_client_is_served() {
 
 /// ENGINE-2 over HTTP: `specdec serve` passes every engine check through
 /// `specdec engine-check --engine http://..` (token ids in and out), the
-/// logprobs and processors families included (ENGINE-7, ENGINE-8). The
-/// processors' sampled laws are left out here: they judge the decoder
+/// logprobs, processors and constrained families included (ENGINE-7 ..
+/// ENGINE-9). The processors' and constraints' sampled laws are left out here: they judge the decoder
 /// serve runs, which every backend's suite judges in process, and their
 /// samples over HTTP would cost minutes; what the transport carries (min-p,
 /// the bias, each penalty and its scope, both logprob modes) the exact
@@ -361,11 +368,23 @@ fn the_openai_python_client_is_served() {
 fn the_server_passes_every_engine_check_over_http() {
     let server = Server::start(&["--proposer", "ngram", "--k", "3", "--max-batch", "16"]);
     let url = format!("http://{}", server.addr);
-    let args = ["engine-check", "--engine", &url, "--exclude", "engine/*/processors/*/on", "--exclude", "engine/*/processors/*/off"];
+    let args = [
+        "engine-check",
+        "--engine",
+        &url,
+        "--exclude",
+        "engine/*/processors/*/on",
+        "--exclude",
+        "engine/*/processors/*/off",
+        "--exclude",
+        "engine/*/constrained/*/on",
+        "--exclude",
+        "engine/*/constrained/*/off",
+    ];
     let out = Command::new(env!("CARGO_BIN_EXE_specdec")).args(args).output().expect("engine-check runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("19 pass, 0 fail, 0 xfail, 0 xpass, 0 not supported, 12 skipped"), "every check ran and passed: {stdout}");
+    assert!(stdout.contains("21 pass, 0 fail, 0 xfail, 0 xpass, 0 not supported, 16 skipped"), "every check ran and passed: {stdout}");
     server.idle();
 }
 
@@ -582,6 +601,26 @@ mod hostile_clients {
         }
         assert_eq!(long_outputs[0], long_outputs[1], "a prompt fed in chunks of 64 gives the tokens of one fed whole");
         assert_eq!(long_outputs[0].len(), 12);
+    }
+
+    /// Structured outputs on SmolLM2 through the official OpenAI client
+    /// (CONSTRAIN-1 .. CONSTRAIN-5): `response_format` json_schema on a
+    /// tool-call mix, valid JSON every time, greedy tokens the same with
+    /// n-gram speculation on and off (`openai_structured.py`).
+    #[test]
+    fn structured_outputs_through_the_openai_client() {
+        let Some(gguf) = smollm2() else { return };
+        let Ok(python) = std::env::var("SPECDEC_PYTHON") else {
+            eprintln!("SPECDEC_PYTHON is unset (`cargo xtask test` sets it to a venv with the openai package): not run");
+            return;
+        };
+        let server = Server::start_model(&gguf, &["--proposer", "ngram", "--max-context", "512"]);
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_structured.py");
+        let out = Command::new(python).arg(script).arg(format!("http://{}/v1", server.addr)).output().expect("python runs");
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "CONSTRAIN-3: the OpenAI client failed:\n{stdout}\n{stderr}");
+        assert!(stdout.contains("structured outputs: ok"), "{stdout}");
+        eprintln!("{stdout}");
     }
 
     /// Probes 4 and 5 on SmolLM2: six bodies naming all 49,152 ids in

@@ -24,7 +24,7 @@ fn section(proposer: &str, config: EngineConfig, filter: Option<&str>) -> Vec<(S
 
 fn section_with(label: &str, p: Box<dyn Proposer<ReferenceBackend>>, config: EngineConfig, filter: Option<&str>) -> Vec<(String, Status, String)> {
     let w = weights();
-    let mut engine = DecoderEngine::new(&ReferenceBackend, Arc::clone(&w), p, config, Some(Box::new(tiny_text))).unwrap();
+    let mut engine = DecoderEngine::new(&ReferenceBackend, Arc::clone(&w), p, config, Some(Box::new(tiny_text))).unwrap().with_constraints(specdec_decoder::TokenTable::tiny(w.config.vocab_size));
     let cfg = SuiteConfig { filter: filter.map(str::to_string), ..SuiteConfig::default() };
     engine_section::run(&mut engine, label, &w, &cfg, &mut |_| {}).into_iter().filter(|r| r.status != Status::Skipped).map(|r| (r.name, r.status, r.message)).collect()
 }
@@ -59,8 +59,9 @@ fn an_engine_that_emits_past_an_eos_fails_the_eos_check() {
     let r = section("draft:self", with_fault(Fault::AcceptPastEos), None);
     let failed = failed(&r);
     assert!(failed.contains(&"engine/draft:self/eos"), "{r:#?}");
-    // The sampled law (whose eos the law reaches) sees it too, with speculation on only.
-    assert!(failed.iter().all(|n| n.ends_with("/eos") || n.ends_with("/on") || n.ends_with("/on-vs-off")), "{r:#?}");
+    // The sampled law (whose eos the law reaches) sees it too, with speculation on only,
+    // and so do the constrained greedy outputs, which end at an eos.
+    assert!(failed.iter().all(|n| n.ends_with("/eos") || n.ends_with("/on") || n.ends_with("/on-vs-off") || (n.contains("/constrained/") && n.ends_with("/greedy"))), "{r:#?}");
 }
 
 /// SGLang #31599: the length cap checked before the stop strings, so the
@@ -140,6 +141,48 @@ fn an_engine_that_skips_min_p_on_verified_rows_fails_the_min_p_check() {
     assert_eq!(failed(&r), ["engine/ngram/processors/min-p/on"], "{r:#?}");
 }
 
+/// ENGINE-9, CONSTRAIN-4, vLLM #56077's class: the constraint's state fed a
+/// step's drafts and never rolled back after a rejection.
+#[test]
+fn an_engine_whose_constraint_state_is_not_rolled_back_fails_the_constrained_checks() {
+    let r = section("ngram", with_fault(Fault::ConstraintNotRolledBack), Some("/constrained/"));
+    assert!(failed(&r).iter().any(|n| n.ends_with("/greedy")), "{r:#?}");
+}
+
+/// ENGINE-9, CONSTRAIN-3: the mask on a window's first row only.
+#[test]
+fn an_engine_that_masks_the_first_window_row_only_fails_the_constrained_checks() {
+    let r = section("ngram", with_fault(Fault::MaskFirstRowOnly), Some("/constrained/"));
+    let failed = failed(&r);
+    assert!(failed.iter().any(|n| n.ends_with("/greedy")), "{r:#?}");
+    assert!(failed.iter().all(|n| !n.ends_with("/off")), "speculation off is plain decoding and passes: {r:#?}");
+}
+
+/// ENGINE-9, CONSTRAIN-3: every row of a window masked with the committed state.
+#[test]
+fn an_engine_that_masks_every_row_with_the_committed_state_fails_the_constrained_checks() {
+    let r = section("ngram", with_fault(Fault::MaskFromCommittedState), Some("/constrained/"));
+    let failed = failed(&r);
+    assert!(failed.iter().any(|n| n.ends_with("/greedy")), "{r:#?}");
+    assert!(failed.iter().all(|n| !n.ends_with("/off")), "speculation off is plain decoding and passes: {r:#?}");
+}
+
+/// ENGINE-9, CONSTRAIN-3, HF #47932's class: a draft model drawing under the
+/// mask but reporting its `q` without it; only the law with speculation on sees it.
+#[test]
+fn an_engine_whose_draft_q_lacks_the_mask_fails_the_constrained_law() {
+    let r = section("draft:seeded", with_fault(Fault::DraftQWithoutMask), Some("/constrained/"));
+    let failed = failed(&r);
+    assert!(!failed.is_empty() && failed.iter().all(|n| n.ends_with("/on")), "{r:#?}");
+}
+
+/// ENGINE-9, CONSTRAIN-2: eos allowed where the output does not match.
+#[test]
+fn an_engine_that_allows_eos_outside_a_match_fails_the_constrained_checks() {
+    let r = section("ngram", with_fault(Fault::EosOutsideAccept), Some("/constrained/"));
+    assert!(failed(&r).iter().any(|n| n.ends_with("/greedy")), "{r:#?}");
+}
+
 /// An engine that answers every request with `max_new_tokens` copies of id 0.
 struct Constant(EngineInfo);
 
@@ -166,6 +209,7 @@ fn constant(vocab: usize, greedy_epsilon: f64) -> Constant {
         processors: Vec::new(),
         penalty_scopes: Vec::new(),
         logprobs: None,
+        constraints: Vec::new(),
     })
 }
 

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 use specdec_backend::{PenaltyScope, SamplingParams};
-use specdec_decoder::{LogprobMode, LogprobRequest, TokenLogprob};
+use specdec_decoder::{ConstraintSpec, LogprobMode, LogprobRequest, TokenLogprob};
 
 /// One generation request: token-id prompt, sampling, seed, limits, stops,
 /// and whether the engine speculates (with its own proposer configuration).
@@ -51,6 +51,10 @@ pub struct GenerationRequest {
     /// The logprobs to report with each generated token (LOGPROB-3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<LogprobRequest>,
+    /// The constraint the output text must match (CONSTRAIN-1 .. CONSTRAIN-5):
+    /// `{"regex": R}` or `{"json_schema": S}`; absent means none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<ConstraintSpec>,
 }
 
 impl GenerationRequest {
@@ -73,6 +77,7 @@ impl GenerationRequest {
             frequency_penalty: 0.0,
             penalty_scope: PenaltyScope::Context,
             logprobs: None,
+            constraint: None,
         }
     }
 
@@ -227,6 +232,37 @@ pub struct EngineInfo {
     /// The logprobs it reports (absent: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<LogprobStatement>,
+    /// The constraint kinds it takes (absent: none; CONSTRAIN-1 .. CONSTRAIN-5).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub constraints: Vec<ConstraintKind>,
+}
+
+/// A kind of constraint an engine may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConstraintKind {
+    Regex,
+    JsonSchema,
+}
+
+impl ConstraintKind {
+    pub const ALL: [ConstraintKind; 2] = [ConstraintKind::Regex, ConstraintKind::JsonSchema];
+
+    /// The kind of `spec`.
+    pub fn of(spec: &ConstraintSpec) -> Self {
+        match spec {
+            ConstraintSpec::Regex(_) => ConstraintKind::Regex,
+            ConstraintSpec::JsonSchema(_) => ConstraintKind::JsonSchema,
+        }
+    }
+
+    /// Its name on the wire and in statements.
+    pub fn name(self) -> &'static str {
+        match self {
+            ConstraintKind::Regex => "regex",
+            ConstraintKind::JsonSchema => "json_schema",
+        }
+    }
 }
 
 /// What an engine says of the logprobs it reports (LOGPROB-1 .. LOGPROB-4).
@@ -253,6 +289,11 @@ impl EngineInfo {
             if p.is_penalty() && !self.penalty_scopes.contains(&r.penalty_scope) {
                 return Some(format!("the engine does not state that its penalties count the `{}` scope", r.penalty_scope.name()));
             }
+        }
+        if let Some(kind) = r.constraint.as_ref().map(ConstraintKind::of)
+            && !self.constraints.contains(&kind)
+        {
+            return Some(format!("the engine does not state that it takes `{}` constraints", kind.name()));
         }
         match (&r.logprobs, &self.logprobs) {
             (Some(_), None) => Some("the engine does not state that it reports logprobs".into()),

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use specdec_backend::model::{LlamaWeights, ModelBackend};
 use specdec_backend::{BackendError, PenaltyScope};
-use specdec_decoder::{Detokenize, Engine, EngineConfig, FinishReason, LogprobMode, MAX_TOP_LOGPROBS, NoProposer, NoSink, Proposer, Request};
+use specdec_decoder::{Constrained, ConstraintSpec, Detokenize, Engine, EngineConfig, FinishReason, LogprobMode, MAX_TOP_LOGPROBS, NoProposer, NoSink, Proposer, Request, TokenTable};
 
-use crate::{DraftCounts, EngineError, EngineInfo, Finish, Generation, GenerationEngine, GenerationRequest, LogprobStatement, Processor};
+use crate::{ConstraintKind, DraftCounts, EngineError, EngineInfo, Finish, Generation, GenerationEngine, GenerationRequest, LogprobStatement, Processor};
 
 /// The speculative decoder on one backend with one proposer.
 pub struct DecoderEngine<'a, B: ModelBackend> {
@@ -18,6 +18,10 @@ pub struct DecoderEngine<'a, B: ModelBackend> {
     config: EngineConfig,
     detok: Option<Box<dyn Detokenize + 'a>>,
     info: EngineInfo,
+    /// The model's tokens as text, where the engine takes constraints.
+    tokens: Option<Arc<TokenTable>>,
+    /// Each constraint compiled once (with its mask cache), by spec.
+    compiled: Vec<Constrained>,
 }
 
 impl<'a, B: ModelBackend> DecoderEngine<'a, B> {
@@ -40,13 +44,37 @@ impl<'a, B: ModelBackend> DecoderEngine<'a, B> {
             // differ from the reference forward's by its logit error, which
             // its argmax epsilon (twice the largest logit error) bounds.
             logprobs: Some(LogprobStatement { modes: LogprobMode::ALL.to_vec(), max_top: MAX_TOP_LOGPROBS, epsilon: backend.model_precision().argmax_margin_epsilon.max(LOGPROB_ROUNDING) }),
+            constraints: Vec::new(),
         };
-        Ok(DecoderEngine { backend, weights, model, proposer, config, detok, info })
+        Ok(DecoderEngine { backend, weights, model, proposer, config, detok, info, tokens: None, compiled: Vec::new() })
+    }
+
+    /// This engine taking constraints (CONSTRAIN-1 .. CONSTRAIN-5) over
+    /// `tokens`, the text of the model's ids.
+    pub fn with_constraints(mut self, tokens: Arc<TokenTable>) -> Self {
+        self.info.constraints = ConstraintKind::ALL.to_vec();
+        self.tokens = Some(tokens);
+        self
+    }
+
+    /// `spec` compiled over the engine's token table, once per spec.
+    fn constrained(&mut self, index: usize, spec: &ConstraintSpec) -> Result<Constrained, EngineError> {
+        if let Some(c) = self.compiled.iter().find(|c| c.spec() == spec) {
+            return Ok(c.clone());
+        }
+        let tokens = self.tokens.clone().ok_or_else(|| EngineError::Request { index, reason: "this engine takes no constraints".into() })?;
+        let c = Constrained::new(spec.clone(), tokens).map_err(|e| EngineError::Request { index, reason: e.to_string() })?;
+        self.compiled.push(c.clone());
+        Ok(c)
     }
 
     /// Runs `requests` (all with the same speculation setting) as one batch.
     fn run(&mut self, requests: &[(usize, &GenerationRequest)], speculate: bool) -> Result<Vec<Generation>, EngineError> {
-        let reqs: Vec<Request> = requests.iter().map(|(_, r)| to_request(r)).collect();
+        let mut reqs = Vec::with_capacity(requests.len());
+        for &(i, r) in requests {
+            let constraint = r.constraint.as_ref().map(|spec| self.constrained(i, spec)).transpose()?;
+            reqs.push(Request { constraint, ..to_request(r) });
+        }
         let config = if speculate { self.config.clone() } else { EngineConfig { k: 0, controller: None, ..self.config.clone() } };
         let engine = Engine::new(self.backend, &self.model, &self.weights.config, config).map_err(|e| EngineError::Failed(e.to_string()))?;
         let proposer: &mut dyn Proposer<B> = if speculate { self.proposer.as_mut() } else { &mut NoProposer };

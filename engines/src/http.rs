@@ -22,7 +22,10 @@
 //! - logprobs (LOGPROB-3): `logprobs: N` with vLLM's
 //!   `return_tokens_as_token_ids` (tokens written `token_id:N`, so an
 //!   alternative is an id, never a string two ids may share) and our
-//!   `logprobs_mode` (`raw` or `processed`; vLLM fixes it at start).
+//!   `logprobs_mode` (`raw` or `processed`; vLLM fixes it at start);
+//! - a constraint (CONSTRAIN-1): a regex as vLLM's `structured_outputs:
+//!   {"regex": R}`, a JSON schema as OpenAI's `response_format` of type
+//!   `json_schema`.
 //!
 //! **llama.cpp's native endpoint** (`llama-cpp+http://HOST:PORT`): one
 //! `POST /completion` on token ids with `return_tokens` (ids back in
@@ -32,7 +35,8 @@
 //! go out as asked, the penalties over the whole context with
 //! `repeat_last_n: -1`, so a penalty over the generated tokens alone is
 //! refused; logprobs through `n_probs`, raw from `top_logprobs` or
-//! processed from `post_sampling_probs`' `top_probs`), `stop_type` for the finish reason and
+//! processed from `post_sampling_probs`' `top_probs`; a JSON schema as its
+//! `json_schema`, a regex refused), `stop_type` for the finish reason and
 //! `timings.draft_n` / `draft_n_accepted` for the draft counts. What is lost:
 //! the server takes no eos ids per request, only its model's own, so the
 //! request goes out with `ignore_eos` and the output is cut here after the
@@ -55,7 +59,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use specdec_backend::PenaltyScope;
-use specdec_decoder::{LogprobMode, TokenLogprob};
+use specdec_decoder::{ConstraintSpec, LogprobMode, TokenLogprob};
 
 use crate::{DraftCounts, EngineError, EngineInfo, Finish, Generation, GenerationEngine, GenerationRequest, validate_outputs};
 
@@ -209,6 +213,12 @@ fn openai_body(r: &GenerationRequest) -> Value {
         body["logprobs_mode"] = json!(ask.mode.name());
         body["return_tokens_as_token_ids"] = json!(true);
     }
+    // A regex as vLLM's `structured_outputs`, a schema as OpenAI's `response_format`.
+    match &r.constraint {
+        Some(ConstraintSpec::Regex(re)) => body["structured_outputs"] = json!({"regex": re}),
+        Some(ConstraintSpec::JsonSchema(s)) => body["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "specdec", "schema": s, "strict": true}}),
+        None => {}
+    }
     body
 }
 
@@ -229,6 +239,11 @@ fn llama_cpp_body(r: &GenerationRequest) -> Result<Value, EngineError> {
         "seed": r.seed % LLAMA_CPP_RANDOM_SEED, "ignore_eos": true, "return_tokens": true, "stream": false, "stop": r.stop,
         "logit_bias": r.logit_bias.iter().map(|(id, b)| json!([id, b])).collect::<Vec<_>>(),
     });
+    match &r.constraint {
+        Some(ConstraintSpec::JsonSchema(s)) => body["json_schema"] = s.clone(),
+        Some(ConstraintSpec::Regex(_)) => return Err(EngineError::Request { index: 0, reason: "llama.cpp's server takes GBNF grammars and JSON schemas, not regexes".into() }),
+        None => {}
+    }
     if let Some(ask) = r.logprobs {
         // `n_probs` 0 reports nothing; the alternatives are cut to `top` on reading.
         body["n_probs"] = json!(ask.top.max(1));

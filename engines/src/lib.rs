@@ -33,7 +33,7 @@ mod decoder;
 mod exec;
 mod http;
 
-pub use contract::{DraftCounts, EngineInfo, Finish, Generation, GenerationRequest, LogprobStatement, Processor};
+pub use contract::{ConstraintKind, DraftCounts, EngineInfo, Finish, Generation, GenerationRequest, LogprobStatement, Processor};
 pub use decoder::DecoderEngine;
 pub use exec::{ExecEngine, serve_exec};
 pub use http::{Dialect, HttpEngine, parse_http_engine};

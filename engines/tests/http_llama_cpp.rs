@@ -89,6 +89,7 @@ fn statement() -> EngineInfo {
         processors: Vec::new(),
         penalty_scopes: Vec::new(),
         logprobs: None,
+        constraints: Vec::new(),
     }
 }
 

@@ -108,6 +108,14 @@ pub struct Common {
     pub logprobs_mode: Option<String>,
     #[serde(default)]
     pub return_tokens_as_token_ids: bool,
+    /// OpenAI's: `{"type": "text" | "json_schema" | "json_object", ..}`.
+    pub response_format: Option<Value>,
+    /// vLLM's: `{"regex": R}`, `{"json": S}` or `{"choice": [..]}`.
+    pub structured_outputs: Option<Value>,
+    /// vLLM's older names for the same.
+    pub guided_regex: Option<String>,
+    pub guided_json: Option<Value>,
+    pub guided_choice: Option<Vec<String>>,
 }
 
 /// `POST /v1/completions`'s own fields (the rest are [`Common`]).
@@ -204,6 +212,9 @@ pub struct Sampling {
     /// Tokens in logprobs written `token_id:N`.
     pub tokens_as_ids: bool,
     mode: specdec_decoder::LogprobMode,
+    /// The constraint the output must match (CONSTRAIN-1), and the field it came from.
+    pub constraint: Option<specdec_decoder::ConstraintSpec>,
+    pub constraint_param: &'static str,
 }
 
 impl Sampling {
@@ -306,7 +317,10 @@ pub fn validate(c: &Common, model_id: &str, vocab: usize) -> Result<Sampling, Ap
         None => specdec_decoder::LogprobMode::Raw,
         Some(m) => specdec_decoder::LogprobMode::from_name(m).ok_or_else(|| ApiError::bad("logprobs_mode", format!("logprobs_mode = {m:?} must be \"raw\" or \"processed\"")))?,
     };
+    let (constraint, constraint_param) = constraint(c)?;
     Ok(Sampling {
+        constraint,
+        constraint_param,
         logprobs: None,
         tokens_as_ids: c.return_tokens_as_token_ids,
         mode,
@@ -322,6 +336,67 @@ pub fn validate(c: &Common, model_id: &str, vocab: usize) -> Result<Sampling, Ap
         include_usage: c.stream_options.as_ref().is_some_and(|o| o.include_usage),
         return_token_ids: c.return_token_ids,
     })
+}
+
+/// The request's constraint, from whichever one field gives it (OpenAI's
+/// `response_format`, vLLM's `structured_outputs` or its older `guided_*`),
+/// with that field's name; what the subset does not take is a 400 naming it.
+fn constraint(c: &Common) -> Result<(Option<specdec_decoder::ConstraintSpec>, &'static str), ApiError> {
+    use specdec_decoder::ConstraintSpec;
+    let json = |param: &'static str, v: &Value| -> Result<ConstraintSpec, ApiError> {
+        match v {
+            Value::Object(_) => Ok(ConstraintSpec::JsonSchema(v.clone())),
+            Value::String(s) => serde_json::from_str(s).map(ConstraintSpec::JsonSchema).map_err(|e| ApiError::bad(param, format!("{param}: the schema is not JSON: {e}"))),
+            _ => Err(ApiError::bad(param, format!("{param}: a JSON schema is an object"))),
+        }
+    };
+    let mut found: Vec<(ConstraintSpec, &'static str)> = Vec::new();
+    if let Some(f) = &c.response_format {
+        match f.get("type").and_then(Value::as_str) {
+            Some("text") => {}
+            Some("json_schema") => {
+                let schema = f.get("json_schema").and_then(|j| j.get("schema")).ok_or_else(|| ApiError::bad("response_format", "response_format json_schema needs json_schema.schema"))?;
+                found.push((json("response_format", schema)?, "response_format"));
+            }
+            Some("json_object") => return Err(ApiError::bad("response_format", "response_format json_object (any JSON object) is not supported: give a json_schema")),
+            _ => return Err(ApiError::bad("response_format", "response_format.type must be \"text\", \"json_schema\" or \"json_object\"")),
+        }
+    }
+    if let Some(s) = &c.structured_outputs {
+        let obj = s.as_object().ok_or_else(|| ApiError::bad("structured_outputs", "structured_outputs is an object"))?;
+        for (key, v) in obj {
+            let spec = match (key.as_str(), v) {
+                ("regex", Value::String(r)) => ConstraintSpec::Regex(r.clone()),
+                ("json", v) => json("structured_outputs", v)?,
+                ("choice", Value::Array(items)) => ConstraintSpec::choice(
+                    &items
+                        .iter()
+                        .map(|i| i.as_str().map(str::to_string))
+                        .collect::<Option<Vec<_>>>()
+                        .ok_or_else(|| ApiError::bad("structured_outputs", "structured_outputs.choice is a list of strings"))?,
+                ),
+                ("grammar" | "json_object" | "structural_tag", _) => {
+                    return Err(ApiError::bad("structured_outputs", format!("structured_outputs.{key} is not supported: give a regex, a json schema or a choice")));
+                }
+                _ => return Err(ApiError::bad("structured_outputs", format!("structured_outputs.{key} is not a regex string, a json schema or a choice list"))),
+            };
+            found.push((spec, "structured_outputs"));
+        }
+    }
+    if let Some(r) = &c.guided_regex {
+        found.push((ConstraintSpec::Regex(r.clone()), "guided_regex"));
+    }
+    if let Some(v) = &c.guided_json {
+        found.push((json("guided_json", v)?, "guided_json"));
+    }
+    if let Some(choices) = &c.guided_choice {
+        found.push((ConstraintSpec::choice(choices), "guided_choice"));
+    }
+    match found.len() {
+        0 => Ok((None, "response_format")),
+        1 => Ok(found.pop().map(|(s, p)| (Some(s), p)).expect("one")),
+        _ => Err(ApiError::bad(found[1].1, "one constraint per request: response_format, structured_outputs and guided_* each give one")),
+    }
 }
 
 /// Token ids from a request: each inside the vocabulary.

@@ -64,6 +64,9 @@ pub struct AppState {
     pub body_timeout: Duration,
     /// Special-token strings in user text encode as control tokens (opted into).
     pub special_tokens_in_text: bool,
+    /// The model's tokens as text, where the tokenizer has a byte reading:
+    /// constraints need it (CONSTRAIN-2).
+    pub tokens: Option<Arc<specdec_decoder::TokenTable>>,
 }
 
 impl AppState {
@@ -345,7 +348,16 @@ fn request(s: &AppState, kind: Kind, prompt: Vec<u32>, p: &Sampling) -> Result<R
     let mut eos = if p.ignore_eos { Vec::new() } else { s.eos.clone() };
     eos.extend(p.stop_token_ids.iter().filter(|t| !s.eos.contains(t) || p.ignore_eos));
     eos.dedup();
+    let constraint = match (&p.constraint, &s.tokens) {
+        (None, _) => None,
+        (Some(_), None) => return Err(ApiError::bad(p.constraint_param, "this server's tokenizer has no byte reading, so it takes no constraints")),
+        (Some(spec), Some(tokens)) => Some(specdec_decoder::Constrained::new(spec.clone(), Arc::clone(tokens)).map_err(|e| ApiError::bad(p.constraint_param, e.to_string()))?),
+    };
+    if constraint.is_some() && eos.is_empty() {
+        return Err(ApiError::bad("ignore_eos", "a constrained output ends with an eos at a match: ignore_eos with no stop_token_ids leaves it none"));
+    }
     Ok(Request {
+        constraint,
         sampling: p.params,
         logit_bias: p.logit_bias.clone(),
         seed: p.seed.unwrap_or_else(|| s.seed()),

@@ -120,6 +120,8 @@ pub fn serve_until(config: ServeConfig, listening: &mut dyn FnMut(SocketAddr), s
     let (tx, rx) = mpsc::channel::<Msg>();
     let (engine, ready) = start_engine(config.backend, setup, rx)?;
     let vocab = config.weights.config.vocab_size;
+    // Constraints need each token's bytes; a tokenizer without a byte reading serves without them.
+    let tokens = codec.token_table(vocab).ok();
     let state = Arc::new(AppState {
         engine: Mutex::new(tx.clone()),
         model_id: config.model_id,
@@ -129,7 +131,8 @@ pub fn serve_until(config: ServeConfig, listening: &mut dyn FnMut(SocketAddr), s
         eos: config.weights.config.eos_ids(),
         metrics,
         api_key: config.api_key,
-        statement: statement(&ready, &config.proposer, vocab),
+        statement: statement(&ready, &config.proposer, vocab, tokens.is_some()),
+        tokens,
         next_id: AtomicU64::new(0),
         seeds: http::seed_source(),
         allowed_host: config.host.clone(),
@@ -197,8 +200,8 @@ fn start_engine(backend: String, setup: EngineSetup, rx: mpsc::Receiver<Msg>) ->
 }
 
 /// What the server states of itself to the engine checks (`/v1/models`' `specdec` field).
-fn statement(ready: &Ready, proposer: &ProposerChoice, vocab: usize) -> serde_json::Value {
-    json!({
+fn statement(ready: &Ready, proposer: &ProposerChoice, vocab: usize, constraints: bool) -> serde_json::Value {
+    let mut statement = json!({
         "name": format!("specdec/{}/{proposer}", ready.backend),
         "version": env!("CARGO_PKG_VERSION"),
         "speculation": ready.proposer,
@@ -211,7 +214,11 @@ fn statement(ready: &Ready, proposer: &ProposerChoice, vocab: usize) -> serde_js
         // The decoder's statement (specdec-engines' DecoderEngine): the
         // reference's f64 definition on the backend's rows.
         "logprobs": {"modes": ["raw", "processed"], "max_top": specdec_decoder::MAX_TOP_LOGPROBS, "epsilon": ready.greedy_epsilon.max(1e-9)},
-    })
+    });
+    if constraints {
+        statement["constraints"] = json!(["regex", "json_schema"]);
+    }
+    statement
 }
 
 /// Binds `addr`, tells `listening`, and serves `router` until a signal or

@@ -37,6 +37,24 @@ impl Codec {
         }
     }
 
+    /// The bytes each of the model's `vocab` ids adds to the output text,
+    /// for constraints (CONSTRAIN-2); an error where the tokenizer's kind
+    /// has no byte reading (the server then takes no constraints).
+    pub fn token_table(&self, vocab: usize) -> Result<std::sync::Arc<specdec_decoder::TokenTable>, String> {
+        match self {
+            Codec::Tiny { vocab } => Ok(specdec_decoder::TokenTable::tiny(*vocab)),
+            Codec::Tokenizer(t) => {
+                let mut bytes = t.token_bytes().map_err(|e| e.to_string())?;
+                if bytes.len() > vocab {
+                    return Err(format!("the tokenizer has {} tokens, the model {vocab}", bytes.len()));
+                }
+                bytes.resize(vocab, None);
+                let vocab = specdec_decoder::Vocabulary::new(bytes).map_err(|e| e.to_string())?;
+                Ok(std::sync::Arc::new(specdec_decoder::TokenTable::new(vocab)))
+            }
+        }
+    }
+
     /// The text of generated ids, special tokens left out. Ids come from the
     /// engine, inside the vocabulary, so a failure here is the tokenizer's
     /// own and yields what it could not decode as nothing.

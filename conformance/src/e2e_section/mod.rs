@@ -104,16 +104,44 @@ pub const SAMPLED_K: usize = 2;
 /// The sampling parameters of the sampled check.
 pub const SAMPLED_PARAMS: SamplingParams = SamplingParams::new(1.0, 4, 1.0);
 
-/// What a request samples with: its parameters and its logit bias.
+/// What a request samples with: its parameters, its logit bias and its
+/// constraint.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Setting<'a> {
     pub params: SamplingParams,
     pub bias: &'a [(u32, f64)],
+    pub constraint: Option<RefConstraint<'a>>,
+}
+
+/// A constraint as the reference applies it: the plain mask of
+/// `specdec_constraint` (CONSTRAIN-2) over the generated tokens' text, eos
+/// allowed where the output matches.
+#[derive(Debug, Clone, Copy)]
+pub struct RefConstraint<'a> {
+    pub constraint: &'a specdec_constraint::Constraint,
+    pub vocab: &'a specdec_constraint::Vocabulary,
+    pub eos: u32,
+}
+
+impl PartialEq for RefConstraint<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self.constraint, other.constraint) && self.vocab == other.vocab && self.eos == other.eos
+    }
+}
+
+impl RefConstraint<'_> {
+    /// The allowed tokens after `generated` (CONSTRAIN-2); an error where
+    /// one of them is not allowed.
+    pub fn allowed(&self, generated: &[u32]) -> Result<Vec<bool>, String> {
+        let eos = [self.eos];
+        let state = specdec_constraint::state_after(self.constraint, generated, self.vocab, &eos).ok_or_else(|| format!("{generated:?} leaves the constraint"))?;
+        Ok(specdec_constraint::allowed(self.constraint, state, self.vocab, &eos))
+    }
 }
 
 impl Setting<'_> {
     pub const fn plain(params: SamplingParams) -> Self {
-        Setting { params, bias: &[] }
+        Setting { params, bias: &[], constraint: None }
     }
 
     /// A request of this setting.
@@ -138,6 +166,7 @@ pub const PENALISED: Setting = Setting {
         penalty_scope: specdec_backend::PenaltyScope::Context,
     },
     bias: &[(2, 0.8), (9, -1.5)],
+    constraint: None,
 };
 /// The total variation each sampled check detects ...
 pub const E2E_DELTA: f64 = 0.05;
@@ -555,7 +584,11 @@ fn processed_rows_counting(model: &RefModel, contexts: &[Vec<u32>], counted: &[V
         let counts = penalty_counts_of(&setting.params, counted, prompt_len, vocab);
         let bias = if setting.bias.is_empty() { None } else { Some(bias_row(setting.bias, vocab).map_err(|e| e.to_string())?) };
         let inputs = RowInputs { counts: counts.as_deref(), bias: bias.as_deref() };
-        rows.push(process_logits_with(&out.logits, setting.params, inputs).map_err(|e| e.to_string())?);
+        let logits = match &setting.constraint {
+            Some(c) => specdec_constraint::mask_scores(&out.logits, &c.allowed(&context[prompt_len..])?),
+            None => out.logits,
+        };
+        rows.push(process_logits_with(&logits, setting.params, inputs).map_err(|e| e.to_string())?);
     }
     Ok((rows, scale))
 }

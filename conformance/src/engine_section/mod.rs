@@ -44,7 +44,11 @@
 //!   against the reference's at its position, entries ending with the output;
 //! - `processors/<setting>/<greedy|on|off>` (ENGINE-8, `processors.rs`):
 //!   min-p, a banning and a boosting bias and each penalty, greedy identity
-//!   and the exact law with speculation on and off.
+//!   and the exact law with speculation on and off;
+//! - `constrained/<setting>/<greedy|on|off>` (ENGINE-9, `constrained.rs`):
+//!   a regex constraint, greedy identity against the reference's
+//!   constrained greedy decoding and the exact constrained law with
+//!   speculation on and off.
 //!
 //! What an engine does not state it takes (a processor, a penalty scope, a
 //! logprob mode) is never asked of it: the check is not supported, named.
@@ -61,9 +65,11 @@
 //! bias on a window's first row only, min-p skipped on verified rows) and
 //! assert each is rejected.
 
+mod constrained;
 mod logprobs;
 mod processors;
 
+pub use constrained::{CONSTRAINED_EOS, CONSTRAINT_SETTINGS, ConstraintSetting};
 pub use logprobs::{LOGPROB_TOP, MAX_LOGPROB_EPSILON, reference_logprobs};
 pub use processors::{Bias, PROCESSOR_SETTINGS, ProcessorSetting};
 
@@ -146,6 +152,14 @@ pub fn engine_items(label: &str) -> Vec<EngineItem> {
             items.push(EngineItem { name, check: "processors", rules: &["ENGINE-8", "LOGITS-11", "LOGITS-13", "REJECT-7", "STAT-3"], sampled: Some((s, on)) });
         }
     }
+    for (s, setting) in CONSTRAINT_SETTINGS.iter().enumerate() {
+        let name = format!("engine/{label}/constrained/{}/greedy", setting.name);
+        items.push(EngineItem { name, check: "constrained-greedy", rules: &["ENGINE-9", "CONSTRAIN-2", "CONSTRAIN-3", "CONSTRAIN-4"], sampled: Some((s, true)) });
+        for on in [true, false] {
+            let name = format!("engine/{label}/constrained/{}/{}", setting.name, on_off(on));
+            items.push(EngineItem { name, check: "constrained", rules: &["ENGINE-9", "CONSTRAIN-1", "CONSTRAIN-3", "REJECT-7", "STAT-3"], sampled: Some((s, on)) });
+        }
+    }
     items
 }
 
@@ -154,7 +168,7 @@ fn on_off(on: bool) -> &'static str {
 }
 
 fn is_statistical(check: &str) -> bool {
-    matches!(check, "sampled" | "two-sample" | "seed-pairs" | "processors")
+    matches!(check, "sampled" | "two-sample" | "seed-pairs" | "processors" | "constrained")
 }
 
 /// The statistical checks of one engine: the family Holm judges.
@@ -305,17 +319,30 @@ struct Expect {
     run: GreedyRun,
     keep: usize,
     finish: Finish,
+    /// What every output must also be, whatever its tokens (a constraint kept).
+    holds: Option<OutputRule>,
 }
+
+/// A property of an output beyond the finish contract, with why it fails.
+type OutputRule = Arc<dyn Fn(&Generation) -> Result<(), String>>;
 
 impl Expect {
     fn new(req: GenerationRequest, run: &GreedyRun, keep: usize, finish: Finish) -> Self {
-        Expect { req, run: run.clone(), keep, finish }
+        Expect { req, run: run.clone(), keep, finish, holds: None }
+    }
+
+    /// This expectation, with `rule` checked on the output even where a divergence is excused.
+    fn holding(self, rule: OutputRule) -> Self {
+        Expect { holds: Some(rule), ..self }
     }
 
     /// Judges `got`: `Ok(true)` when it leaves the reference at a step the
     /// engine's epsilon excuses (its finish contract still holds).
     fn judge(&self, label: &str, got: &Generation, eps: f64) -> Result<bool, String> {
         finish_contract(&self.req, got).map_err(|e| format!("{label}: {e} (tokens {:?})", got.tokens))?;
+        if let Some(rule) = &self.holds {
+            rule(got).map_err(|e| format!("{label}: {e} (tokens {:?})", got.tokens))?;
+        }
         let want = &self.run.tokens[..self.keep];
         match self.run.divergence(&got.tokens[..got.tokens.len().min(self.keep)], eps) {
             Divergence::Excused(_) => Ok(true),
@@ -336,6 +363,7 @@ fn exact_item(engine: &mut dyn GenerationEngine, w: &LlamaWeights, plain: &[Gree
     match (item.check, item.sampled) {
         ("logprobs", Some((_, on))) => logprobs::check(engine, w, plain, on, stat::stream_seed(seed, &item.name)),
         ("processors-greedy", Some((s, _))) => processors::greedy(engine, w, &PROCESSOR_SETTINGS[s]),
+        ("constrained-greedy", Some((s, _))) => constrained::greedy(engine, w, &CONSTRAINT_SETTINGS[s]),
         (check, _) => exact_check(engine, w, plain, check),
     }
 }
@@ -350,7 +378,8 @@ fn exact_check(engine: &mut dyn GenerationEngine, w: &LlamaWeights, plain: &[Gre
         Ok(cases) => cases,
         Err(why) => return Ok(Verdict::NotSupported(why)),
     };
-    let off: Vec<Expect> = cases.iter().map(|c| Expect { req: GenerationRequest { speculation: false, ..c.req.clone() }, run: c.run.clone(), keep: c.keep, finish: c.finish }).collect();
+    let off: Vec<Expect> =
+        cases.iter().map(|c| Expect { req: GenerationRequest { speculation: false, ..c.req.clone() }, run: c.run.clone(), keep: c.keep, finish: c.finish, holds: c.holds.clone() }).collect();
     cases.extend(off);
     judge_all(engine, &cases, check)
 }
@@ -549,6 +578,9 @@ fn statistical_check(engine: &mut dyn GenerationEngine, w: &LlamaWeights, item: 
     if let (Some((setting, on)), "processors") = (item.sampled, item.check) {
         return processors::law(engine, w, &PROCESSOR_SETTINGS[setting], on, &item.name, base, family);
     }
+    if let (Some((setting, on)), "constrained") = (item.sampled, item.check) {
+        return constrained::law(engine, w, &CONSTRAINT_SETTINGS[setting], on, &item.name, base, family);
+    }
     if let Some((setting, on)) = item.sampled {
         let (label, params) = SETTINGS[setting];
         let law = exact_law_with(w, &prompt, eos, &Setting::plain(params), SAMPLED_TOKENS).map_err(fail)?;
@@ -682,7 +714,7 @@ impl<B: ModelBackend> Section<B> for DecoderEngineSection {
                 }
                 let p = build_proposer(backend, proposer, &w).map_err(Verdict::Fail)?;
                 let config = EngineConfig { k: K, ..engine_config() };
-                DecoderEngine::new(backend, Arc::clone(&w), p, config, Some(Box::new(tiny_text))).map(|e| Some((e, w))).map_err(|e| match e {
+                DecoderEngine::new(backend, Arc::clone(&w), p, config, Some(Box::new(tiny_text))).map(|e| e.with_constraints(specdec_decoder::TokenTable::tiny(w.config.vocab_size))).map(|e| Some((e, w))).map_err(|e| match e {
                     EngineError::NotSupported(why) => Verdict::NotSupported(why),
                     other => Verdict::Fail(other.to_string()),
                 })

@@ -151,7 +151,7 @@ pub(super) fn law(engine: &mut dyn GenerationEngine, w: &LlamaWeights, s: &Proce
     let model = RefModel::new(w.clone());
     let (prompt, eos) = sampled_setup(w).map_err(fail)?;
     let bias = s.bias(&model, &prompt).map_err(fail)?;
-    let law = exact_law_with(w, &prompt, eos, &Setting { params: s.params, bias: &bias }, PROCESSOR_TOKENS).map_err(fail)?;
+    let law = exact_law_with(w, &prompt, eos, &Setting { params: s.params, bias: &bias, constraint: None }, PROCESSOR_TOKENS).map_err(fail)?;
     let cells: std::collections::BTreeMap<&Vec<u32>, usize> = law.keys().enumerate().map(|(i, k)| (k, i)).collect();
     let mut expected: Vec<f64> = law.values().copied().collect();
     expected.push(0.0);
