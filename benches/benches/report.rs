@@ -1,7 +1,7 @@
 //! `cargo xtask bench` runs this: the whole speedup report (see the crate
 //! docs), written to `reports/bench/`. `SPECDEC_BENCH_SECTIONS` picks
-//! sections (`kernels,ngram,forward,e2e,mix,serve`, all by default); forward, e2e, mix and
-//! serve need `SPECDEC_SMOLLM2_GGUF`; the peer columns need `SPECDEC_PEERS_PYTHON` (and
+//! sections (`kernels,ngram,forward,e2e,mix,serve,features`, all by default); forward, e2e,
+//! mix, serve and features need `SPECDEC_SMOLLM2_GGUF`; the peer columns need `SPECDEC_PEERS_PYTHON` (and
 //! `SPECDEC_LLAMA_CPP_PATH` for llama.cpp in the mix). `SPECDEC_BENCH_MIX_BACKENDS` names
 //! the backends the prompt mix runs on (`ndarray`, the fastest CPU backend, by default).
 
@@ -14,9 +14,9 @@ use specdec_backend::model::{LlamaWeights, ModelBackend};
 use specdec_benches::e2e::{self, BenchPrompt, E2e, PROMPTS};
 use specdec_benches::kernels::{self, Inputs, SHAPES};
 use specdec_benches::machine::Machine;
-use specdec_benches::mix;
 use specdec_benches::report::Report;
 use specdec_benches::{each_backend, forward, peer};
+use specdec_benches::{features, mix};
 use specdec_registry::Job;
 
 /// The backend the load section serves on: the fastest CPU port built.
@@ -120,6 +120,32 @@ impl Job for MixJob<'_> {
     }
 }
 
+/// The request-features section on the one backend named `wanted`.
+struct FeaturesJob<'a> {
+    weights: &'a std::sync::Arc<LlamaWeights>,
+    tokenizer: Option<&'a specdec_models::Tokenizer>,
+    wanted: &'a str,
+    out: Result<features::Features, String>,
+}
+
+impl Job for FeaturesJob<'_> {
+    type Out = ();
+    fn run<B: ModelBackend>(&mut self, name: &str, b: &B) {
+        if name != self.wanted {
+            return;
+        }
+        eprintln!("bench: request features on {name}");
+        self.out = match self.tokenizer {
+            Some(tok) => features::measure(name, b, self.weights, tok, FEATURE_TOKENS),
+            None => Err("SmolLM2 has no tokenizer".into()),
+        };
+    }
+}
+
+/// Tokens at most per answer of the request-features section (a tool call
+/// ends at eos well before).
+const FEATURE_TOKENS: usize = 96;
+
 /// A progress bar of `len` runs, labelled `prefix`.
 fn progress_bar(prefix: String, len: usize) -> ProgressBar {
     let bar = ProgressBar::new(len as u64).with_style(ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {msg}").expect("template").progress_chars("=> "));
@@ -149,7 +175,7 @@ fn bench_prompts(tokenizer: Option<&specdec_models::Tokenizer>) -> Result<Vec<Be
 fn main() -> Result<(), String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let criterion_dir = std::env::var("CARGO_TARGET_DIR").map_or_else(|_| root.join("target"), PathBuf::from).join("criterion");
-    let sections = std::env::var("SPECDEC_BENCH_SECTIONS").unwrap_or_else(|_| "kernels,ngram,forward,e2e,mix,serve".into());
+    let sections = std::env::var("SPECDEC_BENCH_SECTIONS").unwrap_or_else(|_| "kernels,ngram,forward,e2e,mix,serve,features".into());
     let want = |s: &str| sections.split(',').any(|x| x.trim() == s);
     let max_tokens = std::env::var("SPECDEC_BENCH_TOKENS").ok().map_or(Ok(MAX_TOKENS), |v| v.parse().map_err(|_| format!("SPECDEC_BENCH_TOKENS={v} is not a token count")))?;
     // No plots: the report reads criterion's estimates only.
@@ -183,13 +209,13 @@ fn main() -> Result<(), String> {
         skipped.push("n-gram (not in SPECDEC_BENCH_SECTIONS)".into());
     }
 
-    for (section, name) in [("forward", "forward"), ("e2e", "end to end"), ("mix", "prompt mix"), ("serve", "serve under load")] {
+    for (section, name) in [("forward", "forward"), ("e2e", "end to end"), ("mix", "prompt mix"), ("serve", "serve under load"), ("features", "request features")] {
         if !want(section) {
             skipped.push(format!("{name} (not in SPECDEC_BENCH_SECTIONS)"));
         }
     }
     let model = match std::env::var_os("SPECDEC_SMOLLM2_GGUF") {
-        Some(path) if want("forward") || want("e2e") || want("mix") || want("serve") => Some(specdec_models::load(&path).map_err(|e| format!("SmolLM2: {e}"))?),
+        Some(path) if want("forward") || want("e2e") || want("mix") || want("serve") || want("features") => Some(specdec_models::load(&path).map_err(|e| format!("SmolLM2: {e}"))?),
         Some(_) => None,
         None => {
             skipped.push("forward and end to end (SPECDEC_SMOLLM2_GGUF is not set: `eval \"$(cargo xtask model)\"`)".into());
@@ -200,6 +226,7 @@ fn main() -> Result<(), String> {
     let mut e2e = E2e::default();
     let mut e2e_failure = None;
     let mut serve = Err("not in SPECDEC_BENCH_SECTIONS, or SmolLM2 is not set".to_string());
+    let mut features = Err("not in SPECDEC_BENCH_SECTIONS, or SmolLM2 is not set".to_string());
     let (mut mix_runs, mut mix_failure) = (mix::Mix::default(), None);
     let mut mix_peers = Err("not in SPECDEC_BENCH_SECTIONS, or SmolLM2 is not set".to_string());
     if let Some(model) = model {
@@ -235,6 +262,11 @@ fn main() -> Result<(), String> {
                 }
             };
         }
+        if want("features") {
+            let mut job = FeaturesJob { weights: &weights, tokenizer: model.tokenizer.as_ref(), wanted: MIX_BACKENDS, out: Err(format!("{MIX_BACKENDS} is not in this build")) };
+            each_backend(&mut job, false, false);
+            features = job.out;
+        }
         if want("serve") {
             serve = match &model.tokenizer {
                 Some(tok) => specdec_benches::serve_load::measure(SERVE_BACKEND, &weights, tok),
@@ -258,6 +290,7 @@ fn main() -> Result<(), String> {
         mix_peers,
         mix_failure: mix_failure.clone(),
         serve,
+        features: features.clone(),
         skipped,
     };
     let dir = root.join("reports/bench");
@@ -265,6 +298,11 @@ fn main() -> Result<(), String> {
     eprintln!("bench: wrote reports/bench/BENCH.md, bench.json and the plots");
     print!("{}", std::fs::read_to_string(dir.join("BENCH.md")).map_err(|e| e.to_string())?);
     // A lossless failure is the one outcome a report must not hide: exit non-zero.
+    if let Err(why) = features.as_ref()
+        && why.contains("other tokens")
+    {
+        return Err(format!("request features: {why}"));
+    }
     if let Some(why) = mix_failure {
         return Err(format!("prompt mix: {why}"));
     }

@@ -24,13 +24,16 @@
 //! small machine's memory speed drifts, and HF transformers and llama.cpp
 //! plain and with prompt lookup on the same token ids,
 //! `adapters/peers/bench_generate.py`); `specdec serve` under load
-//! ([`serve_load`]); HF transformers' verify timed in the same run when the
+//! ([`serve_load`]); the cost of logprobs and of a JSON schema's mask per
+//! decode step, and n-gram drafts under the schema, on a tool-call mix
+//! ([`features`]); HF transformers' verify timed in the same run when the
 //! peers are installed ([`peer`], `adapters/peers/bench_hf.py`); Markdown,
 //! JSON and SVG ([`report`], [`plot`]). Criterion times kernels and forwards;
 //! end-to-end runs are timed by the decoder's own clock (a multi-second run
 //! per configuration, where criterion's ten samples would not fit).
 
 pub mod e2e;
+pub mod features;
 pub mod forward;
 pub mod kernels;
 pub mod machine;

@@ -37,6 +37,8 @@ pub struct Report {
     pub mix_failure: Option<String>,
     /// `specdec serve` under load, plain against speculative, or why not.
     pub serve: Result<crate::serve_load::ServeLoad, String>,
+    /// Logprobs and a JSON schema per decode step, or why not.
+    pub features: Result<crate::features::Features, String>,
     /// Sections left out of this run and why.
     pub skipped: Vec<String>,
 }
@@ -127,6 +129,7 @@ impl Report {
             md.push_str(&crate::mix::markdown(&self.mix, &self.mix_peers, self.max_tokens));
         }
         self.serve_md(&mut md);
+        md.push_str(&crate::features::markdown(&self.features));
         md
     }
 

@@ -17,7 +17,7 @@ use std::time::Instant;
 use serde_json::json;
 use specdec_backend::model::ModelBackend;
 use specdec_backend::{PenaltyScope, SamplingParams};
-use specdec_decoder::{Constrained, ConstraintSpec, Engine, EngineConfig, LogprobMode, LogprobRequest, MAX_TOP_LOGPROBS, ProposerChoice, Request, RunOutput, TokenLogprob, TokenTable, Vocabulary};
+use specdec_decoder::{Constrained, ConstraintSpec, Engine, EngineConfig, LogprobMode, LogprobRequest, MAX_TOP_LOGPROBS, ProposerChoice, Request, RunOutput, TokenLogprob, TokenTable};
 use specdec_models::{LlamaWeights, Tokenizer};
 
 use specdec_registry::Job;
@@ -63,13 +63,7 @@ pub fn constraint_flags(regex: Option<String>, json_schema: Option<&std::path::P
 /// A request's constraint over `tok`'s tokens, the model's vocabulary of
 /// `vocab` ids (ids past the tokenizer's are not text).
 pub fn constrained(spec: &ConstraintSpec, tok: &Tokenizer, vocab: usize) -> Result<Constrained, String> {
-    let mut bytes = tok.token_bytes().map_err(|e| e.to_string())?;
-    if bytes.len() > vocab {
-        return Err(format!("the tokenizer has {} tokens, the model {vocab}", bytes.len()));
-    }
-    bytes.resize(vocab, None);
-    let table = Arc::new(TokenTable::new(Vocabulary::new(bytes).map_err(|e| e.to_string())?));
-    Constrained::new(spec.clone(), table).map_err(|e| e.to_string())
+    Constrained::new(spec.clone(), TokenTable::of_tokenizer(tok, vocab)?).map_err(|e| e.to_string())
 }
 
 /// `--controller`: `payoff` or `fixed`; unset, `payoff` for greedy decoding

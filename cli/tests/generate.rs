@@ -126,6 +126,42 @@ fn every_proposer_gives_the_plain_greedy_tokens() {
     assert!(!bad.status.success());
 }
 
+/// CONSTRAIN-3 on SmolLM2 from the command line: `--regex` and
+/// `--json-schema` outputs keep their constraint, with n-gram speculation
+/// giving plain decoding's tokens (`--compare` fails otherwise); bad
+/// patterns and schemas are refused before the model loads.
+#[test]
+fn constrained_generation_keeps_its_constraint() {
+    let Some((gguf, _)) = smollm2() else { return };
+    let dir = std::env::temp_dir().join(format!("specdec-generate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let schema = dir.join("schema.json");
+    std::fs::write(&schema, r#"{"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}, "days": {"type": "integer"}}, "required": ["city", "days"]}"#).unwrap();
+    let base = ["generate", "--model", gguf.as_str(), "--backend", "ndarray", "--chat", "--proposer", "ngram", "--k", "3", "--temperature", "0", "--compare", "--json", "--max-tokens", "40"];
+    let schema_flag = schema.to_str().unwrap();
+    for (flag, value, prompt) in
+        [("--regex", "(yes|no), because [a-z ]{1,30}\\.", "Is the sky blue? Answer yes or no and say why."), ("--json-schema", schema_flag, "Weather in Paris for 3 days, as JSON with city and days.")]
+    {
+        let out = json(&specdec(&[&base[..], &[flag, value, "--prompt", prompt]].concat()));
+        assert_eq!(out["compare"]["identical_tokens"], true, "CONSTRAIN-3: {flag}: {out}");
+        assert_eq!(out["constraint"]["every_token_allowed"], true, "CONSTRAIN-4: {flag}: {out}");
+        if out["finish_reason"] == "eos" {
+            assert_eq!(out["constraint"]["matches"], true, "CONSTRAIN-2: {flag}: {out}");
+        }
+        if flag == "--json-schema" {
+            let v: serde_json::Value = serde_json::from_str(out["text"].as_str().unwrap()).unwrap_or_else(|e| panic!("CONSTRAIN-5: not JSON ({e}): {out}"));
+            assert!(v["city"].is_string() && v["days"].is_i64(), "CONSTRAIN-5: {v}");
+        }
+    }
+    std::fs::write(&schema, r#"{"type": "string", "format": "date"}"#).unwrap();
+    for (args, needle) in [(vec!["--regex", "(a"], "--regex"), (vec!["--json-schema", schema_flag], "format"), (vec!["--regex", "a", "--json-schema", schema_flag], "not both")] {
+        let out = specdec(&[&["generate", "--model", gguf.as_str(), "--prompt", "x"][..], &args].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.code() == Some(2) && err.contains(needle) && !err.contains("panicked"), "{args:?}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Bad arguments and bad files are errors with a message, never a panic.
 #[test]
 fn bad_input_is_refused() {

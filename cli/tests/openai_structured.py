@@ -5,9 +5,11 @@ the schema, greedy answers are the same tokens with speculation on and off,
 and the time of each is printed (the speedup, stated, never asserted).
 
 Run by cli/tests/serve.rs with the URL of a server of SmolLM2 with n-gram
-speculation. Uses only the client's public API.
+speculation. Uses only the client's public API; the prompts and the schema are
+`fixtures/prompts/tool_calls.json`.
 """
 import json
+import pathlib
 import sys
 import time
 
@@ -16,24 +18,9 @@ import openai
 client = openai.OpenAI(base_url=sys.argv[1], api_key="unused", max_retries=0, timeout=300)
 model = client.models.list().data[0].id
 
-schema = {
-    "type": "object",
-    "properties": {
-        "name": {"enum": ["get_weather", "search_web", "send_email"]},
-        "arguments": {
-            "type": "object",
-            "properties": {"query": {"type": "string", "maxLength": 40}, "days": {"type": "integer"}, "urgent": {"type": "boolean"}},
-            "required": ["query"],
-        },
-    },
-    "required": ["name", "arguments"],
-}
-prompts = [
-    "Call a tool to get the weather in Paris for the next 3 days. Answer with JSON only.",
-    "Search the web for the tallest building in the world. Reply with a tool call in JSON.",
-    "Send an urgent email to Bob saying the meeting moved to 4pm. Output the tool call as JSON.",
-    "I need tomorrow's weather in Tokyo. Respond only with the JSON tool call.",
-]
+mix = json.load(open(pathlib.Path(__file__).parents[2] / "fixtures" / "prompts" / "tool_calls.json"))
+schema = mix["schema"]
+prompts = [p["text"] for p in mix["prompts"]]
 
 
 def valid(v):

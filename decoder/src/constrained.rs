@@ -56,6 +56,18 @@ impl TokenTable {
         Arc::new(TokenTable::new(Vocabulary::new(tokens).expect("every tiny token is two letters")))
     }
 
+    /// `tok`'s tokens as text for a model of `vocab` ids (ids past the
+    /// tokenizer's are not text); an error where the tokenizer has no byte
+    /// reading or more tokens than the model.
+    pub fn of_tokenizer(tok: &specdec_models::Tokenizer, vocab: usize) -> Result<Arc<Self>, String> {
+        let mut bytes = tok.token_bytes().map_err(|e| e.to_string())?;
+        if bytes.len() > vocab {
+            return Err(format!("the tokenizer has {} tokens, the model {vocab}", bytes.len()));
+        }
+        bytes.resize(vocab, None);
+        Ok(Arc::new(TokenTable::new(Vocabulary::new(bytes).map_err(|e| e.to_string())?)))
+    }
+
     pub fn vocabulary(&self) -> &Vocabulary {
         &self.vocab
     }

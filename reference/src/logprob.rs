@@ -98,7 +98,15 @@ fn log_softmax(z: &[f64], kept: impl Fn(usize) -> bool) -> Vec<f64> {
 /// The entry of `id` in a row of logprobs `lp`, with its `top` largest.
 pub fn entry(lp: &[f64], id: u32, top: usize) -> TokenLogprob {
     let mut ids: Vec<u32> = (0..lp.len() as u32).filter(|&i| lp[i as usize].is_finite()).collect();
-    ids.sort_by(|&a, &b| lp[b as usize].total_cmp(&lp[a as usize]).then(a.cmp(&b)));
+    // LOGPROB-3's order is total (logprob descending, then id), so the `top`
+    // first of a partition are the `top` first of a full sort: select, then
+    // sort those few (a vocabulary-wide sort per token would dominate).
+    let order = |a: &u32, b: &u32| lp[*b as usize].total_cmp(&lp[*a as usize]).then(a.cmp(b));
+    if top < ids.len() {
+        ids.select_nth_unstable_by(top, order);
+        ids.truncate(top);
+    }
+    ids.sort_by(order);
     let chosen = lp.get(id as usize).copied().unwrap_or(f64::NEG_INFINITY);
     TokenLogprob { id, logprob: floored(chosen), top: ids.into_iter().take(top).map(|i| (i, lp[i as usize])).collect() }
 }
@@ -113,6 +121,21 @@ mod tests {
     use super::*;
 
     const LN2: f64 = std::f64::consts::LN_2;
+
+    /// LOGPROB-3: the top list equals the first `top` of a full sort by
+    /// logprob descending then id, ties and `-inf` included, at every `top`.
+    #[test]
+    fn the_top_list_is_the_head_of_the_full_order() {
+        let ninf = f64::NEG_INFINITY;
+        for lp in [vec![-1.0, -0.5, -1.0, ninf, -0.5, -3.0, -0.5], vec![ninf, ninf], vec![-0.1], (0..40).map(|i| -f64::from((i * 7) % 5)).collect()] {
+            let mut full: Vec<u32> = (0..lp.len() as u32).filter(|&i| lp[i as usize].is_finite()).collect();
+            full.sort_by(|&a, &b| lp[b as usize].total_cmp(&lp[a as usize]).then(a.cmp(&b)));
+            for top in 0..=lp.len() + 1 {
+                let want: Vec<(u32, f64)> = full.iter().take(top).map(|&i| (i, lp[i as usize])).collect();
+                assert_eq!(entry(&lp, 0, top).top, want, "LOGPROB-3: top {top} of {lp:?}");
+            }
+        }
+    }
 
     /// LOGPROB-1 by hand: logits (0, ln 3) are probabilities (1/4, 3/4).
     #[test]

@@ -43,15 +43,7 @@ impl Codec {
     pub fn token_table(&self, vocab: usize) -> Result<std::sync::Arc<specdec_decoder::TokenTable>, String> {
         match self {
             Codec::Tiny { vocab } => Ok(specdec_decoder::TokenTable::tiny(*vocab)),
-            Codec::Tokenizer(t) => {
-                let mut bytes = t.token_bytes().map_err(|e| e.to_string())?;
-                if bytes.len() > vocab {
-                    return Err(format!("the tokenizer has {} tokens, the model {vocab}", bytes.len()));
-                }
-                bytes.resize(vocab, None);
-                let vocab = specdec_decoder::Vocabulary::new(bytes).map_err(|e| e.to_string())?;
-                Ok(std::sync::Arc::new(specdec_decoder::TokenTable::new(vocab)))
-            }
+            Codec::Tokenizer(t) => specdec_decoder::TokenTable::of_tokenizer(t, vocab),
         }
     }
 
