@@ -470,7 +470,7 @@ mod tests {
 
     /// A run of `tokens` generated over `seconds` of decoding.
     fn timed(tokens: &[u32], seconds: f64) -> RunOutput {
-        let output = specdec_decoder::Output { tokens: tokens.to_vec(), finish: specdec_decoder::FinishReason::Length, acceptance: Default::default(), logprobs: None };
+        let output = specdec_decoder::Output { tokens: tokens.to_vec(), finish: specdec_decoder::FinishReason::Length, acceptance: Default::default(), logprobs: None, error: None };
         let timings = specdec_decoder::Timings { verify_s: seconds, ..Default::default() };
         RunOutput { outputs: vec![output], acceptance: Default::default(), batch_steps: 0, proposer_errors: 0, steps_by_k: vec![], timings }
     }

@@ -266,6 +266,9 @@ impl Job for Generate {
         };
         let run = engine.generate(std::slice::from_ref(&request), proposer.as_mut(), None, &mut sink).map_err(|e| e.to_string())?;
         let out = &run.outputs[0];
+        if let Some(why) = &out.error {
+            return Err(format!("after {} tokens: {why}", out.tokens.len()));
+        }
         let plain = if self.compare && self.proposer != ProposerChoice::None {
             let engine = Engine::new(b, &model, cfg, EngineConfig { k: 0, ..EngineConfig::default() }).map_err(|e| e.to_string())?;
             Some(engine.generate(std::slice::from_ref(&request), &mut specdec_decoder::NoProposer, None, &mut specdec_decoder::NoSink).map_err(|e| e.to_string())?)

@@ -9,6 +9,7 @@ use specdec_backend::model::ModelBackend;
 use crate::config::{EngineConfig, Rollback};
 use crate::error::DecodeError;
 use crate::fault::Faults;
+use crate::masks::WindowMasks;
 use crate::request::{Acceptance, FinishReason};
 use crate::seq::Seq;
 use crate::sink::Sink;
@@ -33,6 +34,7 @@ pub(crate) fn commit<B: ModelBackend>(
     active: &[usize],
     proposed: &[usize],
     verdict: &Verdict,
+    masks: &WindowMasks,
     logprobs: Vec<Vec<TokenLogprob>>,
     detok: Option<&dyn Detokenize>,
     sink: &mut dyn Sink,
@@ -52,7 +54,18 @@ pub(crate) fn commit<B: ModelBackend>(
         // The forward appended the last token and the drafts; keep the last
         // token and the emitted ones but the new last (KV-6), fewer when a
         // stop cut the run (DECODE-5).
-        let emitted = emit(&mut seqs[i], i, &verdict.tokens[pos][..=n], faults, detok, sink);
+        // A row whose constraint allows nothing was read: the run stops at
+        // the tokens before it and the request fails there, alone, as plain
+        // decoding would after emitting them (CONSTRAIN-2).
+        let cut = masks.cut(pos, n);
+        let run = &verdict.tokens[pos][..=n];
+        let emitted = emit(&mut seqs[i], i, cut.map_or(run, |(j, _)| &run[..j]), faults, detok, sink);
+        if let Some((_, why)) = cut
+            && seqs[i].finish.is_none()
+        {
+            seqs[i].finish = Some(FinishReason::Error);
+            seqs[i].error = Some(why.to_string());
+        }
         // One entry per emitted token: none past a stop that cut the run (LOGPROB-3).
         entries.truncate(if faults.logprobs_past_stop() { n + 1 } else { emitted });
         seqs[i].logprobs.extend(entries);
@@ -67,6 +80,9 @@ pub(crate) fn commit<B: ModelBackend>(
 /// returns how many were emitted.
 fn emit(s: &mut Seq, slot: usize, tokens: &[u32], faults: Faults, detok: Option<&dyn Detokenize>, sink: &mut dyn Sink) -> usize {
     let start = s.out.len();
+    if tokens.is_empty() {
+        return 0;
+    }
     let reaches_cap = start + tokens.len() >= s.req.max_tokens;
     for (j, &t) in tokens.iter().enumerate() {
         s.out.push(t);

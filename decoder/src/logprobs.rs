@@ -59,7 +59,7 @@ pub(crate) fn step_logprobs<B: ModelBackend>(
         let drafts = &p.drafts[pos];
         for (j, &token) in verdict.tokens[pos].iter().enumerate() {
             let logits = rows.next().ok_or_else(|| DecodeError::Internal("fewer logprob rows than emitted tokens".into()))?;
-            let row = row_inputs(s, drafts, j, faults, masks[pos][j].as_deref());
+            let row = row_inputs(s, drafts, j, faults, masks.rows[pos][j].as_deref());
             // The processed law is the masked one (CONSTRAIN-1); the raw one is the model's.
             let masked = row.allowed.filter(|_| ask.mode == LogprobMode::Processed).map(|a| mask_scores(logits, a));
             let logits = masked.as_deref().unwrap_or(logits);

@@ -10,23 +10,38 @@
 //! rows, masks them on the host and uploads them again (`device::process`);
 //! requests without a constraint pay nothing.
 
-use crate::error::DecodeError;
 use crate::fault::Faults;
 use crate::seq::Seq;
 
-/// Each active sequence's row masks of a window, `[A][width + 1]`.
-pub(crate) type WindowMasks = Vec<Vec<Option<Vec<bool>>>>;
+/// Each active sequence's row masks of a window, `[A][width + 1]`, and the
+/// rows where the constraint allows nothing.
+pub(crate) struct WindowMasks {
+    pub(crate) rows: Vec<Vec<Option<Vec<bool>>>>,
+    /// `(active position, row, why)` of each row whose state the vocabulary
+    /// cannot continue: left unmasked, its verdict never emitted. Plain
+    /// decoding fails there too, once it has emitted the tokens before it;
+    /// a row past a rejected draft is never read and costs nothing.
+    dead: Vec<(usize, usize, String)>,
+}
+
+impl WindowMasks {
+    /// Where sequence `pos`'s run of `n` accepted drafts must stop: the
+    /// first dead row it read (rows `0 ..= n`), and why.
+    pub(crate) fn cut(&self, pos: usize, n: usize) -> Option<(usize, &str)> {
+        self.dead.iter().filter(|&&(p, j, _)| p == pos && j <= n).min_by_key(|&&(_, j, _)| j).map(|(_, j, why)| (*j, why.as_str()))
+    }
+}
 
 /// Each active sequence's row masks for a window of `width` drafts
 /// (CONSTRAIN-3): row `j` is masked with the state after the committed
 /// output and `drafts[..j]`; `None` for an unconstrained request, a padding
-/// row, or a row past a draft the constraint refuses (never read).
-pub(crate) fn window_masks(seqs: &[Seq], active: &[usize], drafts: &[Vec<u32>], width: usize, faults: Faults) -> Result<WindowMasks, DecodeError> {
-    let mut out = Vec::with_capacity(active.len());
+/// row, a row past a draft the constraint refuses (never read), or a dead row.
+pub(crate) fn window_masks(seqs: &[Seq], active: &[usize], drafts: &[Vec<u32>], width: usize, faults: Faults) -> WindowMasks {
+    let mut out = WindowMasks { rows: Vec::with_capacity(active.len()), dead: Vec::new() };
     for (pos, &i) in active.iter().enumerate() {
         let s = &seqs[i];
         let (Some(c), Some(committed)) = (&s.req.constraint, s.constraint) else {
-            out.push(vec![None; width + 1]);
+            out.rows.push(vec![None; width + 1]);
             continue;
         };
         let drafts = &drafts[pos];
@@ -39,13 +54,13 @@ pub(crate) fn window_masks(seqs: &[Seq], active: &[usize], drafts: &[Vec<u32>], 
                     if faults.eos_outside_accept() {
                         s.req.eos.iter().for_each(|&e| mask[e as usize] = true);
                     }
-                    if !mask.contains(&true) {
-                        return Err(DecodeError::Request {
-                            index: i,
-                            reason: format!("the constraint allows no token after {} output tokens: the vocabulary cannot continue `{}` there", s.out.len() + j, c.constraint().pattern()),
-                        });
+                    if mask.contains(&true) {
+                        Some(mask)
+                    } else {
+                        let why = format!("the constraint allows no token after {} output tokens: the vocabulary cannot continue `{}` there", s.out.len() + j, c.constraint().pattern());
+                        out.dead.push((pos, j, why));
+                        None
                     }
-                    Some(mask)
                 }
                 _ => None,
             };
@@ -54,9 +69,9 @@ pub(crate) fn window_masks(seqs: &[Seq], active: &[usize], drafts: &[Vec<u32>], 
                 state = state.and_then(|st| c.advance(st, drafts[j], &s.req.eos));
             }
         }
-        out.push(rows);
+        out.rows.push(rows);
     }
-    Ok(out)
+    out
 }
 
 /// Moves a sequence's committed state over the `emitted` tokens its step

@@ -125,6 +125,10 @@ pub enum FinishReason {
     Length,
     /// The cache or the model's positions are full.
     Capacity,
+    /// The request failed alone ([`Output::error`] says why: a constraint
+    /// the vocabulary cannot continue, CONSTRAIN-2); the others of its batch
+    /// go on. Its tokens are those emitted before the failure.
+    Error,
 }
 
 impl FinishReason {
@@ -134,6 +138,7 @@ impl FinishReason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
             FinishReason::Capacity => "capacity",
+            FinishReason::Error => "error",
         }
     }
 }
@@ -253,6 +258,8 @@ pub struct Output {
     pub acceptance: Acceptance,
     /// One entry per token of `tokens` where the request asked for them.
     pub logprobs: Option<Vec<TokenLogprob>>,
+    /// Why the request failed, where it finished with [`FinishReason::Error`].
+    pub error: Option<String>,
 }
 
 /// A whole `generate` call's results and metrics.

@@ -25,6 +25,8 @@ pub(crate) struct Seq {
     pub(crate) logprobs: Vec<TokenLogprob>,
     /// The constraint's state after `out` (CONSTRAIN-4); `None` without one.
     pub(crate) constraint: Option<State>,
+    /// Why it failed, where it finished with `FinishReason::Error`.
+    pub(crate) error: Option<String>,
 }
 
 /// Where a request's verify uniforms come from (DECODE-3).
@@ -71,7 +73,7 @@ impl Seq {
         };
         let stop = StopState::new(&req);
         let constraint = req.constraint.as_ref().map(|c| c.constraint().start());
-        Seq { context: req.prompt.clone(), req, out: Vec::new(), finish: None, verify_noise, draft_rng, acceptance: Acceptance::default(), stop, logprobs: Vec::new(), constraint }
+        Seq { context: req.prompt.clone(), req, out: Vec::new(), finish: None, verify_noise, draft_rng, acceptance: Acceptance::default(), stop, logprobs: Vec::new(), constraint, error: None }
     }
 
     /// The state of a slot that holds no request: finished, never active.

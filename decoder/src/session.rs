@@ -285,7 +285,7 @@ impl<'s, B: ModelBackend> Session<'s, B> {
         // 2. The window forward, 3. its verify.
         let t = Instant::now();
         let win = window::forward(b, self.engine.target, &mut self.cache, &self.seqs, &active, &proposal, self.proposer.hidden_layers(), config.faults())?;
-        let masks = masks::window_masks(&self.seqs, &active, &proposal.drafts, win.width, config.faults())?;
+        let masks = masks::window_masks(&self.seqs, &active, &proposal.drafts, win.width, config.faults());
         let verdict = verify::verify(b, self.engine.vocab, config, &win, &mut self.seqs, &active, &proposal, &masks)?;
         let logprobs = step_logprobs(b, self.engine.vocab, &win, &self.seqs, &active, &proposal, &verdict, &masks, config.faults())?;
         self.ledger.lap(Phase::Verify, t);
@@ -293,7 +293,7 @@ impl<'s, B: ModelBackend> Session<'s, B> {
         // 4. Commit: emission up to a stop, and the rollback.
         let t = Instant::now();
         let proposed: Vec<usize> = proposal.drafts.iter().map(Vec::len).collect();
-        let step = commit(b, &mut self.cache, config, &mut self.seqs, &active, &proposed, &verdict, logprobs, detok, sink)?;
+        let step = commit(b, &mut self.cache, config, &mut self.seqs, &active, &proposed, &verdict, &masks, logprobs, detok, sink)?;
         for ((&i, &kept), drafts) in active.iter().zip(&step.kept).zip(&proposal.drafts) {
             masks::commit_state(&mut self.seqs[i], kept, drafts, config.faults());
         }
@@ -329,7 +329,7 @@ impl<'s, B: ModelBackend> Session<'s, B> {
         let finish = s.finish?;
         self.slots[slot] = Slot::Free;
         let logprobs = s.req.logprobs.is_some().then(|| std::mem::take(&mut s.logprobs));
-        Some(Output { tokens: std::mem::take(&mut s.out), finish, acceptance: std::mem::take(&mut s.acceptance), logprobs })
+        Some(Output { tokens: std::mem::take(&mut s.out), finish, acceptance: std::mem::take(&mut s.acceptance), logprobs, error: s.error.take() })
     }
 
     /// The logprob entries of the request in `slot` so far, one per token it

@@ -43,7 +43,7 @@ pub(crate) fn verify<B: ModelBackend>(
     // (CONSTRAIN-3); rows past its drafts are padding, never read (CONV-7).
     let mut rows = Vec::with_capacity(a * (width + 1));
     for (pos, &i) in active.iter().enumerate() {
-        rows.extend((0..=width).map(|j| row_inputs(&seqs[i], &p.drafts[pos], j, faults, masks[pos][j].as_deref())));
+        rows.extend((0..=width).map(|j| row_inputs(&seqs[i], &p.drafts[pos], j, faults, masks.rows[pos][j].as_deref())));
     }
     if greedy && p.rule == VerifyRule::DflashBlock && p.drafts.iter().all(|d| d.len() == width) {
         return dflash(b, vocab, w, seqs, active, p, &rows);

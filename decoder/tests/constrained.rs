@@ -281,8 +281,39 @@ fn constrained_requests_are_checked() {
     assert!(err(request(&[1], 4, &constrained(PATTERNS[0], &table(13)))).contains("13 tokens"));
     // A pattern the tiny text cannot start: `Ab` is no token.
     assert!(err(request(&[1], 4, &constrained("Ab", &t))).contains("allows no first token"));
-    // One it can start but not continue: after `Aa` only the byte `x`.
-    assert!(err(request(&[1], 4, &constrained("Aax", &t))).contains("cannot continue"));
+    // One it can start but not continue: after `Aa` only the byte `x`. The
+    // request fails alone (CONSTRAIN-2), after the token it could emit.
+    let out = engine.generate(&[request(&[1], 4, &constrained("Aax", &t)), request(&[1], 4, &c)], &mut NoProposer, None, &mut NoSink).unwrap().outputs;
+    assert_eq!((out[0].tokens.clone(), out[0].finish), (vec![0], FinishReason::Error), "CONSTRAIN-2: {out:?}");
+    assert!(out[0].error.as_deref().is_some_and(|e| e.contains("cannot continue")), "{out:?}");
+    assert!(out[1].finish != FinishReason::Error && out[1].error.is_none(), "the other request of the batch goes on: {out:?}");
+}
+
+/// CONSTRAIN-2 with speculation: a draft into a state the vocabulary cannot
+/// continue (`Bb`, after which only `Cx` would do) fails the request only
+/// where plain decoding fails it, after the same tokens; a rejected one
+/// costs nothing. n-gram drafts from a prompt of `Aa Bb` pairs propose it.
+#[test]
+fn a_dead_end_fails_a_request_where_plain_decoding_fails_it() {
+    let w = tiny();
+    let t = table(w.config.vocab_size);
+    let mut ended = [0, 0];
+    for pattern in ["Aa(BbCx|Dd|Ee|Ff|Gg)(Hh)*", "Aa(BbCx|Cc)(AaBb)*(Dd)?"] {
+        let c = constrained(pattern, &t);
+        for prompt in [&[0u32, 1, 0, 1, 0, 1, 0][..], &[0, 1, 3], &[5, 0, 1, 0, 1]] {
+            let req = request(prompt, 10, &c);
+            let plain = &generate(&w, EngineConfig::default(), std::slice::from_ref(&req), &mut NoProposer)[0];
+            ended[usize::from(plain.finish == FinishReason::Error)] += 1;
+            for name in ["ngram", "draft", "self"] {
+                for k in [1, 3] {
+                    let spec = &generate(&w, EngineConfig { k, ..EngineConfig::default() }, std::slice::from_ref(&req), proposer(name, &w).as_mut())[0];
+                    assert_eq!((&spec.tokens, spec.finish, &spec.error), (&plain.tokens, plain.finish, &plain.error), "CONSTRAIN-2: {pattern} {name} k={k} prompt {prompt:?}");
+                }
+            }
+        }
+    }
+    eprintln!("plain runs that avoid and that meet the dead end: {ended:?}");
+    assert!(ended[0] > 0, "some plain run avoids the dead end (so speculation must too): {ended:?}");
 }
 
 /// The negative controls: each grammar bug peers ship fails a check here.

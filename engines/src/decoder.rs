@@ -83,21 +83,21 @@ impl<'a, B: ModelBackend> DecoderEngine<'a, B> {
             specdec_decoder::DecodeError::Backend(e) => backend_error(e),
             other => EngineError::Failed(other.to_string()),
         })?;
-        Ok(out
-            .outputs
+        out.outputs
             .into_iter()
-            .map(|o| Generation {
-                tokens: o.tokens,
-                finish: match o.finish {
+            .zip(requests)
+            .map(|(o, &(index, _))| {
+                let finish = match o.finish {
                     FinishReason::Eos => Finish::Eos,
                     FinishReason::Stop => Finish::Stop,
                     FinishReason::Length => Finish::Length,
                     FinishReason::Capacity => Finish::Capacity,
-                },
-                drafts: speculate.then_some(DraftCounts { proposed: o.acceptance.proposed, accepted: o.acceptance.accepted }),
-                logprobs: o.logprobs,
+                    // A request that failed alone (a constraint its vocabulary cannot continue).
+                    FinishReason::Error => return Err(EngineError::Request { index, reason: o.error.unwrap_or_default() }),
+                };
+                Ok(Generation { tokens: o.tokens, finish, drafts: speculate.then_some(DraftCounts { proposed: o.acceptance.proposed, accepted: o.acceptance.accepted }), logprobs: o.logprobs })
             })
-            .collect())
+            .collect()
     }
 }
 

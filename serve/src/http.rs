@@ -431,6 +431,8 @@ fn finished(codec: &Codec, tokens: &[u32], finish: FinishReason, eos: &[u32], st
         FinishReason::Eos => ("stop", tokens.last().map_or(Value::Null, |&t| json!(t))),
         FinishReason::Stop => ("stop", stop.map_or(Value::Null, |(_, s)| json!(s))),
         FinishReason::Length | FinishReason::Capacity => ("length", Value::Null),
+        // Sent as a failure, never as a finish (the scheduler's `Event::Failed`).
+        FinishReason::Error => ("error", Value::Null),
     };
     (text, reason, stop_reason)
 }

@@ -271,7 +271,12 @@ impl<B: ModelBackend> Loop<'_, '_, B> {
                 for slot in finished {
                     let (Some(out), Some(c)) = (self.session.take(slot), self.clients[slot].take()) else { continue };
                     self.metrics.finished(&out.acceptance, c.emitted);
-                    let _ = c.events.send(Event::Done { finish: out.finish, acceptance: out.acceptance });
+                    // A request that failed alone (CONSTRAIN-2's dead end) is its client's 400.
+                    let event = match out.finish {
+                        FinishReason::Error => Event::Failed { status: 400, message: out.error.unwrap_or_default() },
+                        finish => Event::Done { finish, acceptance: out.acceptance },
+                    };
+                    let _ = c.events.send(event);
                 }
             }
             // A failed step fails the requests that ran in it; the server goes on.
