@@ -21,14 +21,12 @@ use specdec_backend::model::{ForwardRequest, LlamaWeights, RefModel};
 use specdec_constraint::{Constraint, Vocabulary};
 use specdec_decoder::{ConstraintSpec, LogprobMode, TokenTable};
 use specdec_engines::{Finish, GenerationEngine, GenerationRequest};
-use specdec_reference::logprob::entry;
 use specdec_reference::{RowInputs, logprob_row};
 use specdec_stats::TestReport;
 
-use super::{E2E_BETA, E2E_DELTA, Expect, GreedyRun, generate_n, judge_all};
+use super::{Expect, GreedyRun, greedy_pick, judge_all, law_check};
 use crate::compare::Verdict;
 use crate::e2e_section::{RefConstraint, Setting, TINY_TOKENS, exact_law_with, sampled_setup, tiny_prompts};
-use crate::stat;
 
 /// One setting of the check: its name and its regex over tiny text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,11 +105,7 @@ fn reference_greedy(model: &RefModel, r: &GenerationRequest, c: &RefConstraint) 
         let out = model.forward(&mut cache, &ForwardRequest::last_logits(std::slice::from_ref(&context))).map_err(|e| e.to_string())?;
         let masked = specdec_constraint::mask_scores(&out.logits, &c.allowed(&run.tokens)?);
         let lp = logprob_row(&masked, LogprobMode::Processed, r.params(), RowInputs::default()).map_err(|e| e.to_string())?;
-        let (id, margin) = match entry(&lp, 0, 2).top[..] {
-            [(a, x), (_, y), ..] => (a, x - y),
-            [(a, _)] => (a, f64::INFINITY),
-            [] => return Err("the constraint allows no token".into()),
-        };
+        let (id, margin) = greedy_pick(&lp)?;
         run.tokens.push(id);
         run.margins.push(margin);
         context.push(id);
@@ -130,14 +124,6 @@ pub(super) fn law(engine: &mut dyn GenerationEngine, w: &LlamaWeights, s: &Const
     let params = SamplingParams::new(1.0, 0, 1.0);
     let setting = Setting { params, bias: &[], constraint: Some(RefConstraint { constraint: &c, vocab: &vocab, eos: CONSTRAINED_EOS }) };
     let law = exact_law_with(w, &prompt, CONSTRAINED_EOS, &setting, CONSTRAINED_TOKENS).map_err(fail)?;
-    let cells: std::collections::BTreeMap<&Vec<u32>, usize> = law.keys().enumerate().map(|(i, k)| (k, i)).collect();
-    let mut expected: Vec<f64> = law.values().copied().collect();
-    expected.push(0.0);
-    let n = stat::planned_n_for(&expected, family, E2E_DELTA, E2E_BETA).map_err(fail)? as usize;
-    let mut counts = vec![0u64; expected.len()];
     let request = |i: usize| s.request(prompt.clone(), params, base.wrapping_add(i as u64), CONSTRAINED_TOKENS, on);
-    for g in generate_n(engine, n, &request)? {
-        counts[cells.get(&g.tokens).copied().unwrap_or(expected.len() - 1)] += 1;
-    }
-    stat::test_counts(&format!("{name} (n = {n})"), &counts, &expected, family).map_err(fail)
+    law_check(engine, &law, &request, name, family)
 }

@@ -278,6 +278,34 @@ fn generate(engine: &mut dyn GenerationEngine, requests: &[GenerationRequest]) -
     Ok(outputs)
 }
 
+/// The greedy choice of a row of logprobs (ties to the lowest id,
+/// LOGPROB-3's order) and its top-2 margin (infinite with one finite id).
+fn greedy_pick(lp: &[f64]) -> Result<(u32, f64), String> {
+    match specdec_reference::logprob::entry(lp, 0, 2).top[..] {
+        [(a, x), (_, y), ..] => Ok((a, x - y)),
+        [(a, _)] => Ok((a, f64::INFINITY)),
+        [] => Err("a row with no finite logprob".into()),
+    }
+}
+
+/// A sampled law against the exact one (ENGINE-4's machinery, for the
+/// processors' and the constraints' laws): `n` requests made by
+/// `request(i)`, `n` planned before sampling for the family, each output
+/// counted in its cell of `law` or in one extra cell, expected 0, for
+/// anything outside its support.
+fn law_check(engine: &mut dyn GenerationEngine, law: &BTreeMap<Vec<u32>, f64>, request: &dyn Fn(usize) -> GenerationRequest, name: &str, family: usize) -> Result<TestReport, Verdict> {
+    let fail = Verdict::Fail;
+    let cells: BTreeMap<&Vec<u32>, usize> = law.keys().enumerate().map(|(i, k)| (k, i)).collect();
+    let mut expected: Vec<f64> = law.values().copied().collect();
+    expected.push(0.0);
+    let n = stat::planned_n_for(&expected, family, E2E_DELTA, E2E_BETA).map_err(fail)? as usize;
+    let mut counts = vec![0u64; expected.len()];
+    for g in generate_n(engine, n, request)? {
+        counts[cells.get(&g.tokens).copied().unwrap_or(expected.len() - 1)] += 1;
+    }
+    stat::test_counts(&format!("{name} (n = {n})"), &counts, &expected, family).map_err(fail)
+}
+
 /// [`generate`] for `n` requests made by `request(i)`, in batches of [`BATCH`].
 fn generate_n(engine: &mut dyn GenerationEngine, n: usize, request: &dyn Fn(usize) -> GenerationRequest) -> Result<Vec<Generation>, Verdict> {
     let mut out = Vec::with_capacity(n);

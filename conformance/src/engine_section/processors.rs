@@ -18,14 +18,12 @@ use specdec_backend::model::{ForwardRequest, LlamaWeights, RefModel};
 use specdec_backend::{PenaltyScope, SamplingParams};
 use specdec_decoder::LogprobMode;
 use specdec_engines::{Finish, GenerationEngine, GenerationRequest};
-use specdec_reference::logprob::entry;
 use specdec_reference::{RowInputs, bias_row, logprob_row};
 use specdec_stats::TestReport;
 
-use super::{E2E_BETA, E2E_DELTA, Expect, GreedyRun, generate_n, judge_all};
+use super::{Expect, GreedyRun, greedy_pick, judge_all, law_check};
 use crate::compare::Verdict;
 use crate::e2e_section::{Setting, TINY_TOKENS, exact_law_with, penalty_counts_of, sampled_setup, tiny_prompts};
-use crate::stat;
 
 /// A logit bias of a setting, resolved on the reference.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,12 +122,7 @@ fn reference_greedy(model: &RefModel, r: &GenerationRequest) -> Result<GreedyRun
         let out = model.forward(&mut cache, &ForwardRequest::last_logits(std::slice::from_ref(&context))).map_err(|e| e.to_string())?;
         let counts = penalty_counts_of(&params, &context, r.prompt.len(), vocab);
         let lp = logprob_row(&out.logits, LogprobMode::Processed, params, RowInputs { counts: counts.as_deref(), bias: bias.as_deref() }).map_err(|e| e.to_string())?;
-        let top = entry(&lp, 0, 2).top;
-        let (id, margin) = match top[..] {
-            [(a, x), (_, y), ..] => (a, x - y),
-            [(a, _)] => (a, f64::INFINITY),
-            [] => return Err("a row with no finite logit".into()),
-        };
+        let (id, margin) = greedy_pick(&lp)?;
         run.tokens.push(id);
         run.margins.push(margin);
         context.push(id);
@@ -152,14 +145,6 @@ pub(super) fn law(engine: &mut dyn GenerationEngine, w: &LlamaWeights, s: &Proce
     let (prompt, eos) = sampled_setup(w).map_err(fail)?;
     let bias = s.bias(&model, &prompt).map_err(fail)?;
     let law = exact_law_with(w, &prompt, eos, &Setting { params: s.params, bias: &bias, constraint: None }, PROCESSOR_TOKENS).map_err(fail)?;
-    let cells: std::collections::BTreeMap<&Vec<u32>, usize> = law.keys().enumerate().map(|(i, k)| (k, i)).collect();
-    let mut expected: Vec<f64> = law.values().copied().collect();
-    expected.push(0.0);
-    let n = stat::planned_n_for(&expected, family, E2E_DELTA, E2E_BETA).map_err(fail)? as usize;
-    let mut counts = vec![0u64; expected.len()];
     let request = |i: usize| GenerationRequest { eos: vec![eos], ..s.request(prompt.clone(), s.params.temperature, &bias, base.wrapping_add(i as u64), PROCESSOR_TOKENS, on) };
-    for g in generate_n(engine, n, &request)? {
-        counts[cells.get(&g.tokens).copied().unwrap_or(expected.len() - 1)] += 1;
-    }
-    stat::test_counts(&format!("{name} (n = {n})"), &counts, &expected, family).map_err(fail)
+    law_check(engine, &law, &request, name, family)
 }
