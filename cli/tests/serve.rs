@@ -214,6 +214,7 @@ fn hostile_requests_get_typed_4xx() {
         ("logprobs past OpenAI's 20", json!({"prompt": [1], "logprobs": 21}).to_string(), 400, "logprobs = 21"),
         ("a regex that does not compile", json!({"prompt": [1], "structured_outputs": {"regex": "(Aa"}, "stop_token_ids": [11]}).to_string(), 400, "(Aa"),
         ("a regex no tiny token can start", json!({"prompt": [1], "structured_outputs": {"regex": "xyz"}, "stop_token_ids": [11]}).to_string(), 400, "allows no first token"),
+        ("a regex whose DFA explodes", json!({"prompt": [1], "structured_outputs": {"regex": "(A|B)*A(A|B){40}"}, "stop_token_ids": [11]}).to_string(), 400, "size limit"),
         ("a grammar", json!({"prompt": [1], "structured_outputs": {"grammar": "root ::= \"a\""}}).to_string(), 400, "grammar is not supported"),
         ("any JSON object", json!({"prompt": [1], "response_format": {"type": "json_object"}}).to_string(), 400, "json_object"),
         ("a schema outside the subset", json!({"prompt": [1], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/a"}}}}).to_string(), 400, "$ref"),

@@ -30,12 +30,14 @@ use regex_automata::{Anchored, MatchKind};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-/// The most memory a constraint's DFA may take (its build and its table).
-pub const DFA_SIZE_LIMIT: usize = 64 << 20;
+/// The most memory a constraint's DFA may take (its build and its table):
+/// a server compiles a client's pattern, so a hostile one must fail fast
+/// (a tool-call schema takes a few hundred states).
+pub const DFA_SIZE_LIMIT: usize = 8 << 20;
 
-/// The most live states a constraint may have (the backward search and a
-/// fast mask cache are sized by it).
-pub const MAX_STATES: usize = 1 << 18;
+/// The most states a constraint may reach (the searches for its live
+/// states and a fast mask cache are sized by it).
+pub const MAX_STATES: usize = 1 << 16;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ConstraintError {
@@ -172,11 +174,13 @@ fn live_states(dfa: &dense::DFA<Vec<u32>>, start: StateID) -> Option<HashSet<Sta
     let mut queue = VecDeque::from([start]);
     let mut into: HashMap<StateID, Vec<StateID>> = HashMap::new();
     let mut accepting = Vec::new();
+    // One byte per equivalence class: every byte of a class moves alike.
+    let bytes: Vec<u8> = dfa.byte_classes().representatives(0..=255).filter_map(|u| u.as_u8()).collect();
     while let Some(s) = queue.pop_front() {
         if dfa.is_match_state(dfa.next_eoi_state(s)) {
             accepting.push(s);
         }
-        for b in 0..=255u8 {
+        for &b in &bytes {
             let t = dfa.next_state(s, b);
             if dfa.is_dead_state(t) {
                 continue;

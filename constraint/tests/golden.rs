@@ -121,6 +121,9 @@ fn refused_inputs_are_typed_errors() {
     assert!(matches!(Constraint::regex("(Aa"), Err(ConstraintError::Regex { .. })));
     assert!(matches!(Constraint::regex(r"[^\s\S]"), Err(ConstraintError::MatchesNothing { .. })));
     assert!(matches!(Constraint::regex(r"a\bb"), Err(ConstraintError::Regex { .. })), "a Unicode word boundary has no DFA");
+    // A hostile pattern whose DFA doubles per repetition: refused at a bound, never built whole.
+    assert!(matches!(Constraint::regex("(A|B)*A(A|B){40}"), Err(ConstraintError::Regex { reason, .. }) if reason.contains("size limit")), "past the DFA size limit");
+    assert!(matches!(Constraint::regex("(A|B)*A(A|B){14}"), Err(ConstraintError::TooManyStates { .. })), "past the state bound");
     for (s, at) in [
         (json!({"$ref": "#/x"}), "#"),
         (json!({"type": "string", "pattern": "a+"}), "#"),

@@ -215,6 +215,8 @@ pub struct Sampling {
     /// The constraint the output must match (CONSTRAIN-1), and the field it came from.
     pub constraint: Option<specdec_decoder::ConstraintSpec>,
     pub constraint_param: &'static str,
+    /// It compiled over the served model's tokens (by the endpoint, off the runtime).
+    pub compiled: Option<specdec_decoder::Constrained>,
 }
 
 impl Sampling {
@@ -321,6 +323,7 @@ pub fn validate(c: &Common, model_id: &str, vocab: usize) -> Result<Sampling, Ap
     Ok(Sampling {
         constraint,
         constraint_param,
+        compiled: None,
         logprobs: None,
         tokens_as_ids: c.return_tokens_as_token_ids,
         mode,

@@ -232,6 +232,7 @@ fn completion_prompt(s: &AppState, body: &[u8]) -> Result<(Vec<u32>, Sampling), 
     if let Some(top) = own.logprobs {
         sampling.ask_logprobs(top, "logprobs")?;
     }
+    compile_constraint(s, &mut sampling)?;
     let text = |t: &str| s.codec.encode_text(t, s.special_tokens_in_text).map_err(|e| ApiError::bad("prompt", e));
     let prompt = match own.prompt {
         Prompt::Text(t) => text(&t)?,
@@ -268,9 +269,22 @@ fn chat_prompt(s: &AppState, body: &[u8]) -> Result<(Vec<u32>, Sampling), ApiErr
     if own.messages.is_empty() {
         return Err(ApiError::bad("messages", "no messages"));
     }
+    compile_constraint(s, &mut sampling)?;
     let turns: Vec<(&str, &str)> = own.messages.iter().map(|m| (m.role.as_str(), m.content.as_str())).collect();
     let prompt = s.codec.chat_ids(&turns, s.special_tokens_in_text).map_err(|e| ApiError::bad("messages", e))?;
     Ok((prompt, sampling))
+}
+
+/// Compiles the request's constraint over the model's tokens (CONSTRAIN-2),
+/// here, off the async runtime: a hostile pattern's DFA may cost up to its
+/// size limit, and must not hold a thread that answers other clients.
+fn compile_constraint(s: &AppState, p: &mut Sampling) -> Result<(), ApiError> {
+    p.compiled = match (&p.constraint, &s.tokens) {
+        (None, _) => None,
+        (Some(_), None) => return Err(ApiError::bad(p.constraint_param, "this server's tokenizer has no byte reading, so it takes no constraints")),
+        (Some(spec), Some(tokens)) => Some(specdec_decoder::Constrained::new(spec.clone(), Arc::clone(tokens)).map_err(|e| ApiError::bad(p.constraint_param, e.to_string()))?),
+    };
+    Ok(())
 }
 
 /// A JSON endpoint's body: `Content-Type: application/json` (415), within
@@ -348,11 +362,7 @@ fn request(s: &AppState, kind: Kind, prompt: Vec<u32>, p: &Sampling) -> Result<R
     let mut eos = if p.ignore_eos { Vec::new() } else { s.eos.clone() };
     eos.extend(p.stop_token_ids.iter().filter(|t| !s.eos.contains(t) || p.ignore_eos));
     eos.dedup();
-    let constraint = match (&p.constraint, &s.tokens) {
-        (None, _) => None,
-        (Some(_), None) => return Err(ApiError::bad(p.constraint_param, "this server's tokenizer has no byte reading, so it takes no constraints")),
-        (Some(spec), Some(tokens)) => Some(specdec_decoder::Constrained::new(spec.clone(), Arc::clone(tokens)).map_err(|e| ApiError::bad(p.constraint_param, e.to_string()))?),
-    };
+    let constraint = p.compiled.clone();
     if constraint.is_some() && eos.is_empty() {
         return Err(ApiError::bad("ignore_eos", "a constrained output ends with an eos at a match: ignore_eos with no stop_token_ids leaves it none"));
     }
