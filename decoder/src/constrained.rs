@@ -90,6 +90,9 @@ impl TokenTable {
     }
 }
 
+/// Masks one compiled constraint keeps at most (SmolLM2: 48 MB), emptied when full.
+pub const MASKS_KEPT: usize = 1024;
+
 /// A request's compiled constraint over a model's [`TokenTable`].
 #[derive(Clone)]
 pub struct Constrained(Arc<Inner>);
@@ -126,6 +129,11 @@ impl Constrained {
     pub fn allowed(&self, state: State, eos: &[u32]) -> Vec<bool> {
         let text = {
             let mut cache = self.0.masks.lock().unwrap_or_else(|e| e.into_inner());
+            // Bounded: a long-lived server keeps a constraint across requests,
+            // and each mask is a vocabulary's worth of flags.
+            if cache.len() >= MASKS_KEPT && !cache.contains_key(&state) {
+                cache.clear();
+            }
             cache.entry(state).or_insert_with(|| self.0.table.walk(&self.0.constraint, state).into()).clone()
         };
         let mut allowed = text.to_vec();
@@ -141,6 +149,46 @@ impl Constrained {
     /// The state after `token` (CONSTRAIN-4), `None` where it is not allowed.
     pub fn advance(&self, state: State, token: u32, eos: &[u32]) -> Option<State> {
         specdec_constraint::advance(&self.0.constraint, state, token, self.0.table.vocabulary(), eos)
+    }
+}
+
+/// Constraints compiled over one [`TokenTable`], kept by spec so that the
+/// requests of an engine or a server that repeat a schema share its DFA and
+/// its mask cache (a mask is a walk of the whole vocabulary per state:
+/// recomputed per request, it would cost every repeat of a tool call again).
+/// At most `capacity`, the least recently used dropped first.
+pub struct ConstraintCache {
+    table: Arc<TokenTable>,
+    capacity: usize,
+    compiled: Mutex<std::collections::VecDeque<Constrained>>,
+}
+
+impl ConstraintCache {
+    pub fn new(table: Arc<TokenTable>, capacity: usize) -> Self {
+        ConstraintCache { table, capacity: capacity.max(1), compiled: Mutex::new(std::collections::VecDeque::new()) }
+    }
+
+    pub fn table(&self) -> &Arc<TokenTable> {
+        &self.table
+    }
+
+    /// `spec` compiled over the table: the kept one, or compiled now and kept.
+    pub fn get(&self, spec: &ConstraintSpec) -> Result<Constrained, ConstraintError> {
+        let lock = || self.compiled.lock().unwrap_or_else(|e| e.into_inner());
+        {
+            let mut kept = lock();
+            if let Some(at) = kept.iter().position(|c| c.spec() == spec) {
+                let c = kept.remove(at).expect("found");
+                kept.push_front(c.clone());
+                return Ok(c);
+            }
+        }
+        // Compiled outside the lock: a slow pattern holds no other request.
+        let c = Constrained::new(spec.clone(), Arc::clone(&self.table))?;
+        let mut kept = lock();
+        kept.push_front(c.clone());
+        kept.truncate(self.capacity);
+        Ok(c)
     }
 }
 

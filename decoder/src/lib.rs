@@ -88,7 +88,7 @@ mod window;
 
 pub use choice::ProposerChoice;
 pub use config::{EngineConfig, MAX_K, OnProposerError, Rollback};
-pub use constrained::{Constrained, TokenTable};
+pub use constrained::{Constrained, ConstraintCache, TokenTable};
 pub use engine::Engine;
 pub use error::DecodeError;
 pub use fault::Fault;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use specdec_backend::model::{LlamaWeights, ModelBackend};
 use specdec_backend::{BackendError, PenaltyScope};
-use specdec_decoder::{Constrained, ConstraintSpec, Detokenize, Engine, EngineConfig, FinishReason, LogprobMode, MAX_TOP_LOGPROBS, NoProposer, NoSink, Proposer, Request, TokenTable};
+use specdec_decoder::{Constrained, ConstraintCache, ConstraintSpec, Detokenize, Engine, EngineConfig, FinishReason, LogprobMode, MAX_TOP_LOGPROBS, NoProposer, NoSink, Proposer, Request, TokenTable};
 
 use crate::{ConstraintKind, DraftCounts, EngineError, EngineInfo, Finish, Generation, GenerationEngine, GenerationRequest, LogprobStatement, Processor};
 
@@ -18,10 +18,8 @@ pub struct DecoderEngine<'a, B: ModelBackend> {
     config: EngineConfig,
     detok: Option<Box<dyn Detokenize + 'a>>,
     info: EngineInfo,
-    /// The model's tokens as text, where the engine takes constraints.
-    tokens: Option<Arc<TokenTable>>,
-    /// Each constraint compiled once (with its mask cache), by spec.
-    compiled: Vec<Constrained>,
+    /// Its constraints compiled over the model's tokens, where it takes them.
+    constraints: Option<ConstraintCache>,
 }
 
 impl<'a, B: ModelBackend> DecoderEngine<'a, B> {
@@ -46,26 +44,21 @@ impl<'a, B: ModelBackend> DecoderEngine<'a, B> {
             logprobs: Some(LogprobStatement { modes: LogprobMode::ALL.to_vec(), max_top: MAX_TOP_LOGPROBS, epsilon: backend.model_precision().argmax_margin_epsilon.max(LOGPROB_ROUNDING) }),
             constraints: Vec::new(),
         };
-        Ok(DecoderEngine { backend, weights, model, proposer, config, detok, info, tokens: None, compiled: Vec::new() })
+        Ok(DecoderEngine { backend, weights, model, proposer, config, detok, info, constraints: None })
     }
 
     /// This engine taking constraints (CONSTRAIN-1 .. CONSTRAIN-5) over
     /// `tokens`, the text of the model's ids.
     pub fn with_constraints(mut self, tokens: Arc<TokenTable>) -> Self {
         self.info.constraints = ConstraintKind::ALL.to_vec();
-        self.tokens = Some(tokens);
+        self.constraints = Some(ConstraintCache::new(tokens, CONSTRAINTS_KEPT));
         self
     }
 
     /// `spec` compiled over the engine's token table, once per spec.
-    fn constrained(&mut self, index: usize, spec: &ConstraintSpec) -> Result<Constrained, EngineError> {
-        if let Some(c) = self.compiled.iter().find(|c| c.spec() == spec) {
-            return Ok(c.clone());
-        }
-        let tokens = self.tokens.clone().ok_or_else(|| EngineError::Request { index, reason: "this engine takes no constraints".into() })?;
-        let c = Constrained::new(spec.clone(), tokens).map_err(|e| EngineError::Request { index, reason: e.to_string() })?;
-        self.compiled.push(c.clone());
-        Ok(c)
+    fn constrained(&self, index: usize, spec: &ConstraintSpec) -> Result<Constrained, EngineError> {
+        let cache = self.constraints.as_ref().ok_or_else(|| EngineError::Request { index, reason: "this engine takes no constraints".into() })?;
+        cache.get(spec).map_err(|e| EngineError::Request { index, reason: e.to_string() })
     }
 
     /// Runs `requests` (all with the same speculation setting) as one batch.
@@ -121,6 +114,9 @@ fn to_request(r: &GenerationRequest) -> Request {
         ..Request::greedy(r.prompt.clone(), r.max_new_tokens)
     }
 }
+
+/// Distinct constraints kept compiled (a check asks for a handful).
+const CONSTRAINTS_KEPT: usize = 16;
 
 /// The f64 arithmetic of a logprob on the host (a log-sum-exp over the
 /// vocabulary): the least epsilon any backend states, the reference's own included.

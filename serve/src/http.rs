@@ -64,9 +64,9 @@ pub struct AppState {
     pub body_timeout: Duration,
     /// Special-token strings in user text encode as control tokens (opted into).
     pub special_tokens_in_text: bool,
-    /// The model's tokens as text, where the tokenizer has a byte reading:
-    /// constraints need it (CONSTRAIN-2).
-    pub tokens: Option<Arc<specdec_decoder::TokenTable>>,
+    /// Constraints compiled over the model's tokens, kept by spec, where
+    /// the tokenizer has a byte reading (CONSTRAIN-2 needs it).
+    pub constraints: Option<specdec_decoder::ConstraintCache>,
 }
 
 impl AppState {
@@ -279,10 +279,10 @@ fn chat_prompt(s: &AppState, body: &[u8]) -> Result<(Vec<u32>, Sampling), ApiErr
 /// here, off the async runtime: a hostile pattern's DFA may cost up to its
 /// size limit, and must not hold a thread that answers other clients.
 fn compile_constraint(s: &AppState, p: &mut Sampling) -> Result<(), ApiError> {
-    p.compiled = match (&p.constraint, &s.tokens) {
+    p.compiled = match (&p.constraint, &s.constraints) {
         (None, _) => None,
         (Some(_), None) => return Err(ApiError::bad(p.constraint_param, "this server's tokenizer has no byte reading, so it takes no constraints")),
-        (Some(spec), Some(tokens)) => Some(specdec_decoder::Constrained::new(spec.clone(), Arc::clone(tokens)).map_err(|e| ApiError::bad(p.constraint_param, e.to_string()))?),
+        (Some(spec), Some(cache)) => Some(cache.get(spec).map_err(|e| ApiError::bad(p.constraint_param, e.to_string()))?),
     };
     Ok(())
 }

@@ -94,6 +94,10 @@ pub struct ServeConfig {
     pub special_tokens_in_text: bool,
 }
 
+/// Distinct constraints a server keeps compiled, with their mask caches
+/// (a tool-call schema is a few hundred states; its masks are the cost).
+const CONSTRAINTS_KEPT: usize = 32;
+
 /// Runs the server until SIGTERM or SIGINT; `listening` is called with the
 /// bound address once requests are accepted.
 pub fn serve(config: ServeConfig, listening: &mut dyn FnMut(SocketAddr)) -> Result<(), String> {
@@ -121,7 +125,7 @@ pub fn serve_until(config: ServeConfig, listening: &mut dyn FnMut(SocketAddr), s
     let (engine, ready) = start_engine(config.backend, setup, rx)?;
     let vocab = config.weights.config.vocab_size;
     // Constraints need each token's bytes; a tokenizer without a byte reading serves without them.
-    let tokens = codec.token_table(vocab).ok();
+    let constraints = codec.token_table(vocab).ok().map(|t| specdec_decoder::ConstraintCache::new(t, CONSTRAINTS_KEPT));
     let state = Arc::new(AppState {
         engine: Mutex::new(tx.clone()),
         model_id: config.model_id,
@@ -131,8 +135,8 @@ pub fn serve_until(config: ServeConfig, listening: &mut dyn FnMut(SocketAddr), s
         eos: config.weights.config.eos_ids(),
         metrics,
         api_key: config.api_key,
-        statement: statement(&ready, &config.proposer, vocab, tokens.is_some()),
-        tokens,
+        statement: statement(&ready, &config.proposer, vocab, constraints.is_some()),
+        constraints,
         next_id: AtomicU64::new(0),
         seeds: http::seed_source(),
         allowed_host: config.host.clone(),
