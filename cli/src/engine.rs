@@ -11,10 +11,10 @@ use specdec_backend::model::LlamaWeights;
 use specdec_conformance::check::SuiteConfig;
 use specdec_conformance::e2e_section::K;
 use specdec_conformance::e2e_section::{build_proposer, engine_config, tiny_text};
-use specdec_conformance::engine_section::{self, ENGINE_MODEL, LargeModel};
+use specdec_conformance::engine_section::{self, ENGINE_MODEL, LargeModel, OwnModel};
 use specdec_conformance::report::Report;
 use specdec_decoder::EngineConfig;
-use specdec_decoder::ProposerChoice;
+use specdec_decoder::{Detokenize, ProposerChoice};
 use specdec_engines::{DecoderEngine, ExecEngine, GenerationEngine, HttpEngine, serve_exec};
 use specdec_models::tiny::TinySpec;
 use specdec_registry::{Job, with_backend};
@@ -74,6 +74,12 @@ pub struct CheckOptions {
     pub model: Option<PathBuf>,
     /// An HTTP engine's statement, where its server publishes none.
     pub statement: Option<PathBuf>,
+    /// The served model's tokenizer: the checks whose oracle is the
+    /// engine's own plain decoding (ENGINE-10) instead of the reference's.
+    pub tokenizer: Option<String>,
+    /// Their prompts (`.jsonl` or the prompt-file envelope); the shipped
+    /// SmolLM2 prompts where absent.
+    pub prompts: Option<PathBuf>,
 }
 
 impl CheckOptions {
@@ -97,21 +103,75 @@ impl CheckOptions {
 /// checks on `--model`); writes reports; `Ok(false)` when a check failed.
 pub fn check(engine: &str, cfg: &SuiteConfig, reports: &[PathBuf], options: &CheckOptions) -> Result<bool, String> {
     let spec: EngineSpec = engine.parse()?;
-    let report = match &options.model {
-        Some(path) => check_large(&spec, &large_model(path)?, cfg, options)?,
-        None => check_tiny(&spec, cfg, options)?,
+    if options.prompts.is_some() && options.tokenizer.is_none() {
+        return Err("--prompts goes with --tokenizer (the checks whose oracle is the engine's own plain decoding)".into());
+    }
+    let mut report = match (&options.tokenizer, &options.model) {
+        (Some(tokenizer), _) => check_own(&spec, &own_model(tokenizer, options.prompts.as_deref())?, cfg, options)?,
+        (None, Some(path)) => check_large(&spec, &large_model(path)?, cfg, options)?,
+        (None, None) => check_tiny(&spec, cfg, options)?,
     };
-    let mut report = report;
+    let quoted = |flag: &str, v: Option<String>| v.map_or(String::new(), |v| format!(" --{flag} '{v}'"));
+    let given = [
+        quoted("model", options.model.as_ref().map(|m| m.display().to_string())),
+        quoted("tokenizer", options.tokenizer.clone()),
+        quoted("prompts", options.prompts.as_ref().map(|p| p.display().to_string())),
+        quoted("statement", options.statement.as_ref().map(|p| p.display().to_string())),
+    ]
+    .concat();
     for r in &mut report.results {
-        let model = options.model.as_ref().map_or(String::new(), |m| format!(" --model '{}'", m.display()));
-        let statement = options.statement.as_ref().map_or(String::new(), |p| format!(" --statement '{}'", p.display()));
-        r.repro = format!("specdec engine-check --engine '{engine}'{model}{statement} --seed {} --filter '{}'", cfg.seed, r.name);
+        r.repro = format!("specdec engine-check --engine '{engine}'{given} --seed {} --filter '{}'", cfg.seed, r.name);
     }
     crate::print_report(&report);
     crate::write_all(reports, std::slice::from_ref(&report))?;
     let ok = !report.summary.failed;
-    println!("{}", if ok { "engine checks: PASS" } else { "engine checks: FAIL" });
+    println!("{}", verdict_line(&report));
     Ok(ok)
+}
+
+/// The report's one line: the verdict, what ran, and the first failure.
+fn verdict_line(report: &Report) -> String {
+    let failed: Vec<&str> = report.results.iter().filter(|r| r.status == specdec_conformance::suite::Status::Fail).map(|r| r.name.as_str()).collect();
+    match failed.first() {
+        None => "engine checks: PASS".into(),
+        Some(first) => format!("engine checks: FAIL ({} failed, first `{first}`)", failed.len()),
+    }
+}
+
+/// The served model as the ENGINE-10 checks know it: `tiny:PRESET` (the
+/// section's tiny model and prompts), or a tokenizer (a `.gguf`, an HF
+/// folder, a `tokenizer.json`) with the shipped SmolLM2 prompts or
+/// `prompts` (chat ones in its ChatML template).
+fn own_model(tokenizer: &str, prompts: Option<&Path>) -> Result<OwnModel, String> {
+    if let Some(preset) = tokenizer.strip_prefix("tiny:") {
+        if preset != ENGINE_MODEL || prompts.is_some() {
+            return Err(format!("`{tokenizer}`: the tiny model's checks run `tiny:{ENGINE_MODEL}` with its own prompts"));
+        }
+        return Ok(OwnModel::tiny());
+    }
+    let path = Path::new(tokenizer);
+    let tok = specdec_models::Tokenizer::open(path).map_err(|e| e.to_string())?;
+    let prompts = match prompts {
+        Some(p) => specdec_models::prompts::read_prompts::<specdec_models::prompts::Prompt>(p).map_err(|e| e.to_string())?,
+        None => specdec_conformance::model_section::shipped_prompts(),
+    };
+    let encoded = prompts
+        .iter()
+        .map(|p| {
+            let text = if p.chat { tok.chat_prompt(&p.text).map_err(|e| format!("prompt `{}`: {e}", p.id))? } else { p.text.clone() };
+            let ids = tok.encode(&text, false).map_err(|e| format!("prompt `{}`: {e}", p.id))?;
+            if ids.is_empty() {
+                return Err(format!("prompt `{}` encodes to no token", p.id));
+            }
+            Ok((p.id.clone(), ids))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let stem = path.file_stem().or_else(|| path.parent().and_then(|d| d.file_name())).map_or("model".into(), |n| n.to_string_lossy().into_owned());
+    let stem = if stem == "tokenizer" { path.parent().and_then(|d| d.file_name()).map_or("model".into(), |n| n.to_string_lossy().into_owned()) } else { stem };
+    let name = stem.split('.').next().unwrap_or("model").to_lowercase().replace('/', "-");
+    let eos = tok.end_ids();
+    let text = Arc::new(move |ids: &[u32]| tok.decode(ids, false).unwrap_or_else(|e| format!("<{e}>")));
+    Ok(OwnModel { name, prompts: encoded, eos, text })
 }
 
 /// The model checks' model: its weights, the shipped SmolLM2 prompts (chat
@@ -156,6 +216,54 @@ fn check_large(spec: &EngineSpec, model: &LargeModel, cfg: &SuiteConfig, options
                 }
             }
             with_backend(backend, &mut Large { proposer, model, run })??
+        }
+    })
+}
+
+/// ENGINE-10 on `model`: an exec or HTTP engine as it is; specdec's
+/// decoder on the tiny model (`tiny:`) or on `--model`'s weights.
+fn check_own(spec: &EngineSpec, model: &OwnModel, cfg: &SuiteConfig, options: &CheckOptions) -> Result<Report, String> {
+    let run = |e: &mut dyn GenerationEngine, label: &str| {
+        let info = e.info().clone();
+        let results = engine_section::run_own(e, label, model, cfg, &mut |_| {});
+        Report::for_engine(&info.name, &info.version, info.greedy_epsilon, cfg.seed, results)
+    };
+    Ok(match spec {
+        EngineSpec::Exec(_) | EngineSpec::Http(_) => run(options.connect(spec)?.as_mut(), spec.label()),
+        EngineSpec::Decoder { backend, proposer } => {
+            // The tiny model with the section's proposers, or --model's weights with
+            // its own tokenizer's text and the proposers `generate` takes.
+            let (w, text): (Arc<LlamaWeights>, Option<Box<dyn Detokenize>>) = match &options.model {
+                Some(path) => {
+                    let loaded = specdec_models::load(path).map_err(|e| e.to_string())?;
+                    let text: Option<Box<dyn Detokenize>> = loaded.tokenizer.map(|t| Box::new(move |ids: &[u32]| t.decode(ids, false).unwrap_or_default()) as Box<dyn Detokenize>);
+                    (Arc::new(loaded.weights), text)
+                }
+                None if model.name == ENGINE_MODEL => (tiny()?, None),
+                None => return Err("a decoder: engine with a tokenizer other than `tiny:` runs --model's weights: give --model".into()),
+            };
+            let tiny = options.model.is_none();
+            struct Own<'a, F> {
+                proposer: &'a str,
+                w: Arc<LlamaWeights>,
+                text: Option<Box<dyn Detokenize>>,
+                tiny: bool,
+                run: F,
+            }
+            impl<F: FnMut(&mut dyn GenerationEngine, &str) -> Report> Job for Own<'_, F> {
+                type Out = Result<Report, String>;
+                fn run<B: ModelBackend>(&mut self, _: &str, backend: &B) -> Self::Out {
+                    if self.tiny {
+                        let mut e = decoder_engine(backend, self.proposer, &self.w, engine_config())?;
+                        return Ok((self.run)(&mut e, self.proposer));
+                    }
+                    let choice: ProposerChoice = self.proposer.parse()?;
+                    let p = choice.build(backend, &self.w, K).map_err(|e| e.to_string())?;
+                    let mut e = DecoderEngine::new(backend, Arc::clone(&self.w), p, EngineConfig { k: K, ..engine_config() }, self.text.take()).map_err(|e| e.to_string())?;
+                    Ok((self.run)(&mut e, self.proposer))
+                }
+            }
+            with_backend(backend, &mut Own { proposer, w, text, tiny, run })??
         }
     })
 }

@@ -220,6 +220,21 @@ enum Command {
         /// optionally eos_ids).
         #[arg(long)]
         statement: Option<PathBuf>,
+        /// The served model's tokenizer (a `.gguf`, an HF folder, a
+        /// `tokenizer.json`; `tiny:tiny-v12-l2` for the tiny model): the
+        /// checks whose oracle is the engine's own plain decoding (ENGINE-10),
+        /// for any model, with nothing from the reference.
+        #[arg(long)]
+        tokenizer: Option<String>,
+        /// With `--tokenizer`: the prompts (`.jsonl`, one `{"id", "chat",
+        /// "text"}` per line, or the prompt-file envelope); the shipped
+        /// SmolLM2 prompts where absent.
+        #[arg(long)]
+        prompts: Option<PathBuf>,
+        /// Run shard I of N (I counted from 0); `specdec report merge`
+        /// joins the shards' JSON reports.
+        #[arg(long)]
+        shard: Option<Shard>,
     },
     /// Serves specdec's own decoder on the engine checks' tiny model as an
     /// exec engine (PROTO-9) on stdin/stdout.
@@ -347,10 +362,11 @@ fn main() -> ExitCode {
         }),
         Command::Check { cases, backend, filter, case_id, report } => check(&cases, &backend, filter, case_id.as_deref(), &report),
         Command::Bless { check, fixtures } => bless::run(&fixtures, check),
-        Command::EngineCheck { engine, filter, exclude, seed, report, timeout, model, statement } => {
-            let options = engine::CheckOptions { timeout: std::time::Duration::from_secs(timeout), model, statement };
+        Command::EngineCheck { engine, filter, exclude, seed, report, timeout, model, statement, tokenizer, prompts, shard } => {
+            let options = engine::CheckOptions { timeout: std::time::Duration::from_secs(timeout), model, statement, tokenizer, prompts };
             suite_config(filter, None, seed, specdec_conformance::diff::DEFAULT_CASES_PER_OP, true).and_then(|mut cfg| {
                 cfg.selection.exclude.extend(exclude);
+                cfg.shard = shard;
                 engine::check(&engine, &cfg, &report, &options)
             })
         }

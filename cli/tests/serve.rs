@@ -389,6 +389,38 @@ fn the_server_passes_every_engine_check_over_http() {
     server.idle();
 }
 
+/// ENGINE-10 over HTTP: the server checked with its own plain decoding as
+/// the oracle, knowing the model by its text alone (`--tokenizer tiny:..`),
+/// the concurrency sweep up to 64 requests in flight among them, with the
+/// report in every format; and the flags a user gets wrong, typed errors.
+#[test]
+fn the_server_passes_the_checks_whose_oracle_is_its_own_plain_decoding() {
+    let server = Server::start(&["--proposer", "ngram", "--k", "3", "--max-batch", "16"]);
+    let url = format!("http://{}", server.addr);
+    let dir = std::env::temp_dir().join(format!("specdec-own-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (md, xml) = (dir.join("own.md"), dir.join("own.xml"));
+    let args = ["engine-check", "--engine", &url, "--tokenizer", "tiny:tiny-v12-l2", "--report", md.to_str().unwrap(), "--report", xml.to_str().unwrap()];
+    let out = Command::new(env!("CARGO_BIN_EXE_specdec")).args(args).output().expect("engine-check runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("10 pass, 0 fail, 0 xfail, 0 xpass, 0 not supported, 0 skipped") && stdout.contains("engine checks: PASS"), "ENGINE-10: {stdout}");
+    let md = std::fs::read_to_string(&md).unwrap();
+    assert!(md.contains("engine/http/tiny-v12-l2/own/concurrency/64") && md.contains("speculation accepted"), "the report carries the acceptance counts: {md}");
+    assert!(std::fs::read_to_string(&xml).unwrap().contains("<system-out>speculation accepted"));
+    for (bad, want) in [
+        (vec!["--tokenizer", "no/such/tokenizer.json"], "no/such"),
+        (vec!["--tokenizer", "tiny:tiny-v16-l1"], "tiny:tiny-v12-l2"),
+        (vec!["--prompts", "fixtures/prompts/own_oracle.jsonl"], "--prompts goes with --tokenizer"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_specdec")).args([&["engine-check", "--engine", &url][..], &bad].concat()).output().expect("engine-check runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {err}");
+        assert!(err.contains(want), "{bad:?}: {err}");
+    }
+    server.idle();
+}
+
 /// The negative control of the HTTP path: a server of another model (the
 /// checks' expectations come from the reference on tiny-v12-l2) fails,
 /// naming the statement it broke.
@@ -621,6 +653,26 @@ mod hostile_clients {
         let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         assert!(out.status.success(), "CONSTRAIN-3: the OpenAI client failed:\n{stdout}\n{stderr}");
         assert!(stdout.contains("structured outputs: ok"), "{stdout}");
+        eprintln!("{stdout}");
+    }
+
+    /// ENGINE-10 on SmolLM2 as a vendor runs it: `specdec serve` with n-gram
+    /// speculation, checked through the GGUF's tokenizer and a prompt file
+    /// of its own (`fixtures/prompts/own_oracle.jsonl`), nothing from the
+    /// reference; the sweep to 16 in flight (64, seeded repeatability and
+    /// the two-sample law run on the tiny model above, where they cost
+    /// seconds, not minutes).
+    #[test]
+    fn a_smollm2_server_is_checked_with_its_own_plain_decoding_as_oracle() {
+        let Some(gguf) = smollm2() else { return };
+        let server = Server::start_model(&gguf, &["--proposer", "ngram", "--max-context", "512", "--max-batch", "16"]);
+        let prompts = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/prompts/own_oracle.jsonl");
+        let url = format!("http://{}", server.addr);
+        let args = ["engine-check", "--engine", &url, "--tokenizer", &gguf, "--prompts", prompts, "--exclude", "*/concurrency/64", "--exclude", "*/seeded", "--exclude", "*/on-vs-off"];
+        let out = Command::new(env!("CARGO_BIN_EXE_specdec")).args(args).output().expect("engine-check runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "ENGINE-10 on SmolLM2: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains("7 pass, 0 fail"), "{stdout}");
         eprintln!("{stdout}");
     }
 

@@ -195,6 +195,15 @@ impl Report {
             }
             out.push('\n');
         }
+        // What a passing check says beside its verdict (an engine's acceptance counts).
+        let noted: Vec<&CheckResult> = self.results.iter().filter(|r| r.status == Status::Pass && !r.message.is_empty()).collect();
+        if !noted.is_empty() {
+            let _ = writeln!(out, "## Notes on passing checks\n");
+            for r in noted {
+                let _ = writeln!(out, "- `{}`: {}", r.name, r.message);
+            }
+            out.push('\n');
+        }
         let excused: Vec<&CheckResult> = self.results.iter().filter(|r| r.excused > 0).collect();
         if !excused.is_empty() {
             let _ = writeln!(out, "## Excused near-boundary rows\n");
@@ -228,6 +237,9 @@ impl Report {
             };
             let mut case = TestCase::new(r.name.clone(), status);
             case.set_classname(r.op.clone()).set_time(Duration::from_secs_f64(r.millis / 1e3));
+            if r.status == Status::Pass && !r.message.is_empty() {
+                case.set_system_out(r.message.clone());
+            }
             suite.add_test_case(case);
         }
         report.add_test_suites(suites.into_values());

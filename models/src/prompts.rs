@@ -79,9 +79,31 @@ struct PromptFile<P> {
 /// Parses the prompt file `file` (its name, for errors) from `json`.
 pub fn parse_prompts<P: PromptEntry>(file: &str, json: &str) -> Result<Vec<P>> {
     let f: PromptFile<P> = serde_json::from_str(json).map_err(|e| ModelError::invalid(file, "prompts", e.to_string()))?;
+    let located = f.prompts.into_iter().map(|p| (format!("prompts[id {}]", p.id()), p)).collect();
+    validated(file, located)
+}
+
+/// Parses a JSON Lines prompt file (one prompt object per line, blank lines
+/// skipped), with the same checks as [`parse_prompts`]; a defect names its line.
+pub fn parse_prompt_lines<P: PromptEntry>(file: &str, text: &str) -> Result<Vec<P>> {
+    let mut located = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let at = format!("line {}", i + 1);
+        let p: P = serde_json::from_str(line).map_err(|e| ModelError::invalid(file, &at, e.to_string()))?;
+        located.push((at, p));
+    }
+    if located.is_empty() {
+        return Err(ModelError::invalid(file, "prompts", "the file holds no prompt"));
+    }
+    validated(file, located)
+}
+
+/// The prompts, each with where it stands in the file, once every id is
+/// unique, every text non-empty and every kind-specific field sound.
+fn validated<P: PromptEntry>(file: &str, located: Vec<(String, P)>) -> Result<Vec<P>> {
     let mut seen = std::collections::HashSet::new();
-    for p in &f.prompts {
-        let bad = |field: &str, reason: String| Err(ModelError::invalid(file, &format!("prompts[id {}].{field}", p.id()), reason));
+    for (at, p) in &located {
+        let bad = |field: &str, reason: String| Err(ModelError::invalid(file, &format!("{at}.{field}"), reason));
         if !seen.insert(p.id()) {
             return bad("id", "is used twice".into());
         }
@@ -92,12 +114,41 @@ pub fn parse_prompts<P: PromptEntry>(file: &str, json: &str) -> Result<Vec<P>> {
             return bad("text", "is empty".into());
         }
     }
-    Ok(f.prompts)
+    Ok(located.into_iter().map(|(_, p)| p).collect())
 }
 
-/// Reads the prompt file at `path`.
+/// Reads the prompt file at `path`: JSON Lines where it ends `.jsonl`, else
+/// the `{"about", "prompts"}` envelope.
 pub fn read_prompts<P: PromptEntry>(path: impl AsRef<Path>) -> Result<Vec<P>> {
     let path = path.as_ref();
     let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
+    if path.extension().is_some_and(|e| e == "jsonl") {
+        return parse_prompt_lines(&path.display().to_string(), &text);
+    }
     parse_prompts(&path.display().to_string(), &text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A vendor's `--prompts FILE.jsonl`: one prompt per line; each defect a
+    /// typed error naming its line, never a panic.
+    #[test]
+    fn prompt_lines_are_read_as_untrusted() {
+        let ok = "{\"id\": \"a\", \"chat\": true, \"text\": \"hi\"}\n\n{\"id\": \"b\", \"chat\": false, \"text\": \"yo\"}\n";
+        let p: Vec<Prompt> = parse_prompt_lines("p.jsonl", ok).unwrap();
+        assert_eq!(p.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        for (text, want) in [
+            ("", "holds no prompt"),
+            ("{\"id\": \"a\", \"chat\": true, \"text\": \"hi\"}\n{\"id\": \"a\", \"chat\": true, \"text\": \"ho\"}", "line 2.id"),
+            ("{\"id\": \"a\", \"chat\": true, \"text\": \"\"}", "line 1.text"),
+            ("{\"id\": \"a\", \"chat\": true, \"text\": \"x\", \"extra\": 1}", "line 1"),
+            ("not json", "line 1"),
+            ("{\"id\": \"a\", \"text\": \"x\"}", "chat"),
+        ] {
+            let e = parse_prompt_lines::<Prompt>("p.jsonl", text).unwrap_err().to_string();
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
+    }
 }

@@ -152,6 +152,33 @@ impl Tokenizer {
         Ok(t)
     }
 
+    /// The tokenizer at `path`, whatever holds it: a `.gguf` file, an HF
+    /// folder, or a `tokenizer.json` file (its folder's other files read as
+    /// [`Tokenizer::from_dir`] reads them).
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        if path.is_dir() {
+            return Self::from_dir(path);
+        }
+        if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+            return Self::from_gguf(&GgufFile::open(path)?);
+        }
+        match (path.file_name().and_then(|n| n.to_str()), path.parent()) {
+            (Some(TOKENIZER_FILE), Some(dir)) => Self::from_dir(if dir.as_os_str().is_empty() { Path::new(".") } else { dir }),
+            _ => Err(tok_err(&path.display().to_string(), "not a tokenizer: expected a .gguf file, an HF folder or a tokenizer.json file")),
+        }
+    }
+
+    /// The ids that end a generation of this tokenizer's model: its eos,
+    /// and the end-of-turn and end-of-text tokens where it has them
+    /// (`<|im_end|>`, `<|endoftext|>`, `<|eot_id|>`, `<|end|>`), ascending.
+    pub fn end_ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.eos.into_iter().chain(["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>"].iter().filter_map(|t| self.inner.token_to_id(t))).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
     /// Loads `tokenizer.json` and, when present, HF's `tokenizer_config.json`
     /// (special tokens, `add_bos_token`, `chat_template`) from `dir` (MODEL-6).
     /// Special ids missing there fall back to `config.json`'s ids. What

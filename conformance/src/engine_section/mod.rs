@@ -48,7 +48,12 @@
 //! - `constrained/<setting>/<greedy|on|off>` (ENGINE-9, `constrained.rs`):
 //!   a regex constraint, greedy identity against the reference's
 //!   constrained greedy decoding and the exact constrained law with
-//!   speculation on and off.
+//!   speculation on and off;
+//! - `<model>/own/..` (ENGINE-10, `own_oracle.rs`): for any model a server
+//!   runs, given its tokenizer only, the engine's own plain decoding is the
+//!   oracle: greedy identity alone and under a concurrency sweep, eos, stop
+//!   and length cuts of the plain output, seeded repeatability and the
+//!   two-sample law.
 //!
 //! What an engine does not state it takes (a processor, a penalty scope, a
 //! logprob mode) is never asked of it: the check is not supported, named.
@@ -67,10 +72,12 @@
 
 mod constrained;
 mod logprobs;
+mod own_oracle;
 mod processors;
 
 pub use constrained::{CONSTRAINED_EOS, CONSTRAINT_SETTINGS, ConstraintSetting};
 pub use logprobs::{LOGPROB_TOP, MAX_LOGPROB_EPSILON, reference_logprobs};
+pub use own_oracle::{OWN_TOKENS, OwnModel, SWEEP, own_items, run_own};
 pub use processors::{Bias, PROCESSOR_SETTINGS, ProcessorSetting};
 
 use std::collections::BTreeMap;
