@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use specdec_backend::ModelBackend;
 use specdec_backend::model::LlamaWeights;
-use specdec_conformance::check::SuiteConfig;
+use specdec_conformance::check::{CheckResult, SuiteConfig};
 use specdec_conformance::e2e_section::K;
 use specdec_conformance::e2e_section::{build_proposer, engine_config, tiny_text};
 use specdec_conformance::engine_section::{self, ENGINE_MODEL, LargeModel, OwnModel};
@@ -191,110 +191,75 @@ fn large_model(path: &Path) -> Result<LargeModel, String> {
     Ok(LargeModel { name, weights: Arc::new(loaded.weights), greedy_prompts, sampled_prompt: encode(capital)? })
 }
 
-fn check_large(spec: &EngineSpec, model: &LargeModel, cfg: &SuiteConfig, options: &CheckOptions) -> Result<Report, String> {
-    let run = |e: &mut dyn GenerationEngine, label: &str| {
-        let info = e.info().clone();
-        let results = engine_section::run_large(e, label, model, cfg, &mut |_| {});
-        Report::for_engine(&info.name, &info.version, info.greedy_epsilon, cfg.seed, results)
-    };
-    Ok(match spec {
-        EngineSpec::Exec(_) | EngineSpec::Http(_) => run(options.connect(spec)?.as_mut(), spec.label()),
-        EngineSpec::Decoder { backend, proposer } => {
-            struct Large<'a, F> {
-                proposer: &'a str,
-                model: &'a LargeModel,
-                run: F,
-            }
-            impl<F: FnMut(&mut dyn GenerationEngine, &str) -> Report> Job for Large<'_, F> {
-                type Out = Result<Report, String>;
-                fn run<B: ModelBackend>(&mut self, _: &str, backend: &B) -> Self::Out {
-                    let choice: ProposerChoice = self.proposer.parse()?;
-                    let w = &self.model.weights;
-                    let p = choice.build(backend, w, K).map_err(|e| e.to_string())?;
-                    let mut e = DecoderEngine::new(backend, Arc::clone(w), p, EngineConfig { k: K, ..engine_config() }, None).map_err(|e| e.to_string())?;
-                    Ok((self.run)(&mut e, self.proposer))
-                }
-            }
-            with_backend(backend, &mut Large { proposer, model, run })??
-        }
-    })
+/// The model specdec's decoder runs where it is the engine under test.
+enum DecoderModel {
+    /// The engine section's tiny model, with the section's proposers and its text.
+    Tiny(Arc<LlamaWeights>),
+    /// A loaded model, with the proposers `generate` takes and its tokenizer's text.
+    Loaded(Arc<LlamaWeights>, Option<Box<dyn Detokenize>>),
 }
 
-/// ENGINE-10 on `model`: an exec or HTTP engine as it is; specdec's
-/// decoder on the tiny model (`tiny:`) or on `--model`'s weights.
-fn check_own(spec: &EngineSpec, model: &OwnModel, cfg: &SuiteConfig, options: &CheckOptions) -> Result<Report, String> {
-    let run = |e: &mut dyn GenerationEngine, label: &str| {
+/// A section's checks on one engine called `label`.
+type SectionRun<'a> = dyn FnMut(&mut dyn GenerationEngine, &str) -> Vec<CheckResult> + 'a;
+
+/// Runs `section` on the engine `spec` names: an exec or HTTP engine as it
+/// is; specdec's decoder on its backend with the model `model` gives (made
+/// only then, so that a remote engine never loads one).
+fn run_section(spec: &EngineSpec, options: &CheckOptions, cfg: &SuiteConfig, model: impl FnOnce() -> Result<DecoderModel, String>, section: &mut SectionRun) -> Result<Report, String> {
+    let mut report = |e: &mut dyn GenerationEngine, label: &str| {
         let info = e.info().clone();
-        let results = engine_section::run_own(e, label, model, cfg, &mut |_| {});
+        let results = section(e, label);
         Report::for_engine(&info.name, &info.version, info.greedy_epsilon, cfg.seed, results)
     };
-    Ok(match spec {
-        EngineSpec::Exec(_) | EngineSpec::Http(_) => run(options.connect(spec)?.as_mut(), spec.label()),
+    match spec {
+        EngineSpec::Exec(_) | EngineSpec::Http(_) => Ok(report(options.connect(spec)?.as_mut(), spec.label())),
         EngineSpec::Decoder { backend, proposer } => {
-            // The tiny model with the section's proposers, or --model's weights with
-            // its own tokenizer's text and the proposers `generate` takes.
-            let (w, text): (Arc<LlamaWeights>, Option<Box<dyn Detokenize>>) = match &options.model {
-                Some(path) => {
-                    let loaded = specdec_models::load(path).map_err(|e| e.to_string())?;
-                    let text: Option<Box<dyn Detokenize>> = loaded.tokenizer.map(|t| Box::new(move |ids: &[u32]| t.decode(ids, false).unwrap_or_default()) as Box<dyn Detokenize>);
-                    (Arc::new(loaded.weights), text)
-                }
-                None if model.name == ENGINE_MODEL => (tiny()?, None),
-                None => return Err("a decoder: engine with a tokenizer other than `tiny:` runs --model's weights: give --model".into()),
-            };
-            let tiny = options.model.is_none();
-            struct Own<'a, F> {
+            struct OnDecoder<'a, F> {
                 proposer: &'a str,
-                w: Arc<LlamaWeights>,
-                text: Option<Box<dyn Detokenize>>,
-                tiny: bool,
-                run: F,
+                model: DecoderModel,
+                report: F,
             }
-            impl<F: FnMut(&mut dyn GenerationEngine, &str) -> Report> Job for Own<'_, F> {
+            impl<F: FnMut(&mut dyn GenerationEngine, &str) -> Report> Job for OnDecoder<'_, F> {
                 type Out = Result<Report, String>;
                 fn run<B: ModelBackend>(&mut self, _: &str, backend: &B) -> Self::Out {
-                    if self.tiny {
-                        let mut e = decoder_engine(backend, self.proposer, &self.w, engine_config())?;
-                        return Ok((self.run)(&mut e, self.proposer));
-                    }
-                    let choice: ProposerChoice = self.proposer.parse()?;
-                    let p = choice.build(backend, &self.w, K).map_err(|e| e.to_string())?;
-                    let mut e = DecoderEngine::new(backend, Arc::clone(&self.w), p, EngineConfig { k: K, ..engine_config() }, self.text.take()).map_err(|e| e.to_string())?;
-                    Ok((self.run)(&mut e, self.proposer))
+                    let mut e = match &mut self.model {
+                        DecoderModel::Tiny(w) => decoder_engine(backend, self.proposer, w, engine_config())?,
+                        DecoderModel::Loaded(w, text) => {
+                            let p = self.proposer.parse::<ProposerChoice>()?.build(backend, w, K).map_err(|e| e.to_string())?;
+                            DecoderEngine::new(backend, Arc::clone(w), p, EngineConfig { k: K, ..engine_config() }, text.take()).map_err(|e| e.to_string())?
+                        }
+                    };
+                    Ok((self.report)(&mut e, self.proposer))
                 }
             }
-            with_backend(backend, &mut Own { proposer, w, text, tiny, run })??
+            with_backend(backend, &mut OnDecoder { proposer, model: model()?, report })?
         }
-    })
+    }
+}
+
+fn check_large(spec: &EngineSpec, model: &LargeModel, cfg: &SuiteConfig, options: &CheckOptions) -> Result<Report, String> {
+    let decoder = || Ok(DecoderModel::Loaded(Arc::clone(&model.weights), None));
+    run_section(spec, options, cfg, decoder, &mut |e, label| engine_section::run_large(e, label, model, cfg, &mut |_| {}))
+}
+
+/// ENGINE-10 on `model`: specdec's decoder runs the tiny model (`tiny:`)
+/// or `--model`'s weights.
+fn check_own(spec: &EngineSpec, model: &OwnModel, cfg: &SuiteConfig, options: &CheckOptions) -> Result<Report, String> {
+    let decoder = || match &options.model {
+        Some(path) => {
+            let loaded = specdec_models::load(path).map_err(|e| e.to_string())?;
+            let text = loaded.tokenizer.map(|t| Box::new(move |ids: &[u32]| t.decode(ids, false).unwrap_or_default()) as Box<dyn Detokenize>);
+            Ok(DecoderModel::Loaded(Arc::new(loaded.weights), text))
+        }
+        None if model.name == ENGINE_MODEL => Ok(DecoderModel::Tiny(tiny()?)),
+        None => Err("a decoder: engine with a tokenizer other than `tiny:` runs --model's weights: give --model".into()),
+    };
+    run_section(spec, options, cfg, decoder, &mut |e, label| engine_section::run_own(e, label, model, cfg, &mut |_| {}))
 }
 
 fn check_tiny(spec: &EngineSpec, cfg: &SuiteConfig, options: &CheckOptions) -> Result<Report, String> {
     let w = tiny()?;
-    Ok(match spec {
-        EngineSpec::Exec(_) | EngineSpec::Http(_) => run(options.connect(spec)?.as_mut(), spec.label(), &w, cfg),
-        EngineSpec::Decoder { backend, proposer } => with_backend(backend, &mut CheckDecoder { proposer, w: &w, cfg })??,
-    })
-}
-
-fn run(engine: &mut dyn GenerationEngine, label: &str, w: &LlamaWeights, cfg: &SuiteConfig) -> Report {
-    let info = engine.info().clone();
-    let results = engine_section::run(engine, label, w, cfg, &mut |_| {});
-    Report::for_engine(&info.name, &info.version, info.greedy_epsilon, cfg.seed, results)
-}
-
-struct CheckDecoder<'a> {
-    proposer: &'a str,
-    w: &'a Arc<LlamaWeights>,
-    cfg: &'a SuiteConfig,
-}
-
-impl Job for CheckDecoder<'_> {
-    type Out = Result<Report, String>;
-
-    fn run<B: ModelBackend>(&mut self, _: &str, backend: &B) -> Self::Out {
-        let mut engine = decoder_engine(backend, self.proposer, self.w, engine_config())?;
-        Ok(run(&mut engine, self.proposer, self.w, self.cfg))
-    }
+    run_section(spec, options, cfg, || Ok(DecoderModel::Tiny(Arc::clone(&w))), &mut |e, label| engine_section::run(e, label, &w, cfg, &mut |_| {}))
 }
 
 fn decoder_engine<'a, B: ModelBackend>(backend: &'a B, proposer: &str, w: &Arc<LlamaWeights>, config: EngineConfig) -> Result<DecoderEngine<'a, B>, String> {
