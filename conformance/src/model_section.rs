@@ -12,6 +12,12 @@
 //! - `kv-trim`: append, per-sequence trim, re-append gives the logits and
 //!   cache of a cache that never held the trimmed tokens;
 //! - `hidden`: the hidden states of requested layers, in request order;
+//! - on the Llama-family checkpoints HF transformers wrote
+//!   (`model/hf-<arch>/..`: Llama 3's rotary scaling, Mistral, Qwen2's
+//!   biases, Qwen3's head norms; MODEL-17) also `hf-logits`: the backend's
+//!   logits against HF's own, stored beside the checkpoint, within the
+//!   backend's tolerance plus [`HF_LOGIT_REL_TOLERANCE`]; a port whose
+//!   forward lacks the architecture says so (not supported);
 //! - on SmolLM2 also `tokenizer` (round trips, special tokens, pinned ids),
 //!   `export` (the HF export loads to the same weights and logits as the
 //!   GGUF) and `greedy` (8 prompts x 48 tokens of plain greedy decoding
@@ -72,17 +78,25 @@ pub struct ModelItem {
 }
 
 const COMMON: [(&str, &[&str]); 4] = [("forward", &["MODEL-8", "MODEL-10", "MODEL-11"]), ("verify-window", &["MODEL-13"]), ("kv-trim", &["MODEL-8", "KV-3"]), ("hidden", &["MODEL-9"])];
+const HF_ONLY: [(&str, &[&str]); 1] = [("hf-logits", &["MODEL-17", "MODEL-8"])];
 const SMOLLM2_ONLY: [(&str, &[&str]); 3] = [("tokenizer", &["MODEL-6"]), ("export", &["MODEL-4", "MODEL-5"]), ("greedy", &["MODEL-14"])];
 
 /// Every model check, before selection.
 pub fn model_items() -> Vec<ModelItem> {
-    let mut models: Vec<&str> = TinySpec::PRESETS.iter().map(|(n, _)| *n).collect();
-    models.push(SMOLLM2);
+    let mut models: Vec<String> = TinySpec::PRESETS.iter().map(|(n, _)| n.to_string()).collect();
+    models.extend(ARCHITECTURE_CASES.iter().map(|c| format!("{HF_PREFIX}{c}")));
+    models.push(SMOLLM2.into());
     let mut items = Vec::new();
     for m in models {
-        let extra: &[(&str, &[&str])] = if m == SMOLLM2 { &SMOLLM2_ONLY } else { &[] };
+        let extra: &[(&str, &[&str])] = if m == SMOLLM2 {
+            &SMOLLM2_ONLY
+        } else if m.starts_with(HF_PREFIX) {
+            &HF_ONLY
+        } else {
+            &[]
+        };
         for (check, rules) in COMMON.iter().chain(extra) {
-            items.push(ModelItem { name: format!("model/{m}/{check}"), model: m.to_string(), check, rules });
+            items.push(ModelItem { name: format!("model/{m}/{check}"), model: m.clone(), check, rules });
         }
     }
     items
@@ -96,6 +110,32 @@ pub(crate) type CurrentModel<M> = Option<(String, Result<(Subject, M), Verdict>)
 pub(crate) struct Subject {
     pub(crate) weights: Arc<LlamaWeights>,
     pub(crate) loaded: Option<Arc<LoadedModel>>,
+    /// HF transformers' logits on the checkpoint, for the `hf-` models.
+    pub(crate) hf: Option<HfLogits>,
+}
+
+/// The Llama-family checkpoints HF transformers wrote, with its logits
+/// (`fixtures/architectures/<case>`, `cargo xtask architectures`).
+pub const ARCHITECTURE_CASES: [&str; 4] = ["llama3", "mistral", "qwen2", "qwen3"];
+/// Their models' prefix in check names.
+pub const HF_PREFIX: &str = "hf-";
+/// How far the f64 reference lies from HF's logits at most, relative to a
+/// row's largest magnitude: HF in float64 still normalises and builds its
+/// rotary tables in float32 (measured at most 6.6e-7 on the four cases).
+pub const HF_LOGIT_REL_TOLERANCE: f64 = 1e-5;
+
+/// HF's logits of token sequences: `logits[s][t]` is the row after
+/// `tokens[s][..=t]`.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub(crate) struct HfLogits {
+    tokens: Vec<Vec<u32>>,
+    logits: Vec<Vec<Vec<f64>>>,
+}
+
+/// The folder of an architecture case (read from the source tree, where
+/// every command of the project runs).
+pub fn architecture_dir(case: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/architectures")).join(case)
 }
 
 fn smollm2(files: &ModelFiles) -> Result<Arc<LoadedModel>, String> {
@@ -107,11 +147,22 @@ fn smollm2(files: &ModelFiles) -> Result<Arc<LoadedModel>, String> {
 pub(crate) fn subject(model: &str, files: &ModelFiles) -> Result<Subject, Verdict> {
     if model == SMOLLM2 {
         let loaded = smollm2(files).map_err(Verdict::NotSupported)?;
-        return Ok(Subject { weights: Arc::new(loaded.weights.clone()), loaded: Some(loaded) });
+        return Ok(Subject { weights: Arc::new(loaded.weights.clone()), loaded: Some(loaded), hf: None });
+    }
+    if let Some(case) = model.strip_prefix(HF_PREFIX) {
+        let dir = architecture_dir(case);
+        if !dir.is_dir() {
+            return Err(Verdict::NotSupported(format!("{}: the architecture fixtures are read from the source tree", dir.display())));
+        }
+        let fail = |e: String| Verdict::Fail(format!("{}: {e}", dir.display()));
+        let loaded = specdec_models::load(&dir).map_err(|e| fail(e.to_string()))?;
+        let text = std::fs::read_to_string(dir.join("logits.json")).map_err(|e| fail(e.to_string()))?;
+        let hf: HfLogits = serde_json::from_str(&text).map_err(|e| fail(format!("logits.json: {e}")))?;
+        return Ok(Subject { weights: Arc::new(loaded.weights), loaded: None, hf: Some(hf) });
     }
     let spec = TinySpec::preset(model).ok_or_else(|| Verdict::Fail(format!("unknown model `{model}`")))?;
     let weights = spec.weights().map_err(|e| Verdict::Fail(format!("tiny generator: {e}")))?;
-    Ok(Subject { weights: Arc::new(weights), loaded: None })
+    Ok(Subject { weights: Arc::new(weights), loaded: None, hf: None })
 }
 
 /// Runs the selected model checks on `backend`; models load once each.
@@ -154,7 +205,7 @@ pub(crate) fn load_subject<B: ModelBackend>(backend: &B, model: &str, files: &Mo
 
 pub(crate) fn backend_verdict(e: &BackendError) -> Verdict {
     match e {
-        BackendError::NotSupported { .. } => Verdict::NotSupported(e.to_string()),
+        e if e.is_not_supported() => Verdict::NotSupported(e.to_string()),
         _ => Verdict::Fail(e.to_string()),
     }
 }
@@ -171,6 +222,7 @@ fn run_check<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, item: &ModelItem
         "tokenizer" => check_tokenizer(s),
         "export" => check_export(b, s, m, files),
         "greedy" => check_greedy(b, s, m),
+        "hf-logits" => check_hf_logits(b, s, m),
         other => Err(format!("unknown model check `{other}`")),
     };
     match outcome {
@@ -184,7 +236,7 @@ pub(crate) const NOT_SUPPORTED: &str = "not supported: ";
 
 pub(crate) fn err(e: BackendError) -> String {
     match e {
-        BackendError::NotSupported { .. } => format!("{NOT_SUPPORTED}{e}"),
+        e if e.is_not_supported() => format!("{NOT_SUPPORTED}{e}"),
         _ => e.to_string(),
     }
 }
@@ -293,6 +345,19 @@ fn check_forward<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model) -> Outcome {
     }
     let p = precision(b);
     compare_rows("forward logits", &observed, &expected, p.logit_rel_tolerance, p.argmax_margin_epsilon)
+}
+
+/// MODEL-17: the backend's logits of HF's token sequences (one ragged
+/// batch) against HF transformers' own, within the backend's tolerance
+/// plus [`HF_LOGIT_REL_TOLERANCE`].
+fn check_hf_logits<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model) -> Outcome {
+    let hf = s.hf.as_ref().ok_or("no HF logits for this model")?;
+    let vocab = s.weights.config.vocab_size;
+    let mut cache = b.new_model_cache(m, hf.tokens.len(), 64).map_err(err)?;
+    let observed = logits_of(b, m, &mut cache, &ForwardRequest::all_logits(&hf.tokens), vocab)?;
+    let expected: Vec<Vec<f64>> = hf.logits.iter().flatten().cloned().collect();
+    let p = precision(b);
+    compare_rows("logits against HF transformers'", &observed, &expected, p.logit_rel_tolerance + HF_LOGIT_REL_TOLERANCE, p.argmax_margin_epsilon)
 }
 
 /// MODEL-13: a `(k+1)`-token window against `k+1` one-token decodes.

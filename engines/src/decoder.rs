@@ -98,7 +98,7 @@ impl<'a, B: ModelBackend> DecoderEngine<'a, B> {
 /// engine not supported; any other backend error is a failure.
 fn backend_error(e: BackendError) -> EngineError {
     match e {
-        BackendError::NotSupported { .. } => EngineError::NotSupported(e.to_string()),
+        e if e.is_not_supported() => EngineError::NotSupported(e.to_string()),
         other => EngineError::Failed(other.to_string()),
     }
 }

@@ -1,6 +1,9 @@
 //! The Llama-family configuration, as HF's `config.json` writes it (MODEL-1).
 //!
-//! Only `LlamaForCausalLM` is accepted. Every size is validated before any
+//! Accepted: `LlamaForCausalLM`, and the architectures that are a Llama
+//! with one addition each ([`Architecture`], MODEL-17): Mistral without a
+//! sliding window, Qwen2 (biases on the q/k/v projections) and Qwen3 (an
+//! RMSNorm over each head of q and k before RoPE). Every size is validated before any
 //! tensor is read, so later shape checks can trust it and allocation sizes
 //! derived from it cannot overflow.
 
@@ -23,6 +26,68 @@ pub const LAYER_TENSORS: [(&str, &str); 9] = [
     ("mlp.up_proj.weight", "ffn_up.weight"),
     ("mlp.down_proj.weight", "ffn_down.weight"),
 ];
+
+/// The tensors of a decoder layer that only some architectures have, in
+/// [`crate::weights::AttnExtras`] field order: (HF name below
+/// `model.layers.{i}.`, GGUF name below `blk.{i}.`).
+pub const EXTRA_LAYER_TENSORS: [(&str, &str); 5] = [
+    ("self_attn.q_proj.bias", "attn_q.bias"),
+    ("self_attn.k_proj.bias", "attn_k.bias"),
+    ("self_attn.v_proj.bias", "attn_v.bias"),
+    ("self_attn.q_norm.weight", "attn_q_norm.weight"),
+    ("self_attn.k_norm.weight", "attn_k_norm.weight"),
+];
+
+/// A Llama-family architecture (MODEL-17): each is the Llama forward with
+/// what [`Architecture::qkv_bias`] and [`Architecture::qk_norm`] add.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    Llama,
+    /// Llama's forward; `sliding_window` must not bind.
+    Mistral,
+    /// Biases on the q, k and v projections.
+    Qwen2,
+    /// An RMSNorm over each head of q and of k, before RoPE.
+    Qwen3,
+}
+
+impl Architecture {
+    pub const ALL: [Architecture; 4] = [Architecture::Llama, Architecture::Mistral, Architecture::Qwen2, Architecture::Qwen3];
+
+    /// HF's `model_type`.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Architecture::Llama => "llama",
+            Architecture::Mistral => "mistral",
+            Architecture::Qwen2 => "qwen2",
+            Architecture::Qwen3 => "qwen3",
+        }
+    }
+
+    /// HF's model class, in `architectures`.
+    pub fn class(self) -> &'static str {
+        match self {
+            Architecture::Llama => "LlamaForCausalLM",
+            Architecture::Mistral => "MistralForCausalLM",
+            Architecture::Qwen2 => "Qwen2ForCausalLM",
+            Architecture::Qwen3 => "Qwen3ForCausalLM",
+        }
+    }
+
+    pub fn qkv_bias(self) -> bool {
+        self == Architecture::Qwen2
+    }
+
+    pub fn qk_norm(self) -> bool {
+        self == Architecture::Qwen3
+    }
+
+    /// Whether its forward is Llama's exactly (a port that implements only
+    /// Llama's runs it).
+    pub fn is_plain_llama(self) -> bool {
+        !self.qkv_bias() && !self.qk_norm()
+    }
+}
 
 /// Largest size any one dimension may take; keeps every product of a few
 /// dimensions far from `usize` overflow and rejects absurd headers early.
@@ -106,13 +171,37 @@ fn default_rope_theta() -> f64 {
 
 /// HF fields a plain forward may ignore: anything not in this list and not a
 /// field above is an error, so a typo (`rms_norm_epsilon`) cannot pass.
-const IGNORABLE: &[&str] =
-    &["initializer_range", "use_cache", "transformers_version", "pretraining_tp", "_name_or_path", "attention_dropout", "is_llama_config", "rope_interleaved", "torchscript", "dtype"];
+const IGNORABLE: &[&str] = &[
+    "initializer_range",
+    "use_cache",
+    "transformers_version",
+    "pretraining_tp",
+    "_name_or_path",
+    "attention_dropout",
+    "is_llama_config",
+    "rope_interleaved",
+    "torchscript",
+    "dtype",
+    // Qwen2's and Mistral's sliding-window fields, checked not to bind in `validate`.
+    "use_sliding_window",
+    "sliding_window",
+    "max_window_layers",
+    "layer_types",
+    // HF 5's form of `rope_theta` and `rope_scaling`, checked in `validate`.
+    "rope_parameters",
+];
 
 impl LlamaConfig {
     /// Parses and validates `config.json` text; `file` names it in errors.
     pub fn from_json(text: &str, file: &str) -> Result<Self> {
-        let cfg: LlamaConfig = serde_json::from_str(text).map_err(|e| ModelError::invalid(file, "config.json", e.to_string()))?;
+        let mut cfg: LlamaConfig = serde_json::from_str(text).map_err(|e| ModelError::invalid(file, "config.json", e.to_string()))?;
+        // HF 5 writes the rotary base only inside `rope_parameters`.
+        let raw: serde_json::Value = serde_json::from_str(text).map_err(|e| ModelError::invalid(file, "config.json", e.to_string()))?;
+        if raw.get("rope_theta").is_none()
+            && let Some(theta) = cfg.ignored.get("rope_parameters").and_then(|r| r.get("rope_theta"))
+        {
+            cfg.rope_theta = theta.as_f64().ok_or_else(|| ModelError::invalid(file, "rope_parameters.rope_theta", format!("{theta} is not a number")))?;
+        }
         cfg.validate(file)?;
         Ok(cfg)
     }
@@ -120,6 +209,11 @@ impl LlamaConfig {
     /// The per-head width.
     pub fn head_dim(&self) -> usize {
         self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+    }
+
+    /// Its architecture (validated configs only name supported ones).
+    pub fn architecture(&self) -> Architecture {
+        Architecture::ALL.into_iter().find(|a| a.model_type() == self.model_type).unwrap_or(Architecture::Llama)
     }
 
     /// All end-of-sequence ids.
@@ -130,12 +224,14 @@ impl LlamaConfig {
     /// Checks every size and every flag a plain Llama forward depends on.
     pub fn validate(&self, file: &str) -> Result<()> {
         let bad = |field: &str, reason: String| Err(ModelError::invalid(file, field, reason));
-        if self.model_type != "llama" {
-            return bad("model_type", format!("`{}` is not `llama`", self.model_type));
+        let Some(arch) = Architecture::ALL.into_iter().find(|a| a.model_type() == self.model_type) else {
+            let known: Vec<&str> = Architecture::ALL.iter().map(|a| a.model_type()).collect();
+            return bad("model_type", format!("`{}` is not one of {known:?}", self.model_type));
+        };
+        if !self.architectures.iter().any(|a| a == arch.class()) {
+            return bad("architectures", format!("{:?} does not name {}", self.architectures, arch.class()));
         }
-        if !self.architectures.iter().any(|a| a == "LlamaForCausalLM") {
-            return bad("architectures", format!("{:?} does not name LlamaForCausalLM", self.architectures));
-        }
+        self.validate_windows_and_rope(file)?;
         for (field, v) in [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
@@ -173,9 +269,7 @@ impl LlamaConfig {
         {
             return bad("hidden_act", format!("`{act}` is not `silu`"));
         }
-        if self.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
-            return bad("rope_scaling", "rope scaling is not supported".to_string());
-        }
+        self.rope().map_err(|reason| ModelError::invalid(file, "rope_scaling", reason))?;
         if self.attention_bias == Some(true) {
             return bad("attention_bias", "attention biases are not supported".to_string());
         }
@@ -202,6 +296,40 @@ impl LlamaConfig {
         Ok(())
     }
 
+    /// The fields HF writes beside the forward's own that would change it if
+    /// they bound: a sliding window shorter than the positions, a layer of
+    /// another attention than full, and HF 5's `rope_parameters` of another
+    /// type than `default` or another theta than `rope_theta`.
+    fn validate_windows_and_rope(&self, file: &str) -> Result<()> {
+        let bad = |field: &str, reason: String| Err(ModelError::invalid(file, field, reason));
+        let field = |name: &str| self.ignored.get(name).filter(|v| !v.is_null());
+        let sliding = match field("use_sliding_window") {
+            None => true,
+            Some(serde_json::Value::Bool(b)) => *b,
+            Some(v) => return bad("use_sliding_window", format!("{v} is not a boolean")),
+        };
+        if let Some(w) = field("sliding_window")
+            && sliding
+        {
+            match w.as_u64() {
+                Some(w) if w as usize >= self.max_position_embeddings => {}
+                _ => return bad("sliding_window", format!("{w}: a sliding window shorter than max_position_embeddings {} is not supported", self.max_position_embeddings)),
+            }
+        }
+        if let Some(types) = field("layer_types") {
+            let all_full = types.as_array().is_some_and(|t| t.iter().all(|t| t == "full_attention"));
+            if !all_full {
+                return bad("layer_types", format!("{types}: only `full_attention` layers are supported"));
+            }
+        }
+        if let Some(theta) = field("rope_parameters").and_then(|rope| rope.get("rope_theta"))
+            && theta.as_f64() != Some(self.rope_theta)
+        {
+            return bad("rope_parameters", format!("rope_theta {theta} differs from the config's rope_theta {}", self.rope_theta));
+        }
+        Ok(())
+    }
+
     /// The shape of every tensor the config implies, HF names, `[out, in]`.
     pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
         let (h, i, v, hd) = (self.hidden_size, self.intermediate_size, self.vocab_size, self.head_dim());
@@ -211,11 +339,86 @@ impl LlamaConfig {
             // In `LAYER_TENSORS` order.
             let shapes = [vec![h], vec![nh * hd, h], vec![nkv * hd, h], vec![nkv * hd, h], vec![h, nh * hd], vec![h], vec![i, h], vec![i, h], vec![h, i]];
             out.extend(LAYER_TENSORS.iter().zip(shapes).map(|((hf, _), shape)| (format!("model.layers.{l}.{hf}"), shape)));
+            out.extend(self.extra_layer_tensors().into_iter().map(|(hf, shape)| (format!("model.layers.{l}.{hf}"), shape)));
         }
         out.push(("model.norm.weight".to_string(), vec![h]));
         if !self.tie_word_embeddings {
             out.push(("lm_head.weight".to_string(), vec![v, h]));
         }
         out
+    }
+}
+
+impl LlamaConfig {
+    /// The architecture's extra tensors of each layer (HF name below the
+    /// layer, shape), in [`EXTRA_LAYER_TENSORS`] order.
+    pub fn extra_layer_tensors(&self) -> Vec<(&'static str, Vec<usize>)> {
+        let (arch, hd) = (self.architecture(), self.head_dim());
+        let (q, kv) = (self.num_attention_heads * hd, self.num_key_value_heads * hd);
+        let shapes = [(arch.qkv_bias(), q), (arch.qkv_bias(), kv), (arch.qkv_bias(), kv), (arch.qk_norm(), hd), (arch.qk_norm(), hd)];
+        EXTRA_LAYER_TENSORS.iter().zip(shapes).filter(|(_, (on, _))| *on).map(|((hf, _), (_, n))| (*hf, vec![n])).collect()
+    }
+}
+
+/// Llama 3's frequency-dependent rotary scaling (`rope_type: llama3`), as
+/// HF's `_compute_llama3_parameters` computes it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Llama3Scaling {
+    pub factor: f64,
+    pub low_freq_factor: f64,
+    pub high_freq_factor: f64,
+    pub original_max_position_embeddings: f64,
+}
+
+/// The rotary embedding a config asks for (MODEL-10, MODEL-17).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rope {
+    pub theta: f64,
+    pub llama3: Option<Llama3Scaling>,
+}
+
+impl Rope {
+    /// The inverse frequency of rotary pair `i` of `head_dim`.
+    pub fn inv_freq(&self, i: usize, head_dim: usize) -> f64 {
+        let base = self.theta.powf(-(2.0 * i as f64) / head_dim as f64);
+        let Some(s) = self.llama3 else { return base };
+        let wavelen = 2.0 * std::f64::consts::PI / base;
+        let (low_wavelen, high_wavelen) = (s.original_max_position_embeddings / s.low_freq_factor, s.original_max_position_embeddings / s.high_freq_factor);
+        if wavelen < high_wavelen {
+            base
+        } else if wavelen > low_wavelen {
+            base / s.factor
+        } else {
+            let smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+            (1.0 - smooth) * base / s.factor + smooth * base
+        }
+    }
+}
+
+impl LlamaConfig {
+    /// The rotary embedding: `rope_theta`, with Llama 3's scaling where
+    /// `rope_scaling` (HF 4) or `rope_parameters` (HF 5) asks for it; any
+    /// other type is refused, naming it.
+    pub fn rope(&self) -> std::result::Result<Rope, String> {
+        let spec = [self.rope_scaling.as_ref(), self.ignored.get("rope_parameters")].into_iter().flatten().find(|v| !v.is_null());
+        let Some(spec) = spec else { return Ok(Rope { theta: self.rope_theta, llama3: None }) };
+        let kind = spec.get("rope_type").or_else(|| spec.get("type")).and_then(serde_json::Value::as_str).unwrap_or("default");
+        match kind {
+            "default" => Ok(Rope { theta: self.rope_theta, llama3: None }),
+            "llama3" => {
+                let num = |k: &str| spec.get(k).and_then(serde_json::Value::as_f64).filter(|v| v.is_finite() && *v > 0.0).ok_or_else(|| format!("llama3 rope scaling needs a positive `{k}`"));
+                let s = Llama3Scaling {
+                    factor: num("factor")?,
+                    low_freq_factor: num("low_freq_factor")?,
+                    high_freq_factor: num("high_freq_factor")?,
+                    original_max_position_embeddings: num("original_max_position_embeddings")?,
+                };
+                if s.high_freq_factor <= s.low_freq_factor {
+                    return Err(format!("high_freq_factor {} is not above low_freq_factor {}", s.high_freq_factor, s.low_freq_factor));
+                }
+                Ok(Rope { theta: self.rope_theta, llama3: Some(s) })
+            }
+            other => Err(format!("rope type `{other}` is not supported (`default`, `llama3`)")),
+        }
     }
 }

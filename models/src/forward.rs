@@ -157,10 +157,22 @@ pub fn trim_lens(lens: &mut [usize], amounts: &[usize]) -> Result<()> {
 /// The rotary angle table of one position: `cos`, `sin` of
 /// `pos · theta^(-2i/head_dim)` for `i < head_dim/2`, in f64 (MODEL-10).
 pub fn rope_angles(pos: usize, head_dim: usize, theta: f64) -> (Vec<f64>, Vec<f64>) {
+    rope_angles_of(pos, head_dim, &crate::config::Rope { theta, llama3: None })
+}
+
+/// [`rope_angles`] of a config's rotary embedding (with Llama 3's scaling
+/// where it has it, MODEL-17); a validated config's.
+pub fn config_rope_angles(pos: usize, cfg: &LlamaConfig) -> (Vec<f64>, Vec<f64>) {
+    let rope = cfg.rope().unwrap_or(crate::config::Rope { theta: cfg.rope_theta, llama3: None });
+    rope_angles_of(pos, cfg.head_dim(), &rope)
+}
+
+/// The angles of `pos` under `rope`.
+pub fn rope_angles_of(pos: usize, head_dim: usize, rope: &crate::config::Rope) -> (Vec<f64>, Vec<f64>) {
     let half = head_dim / 2;
     (0..half)
         .map(|i| {
-            let inv_freq = theta.powf(-(2.0 * i as f64) / head_dim as f64);
+            let inv_freq = rope.inv_freq(i, head_dim);
             let a = pos as f64 * inv_freq;
             (a.cos(), a.sin())
         })

@@ -252,7 +252,7 @@ impl HfDir {
         let tied = weights.config.tie_word_embeddings;
         let harmless = |n: &str| expected.contains(n) || n.ends_with("rotary_emb.inv_freq") || (tied && n == "lm_head.weight");
         if let Some(extra) = self.tensor_names().find(|n| !harmless(n)) {
-            return Err(ModelError::invalid(&file, extra, "tensor is not part of a plain Llama"));
+            return Err(ModelError::invalid(&file, extra, "tensor is not part of the architecture's forward"));
         }
         Ok(weights)
     }

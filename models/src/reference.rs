@@ -131,7 +131,7 @@ impl RefModel {
                 x.push(self.weights.embed.row(t as usize).iter().map(|&w| f64::from(w)).collect());
             }
         }
-        let angles: Vec<(Vec<f64>, Vec<f64>)> = slots.iter().map(|&(_, pos)| forward::rope_angles(pos, hd, cfg.rope_theta)).collect();
+        let angles: Vec<(Vec<f64>, Vec<f64>)> = slots.iter().map(|&(_, pos)| forward::config_rope_angles(pos, cfg)).collect();
         let k_width = req.hidden_layers.len() * h;
         let mut hidden = vec![0.0; if k_width == 0 { 0 } else { plan.total_tokens * k_width }];
         let group = nh / nkv;
@@ -140,7 +140,23 @@ impl RefModel {
             let normed: Vec<Vec<f64>> = x.iter().map(|row| rms_norm(row, &layer.attn_norm, cfg.rms_norm_eps)).collect();
             let mut q = matmul(&layer.wq, &normed);
             let mut k = matmul(&layer.wk, &normed);
-            let vv = matmul(&layer.wv, &normed);
+            let mut vv = matmul(&layer.wv, &normed);
+            // MODEL-17: Qwen2's projection biases, then Qwen3's per-head norms, before RoPE.
+            for (rows, bias) in [(&mut q, &layer.attn.q_bias), (&mut k, &layer.attn.k_bias), (&mut vv, &layer.attn.v_bias)] {
+                if let Some(b) = bias {
+                    for row in rows.iter_mut() {
+                        row.iter_mut().zip(&b.data).for_each(|(x, &w)| *x += f64::from(w));
+                    }
+                }
+            }
+            for (rows, norm) in [(&mut q, &layer.attn.q_norm), (&mut k, &layer.attn.k_norm)] {
+                if let Some(w) = norm {
+                    for row in rows.iter_mut() {
+                        let normed: Vec<f64> = row.chunks_exact(hd).flat_map(|head| rms_norm(head, w, cfg.rms_norm_eps)).collect();
+                        *row = normed;
+                    }
+                }
+            }
             for (t, (cos, sin)) in angles.iter().enumerate() {
                 forward::rope(&mut q[t], hd, cos, sin);
                 forward::rope(&mut k[t], hd, cos, sin);

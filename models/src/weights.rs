@@ -7,7 +7,7 @@
 //! are widened or dequantized exactly on load). Shapes agree with the config:
 //! [`LlamaWeights::new`] checks every tensor.
 
-use crate::config::{LAYER_TENSORS, LlamaConfig};
+use crate::config::{EXTRA_LAYER_TENSORS, LAYER_TENSORS, LlamaConfig};
 use crate::error::{ModelError, Result};
 
 /// A dense f32 matrix or vector with its shape.
@@ -80,6 +80,36 @@ pub struct LayerWeights {
     pub w_up: Matrix,
     /// `[hidden, intermediate]`.
     pub w_down: Matrix,
+    /// What the architecture adds to the attention (none for Llama).
+    pub attn: AttnExtras,
+}
+
+/// A layer's attention tensors beyond Llama's (MODEL-17), each present
+/// exactly where the config's architecture has it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AttnExtras {
+    /// Qwen2: `[heads·head_dim]`, added to q before RoPE.
+    pub q_bias: Option<Matrix>,
+    /// Qwen2: `[kv_heads·head_dim]`.
+    pub k_bias: Option<Matrix>,
+    /// Qwen2: `[kv_heads·head_dim]`.
+    pub v_bias: Option<Matrix>,
+    /// Qwen3: `[head_dim]`, an RMSNorm over each head of q, before RoPE.
+    pub q_norm: Option<Matrix>,
+    /// Qwen3: `[head_dim]`, the same over each head of k.
+    pub k_norm: Option<Matrix>,
+}
+
+impl AttnExtras {
+    /// The tensors in [`EXTRA_LAYER_TENSORS`] order.
+    pub fn slots(&self) -> [&Option<Matrix>; 5] {
+        [&self.q_bias, &self.k_bias, &self.v_bias, &self.q_norm, &self.k_norm]
+    }
+
+    /// Each present tensor with its HF name below `p`.
+    pub fn named(&self, p: &str) -> Vec<(String, &Matrix)> {
+        EXTRA_LAYER_TENSORS.iter().zip(self.slots()).filter_map(|((hf, _), m)| m.as_ref().map(|m| (format!("{p}.{hf}"), m))).collect()
+    }
 }
 
 impl LayerWeights {
@@ -89,7 +119,20 @@ impl LayerWeights {
     pub(crate) fn from_hf(p: &str, get: &mut impl FnMut(String) -> Result<Matrix>) -> Result<Self> {
         let mut m = LAYER_TENSORS.map(|(hf, _)| format!("{p}.{hf}")).into_iter().map(&mut *get);
         let mut next = || m.next().expect("nine names");
-        Ok(LayerWeights { attn_norm: next()?, wq: next()?, wk: next()?, wv: next()?, wo: next()?, mlp_norm: next()?, w_gate: next()?, w_up: next()?, w_down: next()? })
+        Ok(LayerWeights { attn_norm: next()?, wq: next()?, wk: next()?, wv: next()?, wo: next()?, mlp_norm: next()?, w_gate: next()?, w_up: next()?, w_down: next()?, attn: AttnExtras::default() })
+    }
+
+    /// [`LayerWeights::from_hf`], with the extra tensors `config`'s
+    /// architecture has (MODEL-17).
+    pub(crate) fn from_hf_for(config: &LlamaConfig, p: &str, get: &mut impl FnMut(String) -> Result<Matrix>) -> Result<Self> {
+        let mut layer = Self::from_hf(p, get)?;
+        let wanted: Vec<&str> = config.extra_layer_tensors().into_iter().map(|(hf, _)| hf).collect();
+        let mut take = |i: usize| -> Result<Option<Matrix>> {
+            let hf = EXTRA_LAYER_TENSORS[i].0;
+            if wanted.contains(&hf) { get(format!("{p}.{hf}")).map(Some) } else { Ok(None) }
+        };
+        layer.attn = AttnExtras { q_bias: take(0)?, k_bias: take(1)?, v_bias: take(2)?, q_norm: take(3)?, k_norm: take(4)? };
+        Ok(layer)
     }
 
     /// The tensors in [`LAYER_TENSORS`] order.
@@ -134,7 +177,7 @@ impl LlamaWeights {
         let embed = get("model.embed_tokens.weight".into())?;
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for l in 0..config.num_hidden_layers {
-            layers.push(LayerWeights::from_hf(&format!("model.layers.{l}"), &mut get)?);
+            layers.push(LayerWeights::from_hf_for(&config, &format!("model.layers.{l}"), &mut get)?);
         }
         let final_norm = get("model.norm.weight".into())?;
         let lm_head = if config.tie_word_embeddings { None } else { Some(get("lm_head.weight".into())?) };
@@ -157,6 +200,7 @@ impl LlamaWeights {
             out.push((format!("{p}.mlp.gate_proj.weight"), &w.w_gate));
             out.push((format!("{p}.mlp.up_proj.weight"), &w.w_up));
             out.push((format!("{p}.mlp.down_proj.weight"), &w.w_down));
+            out.extend(w.attn.named(&p));
         }
         out.push(("model.norm.weight".to_string(), &self.final_norm));
         if let Some(head) = &self.lm_head {

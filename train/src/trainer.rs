@@ -447,6 +447,7 @@ pub fn train(target: &LlamaWeights, data: &DraftData, heldout: Option<&DraftData
                 w_gate: m(6, "w_gate")?,
                 w_up: m(7, "w_up")?,
                 w_down: m(8, "w_down")?,
+                attn: Default::default(),
             })
         })
         .collect::<Result<Vec<_>, _>>()?;

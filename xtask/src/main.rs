@@ -15,7 +15,8 @@
 //! vLLM's sampler, the table by `adapters/peers/peer_table.py` into
 //! `reports/peers/PEERS.md`), `engines` (`engines.rs`: the engine checks on
 //! specdec's decoder, `specdec serve`, HF transformers and llama.cpp, into
-//! `reports/engines/ENGINES.md`), `fuzz` (`fuzz.rs`: installs `cargo-afl`
+//! `reports/engines/ENGINES.md`), `architectures` (HF transformers writes
+//! `fixtures/architectures/`, MODEL-17's checkpoints and logits), `fuzz` (`fuzz.rs`: installs `cargo-afl`
 //! into `.cache/`, builds AFL++ and runs each target from its committed
 //! corpus), `train-dflash` (`train_dflash.rs`, the CPU recipe), `cuda`
 //! (`cuda.rs`, `torch_sys.rs`: `specdec` with candle-cuda and tch-cuda,
@@ -88,6 +89,10 @@ enum Task {
     /// Opt-in, not in CI: the suite on real peers (HF transformers, a torch port of vLLM's
     /// rejection sampler) from pinned PyPI packages; writes `reports/peers/PEERS.md`.
     Peers,
+    /// Opt-in, not in CI: rewrites `fixtures/architectures/` (MODEL-17): random-weight
+    /// checkpoints of each Llama-family architecture and HF transformers' own logits on them,
+    /// from the peers' pinned PyPI packages (`adapters/peers/hf_architectures.py`).
+    Architectures,
     /// Opt-in, not in CI: the engine checks on real engines: specdec's decoder on every CPU
     /// backend and proposer, `specdec serve` over HTTP, HF transformers' `generate` (prompt
     /// lookup, the model as its own assistant, early exit) from the peers' pinned PyPI
@@ -202,6 +207,12 @@ fn run(task: Task) -> Result<(), String> {
             let smollm2 = smollm2::ensure_smollm2(&root)?;
             print!("{}", engines::run(&root, &specdec, &python, &smollm2)?);
             Ok(())
+        }
+        Task::Architectures => {
+            let python = peers::ensure_peers_venv(&root)?;
+            let script = root.join("adapters/peers/hf_architectures.py");
+            let status = std::process::Command::new(&python).arg(&script).arg(root.join("fixtures/architectures")).status().map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+            if status.success() { Ok(()) } else { Err(format!("{} failed: {status}", script.display())) }
         }
         Task::Peers => {
             let (specdec, python) = peers_and_release_binary(&root)?;

@@ -263,12 +263,12 @@ fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
 
 /// The host rotary tables of the call's tokens, in row order, as device
 /// `[N, head_dim/2]` (one upload each, shared by every layer).
-fn rope_tables(plan: &ForwardPlan, head_dim: usize, theta: f64, dev: &Device) -> candle_core::Result<(Tensor, Tensor)> {
-    let half = head_dim / 2;
+fn rope_tables(plan: &ForwardPlan, cfg: &LlamaConfig, dev: &Device) -> candle_core::Result<(Tensor, Tensor)> {
+    let half = cfg.head_dim() / 2;
     let (mut cos, mut sin) = (Vec::with_capacity(plan.total_tokens * half), Vec::with_capacity(plan.total_tokens * half));
     for r in &plan.rows {
         for pos in r.start_pos..r.start_pos + r.count {
-            let (c, s) = forward::rope_angles(pos, head_dim, theta);
+            let (c, s) = forward::config_rope_angles(pos, cfg);
             cos.extend(c.iter().map(|&v| v as f32));
             sin.extend(s.iter().map(|&v| v as f32));
         }
@@ -327,7 +327,7 @@ impl CandleBackend {
         let d = Dims { heads: cfg.num_attention_heads, kv_heads: cfg.num_key_value_heads, head_dim: cfg.head_dim(), eps: cfg.rms_norm_eps };
         let ids: Vec<u32> = plan.rows.iter().flat_map(|r| req.tokens[r.seq].iter().copied()).collect();
         let mut x = model.embed.index_select(&Tensor::from_vec(ids, plan.total_tokens, dev)?, 0)?;
-        let (cos, sin) = rope_tables(plan, d.head_dim, cfg.rope_theta, dev)?;
+        let (cos, sin) = rope_tables(plan, cfg, dev)?;
         let masks = plan.rows.iter().map(|r| causal_mask(r, dev)).collect::<candle_core::Result<Vec<_>>>()?;
         let mut hidden: Vec<Option<Tensor>> = vec![None; req.hidden_layers.len()];
         // Every strided op uploads its shape and strides; in the layers they
@@ -475,6 +475,7 @@ impl ModelBackend for CandleBackend {
 
     fn load_model(&self, w: &LlamaWeights) -> Result<CandleModel> {
         check_weights(w)?;
+        specdec_backend::BackendError::unless_plain_llama(&specdec_backend::Backend::name(self), &w.config)?;
         let (dev, format) = (&self.device, self.weights);
         let linear = |m: &Matrix| Linear::new(m, format, dev);
         let layers = w

@@ -377,3 +377,16 @@ fn a_model_file_is_within_the_stated_precision() {
         println!("MODEL-11 {}-layer model file, {weights} weights: worst logit rel error {:.2e}", w.config.num_hidden_layers, pair.worst.logits);
     }
 }
+
+/// MODEL-17: candle's forward is Llama's; a Qwen checkpoint is refused at
+/// load as not supported, naming the architecture, never run without its
+/// biases or head norms.
+#[test]
+fn an_architecture_candle_lacks_is_refused_at_load() {
+    for case in ["qwen2", "qwen3"] {
+        let dir = std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/architectures")).join(case);
+        let w = specdec_models::load(&dir).unwrap().weights;
+        let Err(err) = CandleBackend::cpu().load_model(&w) else { panic!("{case}: loaded") };
+        assert!(err.is_not_supported() && err.to_string().contains(case), "{case}: {err}");
+    }
+}

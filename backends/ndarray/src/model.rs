@@ -61,6 +61,10 @@ struct NdLayer {
     /// The gate and up projections stacked, likewise.
     w_gate_up: Weights,
     w_down: Weights,
+    /// Qwen2's q, k and v biases, concatenated as the stacked product's columns.
+    qkv_bias: Option<Vec<f32>>,
+    /// Qwen3's per-head RMSNorm weights of q and of k.
+    qk_norm: Option<(Vec<f32>, Vec<f32>)>,
 }
 
 /// Every layer's keys and values for a batch of sequences.
@@ -321,6 +325,11 @@ impl ModelBackend for NdarrayBackend {
                     mlp_norm: l.mlp_norm.data.clone(),
                     w_gate_up: f.stacked(&[&l.w_gate, &l.w_up])?,
                     w_down: f.weights(&l.w_down)?,
+                    qkv_bias: match (&l.attn.q_bias, &l.attn.k_bias, &l.attn.v_bias) {
+                        (Some(q), Some(k), Some(v)) => Some([q, k, v].iter().flat_map(|b| b.data.iter().copied()).collect()),
+                        _ => None,
+                    },
+                    qk_norm: l.attn.q_norm.as_ref().zip(l.attn.k_norm.as_ref()).map(|(q, k)| (q.data.clone(), k.data.clone())),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -345,7 +354,7 @@ impl ModelBackend for NdarrayBackend {
         let (mut cos, mut sin) = (vec![0.0f32; n * hd / 2], vec![0.0f32; n * hd / 2]);
         for r in &plan.rows {
             for i in 0..r.count {
-                let (c, sn) = forward::rope_angles(r.start_pos + i, hd, cfg.rope_theta);
+                let (c, sn) = forward::config_rope_angles(r.start_pos + i, cfg);
                 let row = (r.token_row + i) * hd / 2;
                 cos[row..row + hd / 2].iter_mut().zip(&c).for_each(|(o, &v)| *o = v as f32);
                 sin[row..row + hd / 2].iter_mut().zip(&sn).for_each(|(o, &v)| *o = v as f32);
@@ -357,7 +366,16 @@ impl ModelBackend for NdarrayBackend {
         let scale = 1.0 / (hd as f32).sqrt();
         for (li, layer) in model.layers.iter().enumerate() {
             let normed = rms_norm(&x, h, &layer.attn_norm, cfg.rms_norm_eps);
-            let [mut q, mut k, v] = split_columns(&matmul(&normed, n, &layer.wqkv), [nh * hd, nkv * hd, nkv * hd]);
+            let mut qkv = matmul(&normed, n, &layer.wqkv);
+            // MODEL-17: Qwen2's biases, then Qwen3's per-head norms, before RoPE.
+            if let Some(bias) = &layer.qkv_bias {
+                qkv.chunks_exact_mut(bias.len()).for_each(|row| row.iter_mut().zip(bias).for_each(|(x, b)| *x += b));
+            }
+            let [mut q, mut k, v] = split_columns(&qkv, [nh * hd, nkv * hd, nkv * hd]);
+            if let Some((q_norm, k_norm)) = &layer.qk_norm {
+                q = rms_norm(&q, hd, q_norm, cfg.rms_norm_eps);
+                k = rms_norm(&k, hd, k_norm, cfg.rms_norm_eps);
+            }
             for row in 0..n {
                 let t = row * hd / 2..(row + 1) * hd / 2;
                 forward::rope(&mut q[row * nh * hd..(row + 1) * nh * hd], hd, &cos[t.clone()], &sin[t.clone()]);

@@ -225,7 +225,7 @@ impl TchBackend {
         for r in &plan.rows {
             for (i, &tok) in req.tokens[r.seq].iter().enumerate() {
                 ids.push(i64::from(tok));
-                let (c, s) = forward::rope_angles(r.start_pos + i, hd, cfg.rope_theta);
+                let (c, s) = forward::config_rope_angles(r.start_pos + i, cfg);
                 for _ in 0..2 {
                     cos.extend(c.iter().take(half).map(|&v| v as f32));
                     sin.extend(s.iter().take(half).map(|&v| v as f32));
@@ -342,6 +342,7 @@ impl ModelBackend for TchBackend {
 
     fn load_model(&self, weights: &LlamaWeights) -> Result<TchModel> {
         check_weights(weights)?;
+        specdec_backend::BackendError::unless_plain_llama(&specdec_backend::Backend::name(self), &weights.config)?;
         self.dev(tch::no_grad(|| self.upload_model(weights)))
     }
 

@@ -3,6 +3,9 @@
 //! on the same backend and against the exact law of the reference forward
 //! (DECODE-2 .. DECODE-5).
 //!
+//! Models: the tiny model, the architectures' checkpoints (`hf-<arch>`,
+//! n-gram and self-draft greedy and rollback) and SmolLM2.
+//!
 //! Proposers: n-gram, a seeded draft model, the target as its own draft
 //! (every draft accepted: bonus and eos paths), early exit, seeded DFlash
 //! drafters (parallel and iterative unmasking) on the tiny model, and the
@@ -77,7 +80,7 @@ use specdec_stats::TestReport;
 
 use crate::check::{CheckResult, Kind, SuiteConfig, catch, settle};
 use crate::compare::{Verdict, row_scale, within};
-use crate::model_section::{self, ModelFiles, SMOLLM2, Subject, err, shipped_prompts};
+use crate::model_section::{self, ARCHITECTURE_CASES, HF_PREFIX, ModelFiles, SMOLLM2, Subject, err, shipped_prompts};
 use crate::stat;
 
 mod fidelity;
@@ -177,6 +180,10 @@ const SAMPLED_BATCH: usize = 512;
 
 /// The proposers of the section, by model.
 pub fn proposers(model: &str) -> Vec<&'static str> {
+    if model.starts_with(HF_PREFIX) {
+        // The architectures' checkpoints (MODEL-17): a copying drafter and the model as its own draft.
+        return vec!["ngram", "draft:self"];
+    }
     if model == SMOLLM2 { vec!["ngram", "early-exit:8", "draft:seeded", "dflash:trained"] } else { vec!["ngram", "draft:seeded", "draft:self", "early-exit:1", "dflash:seeded", "dflash-iter:seeded"] }
 }
 
@@ -193,8 +200,15 @@ pub struct E2eItem {
 /// Every end-to-end check, before selection.
 pub fn e2e_items() -> Vec<E2eItem> {
     let mut items = Vec::new();
-    for model in [TINY, SMOLLM2] {
+    let architectures: Vec<String> = ARCHITECTURE_CASES.iter().map(|c| format!("{HF_PREFIX}{c}")).collect();
+    for model in [TINY].into_iter().chain(architectures.iter().map(String::as_str)).chain([SMOLLM2]) {
         for p in proposers(model) {
+            if model.starts_with(HF_PREFIX) {
+                for (check, rules) in [("greedy", &["DECODE-2", "GREEDY-5", "MODEL-17"][..]), ("rollback", &["DECODE-5", "KV-6"][..])] {
+                    items.push(E2eItem { name: format!("e2e/{model}/{p}/{check}"), model: model.into(), proposer: p.into(), check, rules });
+                }
+                continue;
+            }
             let mut checks: Vec<(&'static str, &'static [&'static str])> = vec![("greedy", &["DECODE-2", "GREEDY-5"]), ("rollback", &["DECODE-5", "KV-6"]), ("stop", &["DECODE-7", "DECODE-6"])];
             if fidelity::applies(p) && (model == TINY || p == "ngram") {
                 checks.push(("fidelity", fidelity::rules(p)));
@@ -423,6 +437,10 @@ fn greedy_prompts(s: &Subject) -> Result<GreedyPrompts, String> {
         return Ok(GreedyPrompts { prompts, max_tokens: SMOLLM2_TOKENS, eos: s.weights.config.eos_ids() });
     }
     let prompts = tiny_prompts();
+    if s.hf.is_some() {
+        // An architecture's checkpoint has no end token of its own: the length ends its outputs.
+        return Ok(GreedyPrompts { prompts, max_tokens: TINY_TOKENS, eos: Vec::new() });
+    }
     let eos = tiny_eos(&s.weights, &prompts)?;
     Ok(GreedyPrompts { prompts, max_tokens: TINY_TOKENS, eos: vec![eos] })
 }

@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
-use crate::config::LlamaConfig;
+use crate::config::{Architecture, LlamaConfig};
 use crate::error::{ModelError, Result};
 use crate::weights::{LlamaWeights, Matrix};
 
@@ -81,7 +81,7 @@ pub fn gguf_tensor_name(hf: &str) -> Option<String> {
     let rest = hf.strip_prefix("model.layers.")?;
     let (layer, rest) = rest.split_once('.')?;
     layer.parse::<usize>().ok()?;
-    let (_, gguf) = crate::config::LAYER_TENSORS.iter().find(|(hf, _)| *hf == rest)?;
+    let (_, gguf) = crate::config::LAYER_TENSORS.iter().chain(&crate::config::EXTRA_LAYER_TENSORS).find(|(hf, _)| *hf == rest)?;
     Some(format!("blk.{layer}.{gguf}"))
 }
 
@@ -90,10 +90,14 @@ pub fn gguf_tensor_name(hf: &str) -> Option<String> {
 pub fn llama_config(g: &GgufFile) -> Result<LlamaConfig> {
     let file = g.file();
     let arch = g.get_str("general.architecture")?;
-    if arch != "llama" {
-        return Err(ModelError::invalid(file, "general.architecture", format!("`{arch}` is not `llama`")));
-    }
-    let key = |k: &str| format!("llama.{k}");
+    // llama.cpp writes Mistral's files as `llama`; Qwen2's and Qwen3's under their own names.
+    let architecture = match arch {
+        "llama" => Architecture::Llama,
+        "qwen2" => Architecture::Qwen2,
+        "qwen3" => Architecture::Qwen3,
+        _ => return Err(ModelError::invalid(file, "general.architecture", format!("`{arch}` is not one of `llama`, `qwen2`, `qwen3`"))),
+    };
+    let key = |k: &str| format!("{arch}.{k}");
     let usize_of = |k: &str| g.get_u32(&key(k)).map(|v| v as usize);
 
     // Mixture-of-experts files reuse the `llama` architecture name; their
@@ -139,8 +143,8 @@ pub fn llama_config(g: &GgufFile) -> Result<LlamaConfig> {
         },
     };
     let config = LlamaConfig {
-        architectures: vec!["LlamaForCausalLM".to_string()],
-        model_type: "llama".to_string(),
+        architectures: vec![architecture.class().to_string()],
+        model_type: architecture.model_type().to_string(),
         vocab_size: vocab,
         hidden_size: hidden,
         intermediate_size: usize_of("feed_forward_length")?,
@@ -180,6 +184,7 @@ pub fn llama_config(g: &GgufFile) -> Result<LlamaConfig> {
 /// or an extra norm would change the forward.
 pub fn llama_weights(g: &GgufFile) -> Result<LlamaWeights> {
     let config = llama_config(g)?;
+    let permuted = config.architecture() == Architecture::Llama;
     let expected: HashMap<String, Vec<usize>> = config.tensor_shapes().into_iter().collect();
     let (heads, kv_heads) = (config.num_attention_heads, config.num_key_value_heads);
     let mut used = HashSet::new();
@@ -191,9 +196,11 @@ pub fn llama_weights(g: &GgufFile) -> Result<LlamaWeights> {
         }
         used.insert(name.clone());
         let m = g.tensor_f32(&name)?;
-        let n_head = if hf.ends_with("q_proj.weight") {
+        // Only `llama` files are permuted: llama.cpp runs Qwen's rotary in HF's
+        // rotate-half form (its NEOX type) on the weights as HF stores them.
+        let n_head = if permuted && hf.ends_with("q_proj.weight") {
             heads
-        } else if hf.ends_with("k_proj.weight") {
+        } else if permuted && hf.ends_with("k_proj.weight") {
             kv_heads
         } else {
             return Ok(Some(m));
@@ -206,7 +213,7 @@ pub fn llama_weights(g: &GgufFile) -> Result<LlamaWeights> {
         unpermute_qk(&m, n_head).map(Some)
     })?;
     if let Some(extra) = g.tensors().iter().find(|t| !used.contains(&t.name)) {
-        return Err(ModelError::invalid(g.file(), &extra.name, "tensor is not part of a plain Llama"));
+        return Err(ModelError::invalid(g.file(), &extra.name, "tensor is not part of the architecture's forward"));
     }
     Ok(weights)
 }

@@ -9,6 +9,7 @@
 use std::io::Write;
 use std::path::Path;
 
+use crate::config::Architecture;
 use crate::error::{ModelError, Result};
 use crate::weights::{LlamaWeights, Matrix};
 
@@ -109,35 +110,51 @@ pub fn write_llama_gguf(path: impl AsRef<Path>, weights: &LlamaWeights, name: &s
         return bad(format!("bos {} or eos {} outside the vocabulary of {}", vocab.bos, vocab.eos, c.vocab_size));
     }
     let u32_of = |x: usize, what: &str| u32::try_from(x).map_err(|_| ModelError::InvalidInput { arg: "config", reason: format!("{what} {x} does not fit GGUF's u32") });
-    let metadata: Vec<(&str, Value<'_>)> = vec![
-        ("general.architecture", Value::Str("llama")),
-        ("general.name", Value::Str(name)),
-        ("general.alignment", Value::U32(DEFAULT_ALIGNMENT as u32)),
-        ("llama.context_length", Value::U32(u32_of(c.max_position_embeddings, "max_position_embeddings")?)),
-        ("llama.embedding_length", Value::U32(u32_of(c.hidden_size, "hidden_size")?)),
-        ("llama.block_count", Value::U32(u32_of(c.num_hidden_layers, "num_hidden_layers")?)),
-        ("llama.feed_forward_length", Value::U32(u32_of(c.intermediate_size, "intermediate_size")?)),
-        ("llama.attention.head_count", Value::U32(u32_of(c.num_attention_heads, "num_attention_heads")?)),
-        ("llama.attention.head_count_kv", Value::U32(u32_of(c.num_key_value_heads, "num_key_value_heads")?)),
-        ("llama.attention.layer_norm_rms_epsilon", Value::F32(c.rms_norm_eps as f32)),
-        ("llama.rope.freq_base", Value::F32(c.rope_theta as f32)),
-        ("llama.rope.dimension_count", Value::U32(u32_of(c.head_dim(), "head_dim")?)),
-        ("llama.vocab_size", Value::U32(u32_of(c.vocab_size, "vocab_size")?)),
-        ("tokenizer.ggml.model", Value::Str("llama")),
-        ("tokenizer.ggml.tokens", Value::Strs(vocab.pieces)),
-        ("tokenizer.ggml.scores", Value::F32s(vec![0.0; vocab.pieces.len()])),
-        ("tokenizer.ggml.token_type", Value::I32s(vec![1; vocab.pieces.len()])),
-        ("tokenizer.ggml.bos_token_id", Value::U32(vocab.bos)),
-        ("tokenizer.ggml.eos_token_id", Value::U32(vocab.eos)),
-        ("tokenizer.ggml.add_bos_token", Value::Bool(false)),
+    // llama.cpp's names: Mistral is written as `llama`; Qwen2 and Qwen3 under their own.
+    let arch = match c.architecture() {
+        Architecture::Llama | Architecture::Mistral => "llama",
+        Architecture::Qwen2 => "qwen2",
+        Architecture::Qwen3 => "qwen3",
+    };
+    if c.rope().map_err(|reason| ModelError::InvalidInput { arg: "config", reason })?.llama3.is_some() {
+        return Err(ModelError::InvalidInput { arg: "config", reason: "Llama 3's rotary scaling has no GGUF form here (llama.cpp writes it as a `rope_freqs` tensor)".into() });
+    }
+    let key = |k: &str| format!("{arch}.{k}");
+    let mut metadata: Vec<(String, Value<'_>)> = vec![
+        ("general.architecture".into(), Value::Str(arch)),
+        ("general.name".into(), Value::Str(name)),
+        ("general.alignment".into(), Value::U32(DEFAULT_ALIGNMENT as u32)),
+        (key("context_length"), Value::U32(u32_of(c.max_position_embeddings, "max_position_embeddings")?)),
+        (key("embedding_length"), Value::U32(u32_of(c.hidden_size, "hidden_size")?)),
+        (key("block_count"), Value::U32(u32_of(c.num_hidden_layers, "num_hidden_layers")?)),
+        (key("feed_forward_length"), Value::U32(u32_of(c.intermediate_size, "intermediate_size")?)),
+        (key("attention.head_count"), Value::U32(u32_of(c.num_attention_heads, "num_attention_heads")?)),
+        (key("attention.head_count_kv"), Value::U32(u32_of(c.num_key_value_heads, "num_key_value_heads")?)),
+        (key("attention.layer_norm_rms_epsilon"), Value::F32(c.rms_norm_eps as f32)),
+        (key("rope.freq_base"), Value::F32(c.rope_theta as f32)),
+        (key("rope.dimension_count"), Value::U32(u32_of(c.head_dim(), "head_dim")?)),
+        (key("vocab_size"), Value::U32(u32_of(c.vocab_size, "vocab_size")?)),
+        ("tokenizer.ggml.model".into(), Value::Str("llama")),
+        ("tokenizer.ggml.tokens".into(), Value::Strs(vocab.pieces)),
+        ("tokenizer.ggml.scores".into(), Value::F32s(vec![0.0; vocab.pieces.len()])),
+        ("tokenizer.ggml.token_type".into(), Value::I32s(vec![1; vocab.pieces.len()])),
+        ("tokenizer.ggml.bos_token_id".into(), Value::U32(vocab.bos)),
+        ("tokenizer.ggml.eos_token_id".into(), Value::U32(vocab.eos)),
+        ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
     ];
-    // Tensors in HF order with llama.cpp's names; q and k permuted back.
+    if c.head_dim.is_some_and(|hd| hd * c.num_attention_heads != c.hidden_size) {
+        // A head width other than hidden / heads (Qwen3's), as llama.cpp writes it.
+        let hd = u32_of(c.head_dim(), "head_dim")?;
+        metadata.extend([(key("attention.key_length"), Value::U32(hd)), (key("attention.value_length"), Value::U32(hd))]);
+    }
+    // Tensors in HF order with llama.cpp's names; q and k permuted back in `llama` files.
+    let permuted = arch == "llama";
     let mut tensors = Vec::new();
     for (hf, m) in weights.named() {
         let gguf = gguf_tensor_name(&hf).ok_or_else(|| ModelError::InvalidInput { arg: "weights", reason: format!("no GGUF name for `{hf}`") })?;
-        let m = if hf.ends_with("q_proj.weight") {
+        let m = if permuted && hf.ends_with("q_proj.weight") {
             permute_qk(m, c.num_attention_heads)?
-        } else if hf.ends_with("k_proj.weight") {
+        } else if permuted && hf.ends_with("k_proj.weight") {
             permute_qk(m, c.num_key_value_heads)?
         } else {
             m.clone()

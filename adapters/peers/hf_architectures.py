@@ -1,0 +1,84 @@
+"""Random-weight checkpoints of the Llama-family architectures, with HF
+transformers' own logits on them: the oracle of MODEL-17.
+
+Run by ``cargo xtask architectures`` with the peers' environment (torch and
+transformers pinned from PyPI); by hand: ``PYTHON adapters/peers/hf_architectures.py
+fixtures/architectures``. Nothing is downloaded: each model is built from a
+config written here, its weights drawn from a fixed seed, and saved with
+``save_pretrained`` (float32 safetensors, HF's own config.json). Its logits
+on fixed token ids come from HF's modeling code unchanged, run in float64
+(``model.to(torch.float64)``; HF's RMSNorm and rotary tables still compute in
+float32 inside, which is what the stated tolerance of the Rust check
+allows for).
+
+Every parameter is redrawn after HF's initialisation, which sets biases to
+zero and norms to one: a forward that dropped a bias or a norm would then
+agree with HF and the check could not fail.
+
+Cases: ``llama3`` (Llama with Llama 3's rotary scaling), ``mistral`` (no
+sliding window), ``qwen2`` (q/k/v biases), ``qwen3`` (per-head q/k RMSNorm,
+an explicit head_dim other than hidden/heads).
+"""
+
+import json
+import os
+import sys
+
+import torch
+import transformers
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+SIZES = dict(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False)
+TOKENS = [[1, 5, 9, 2, 7, 7, 30, 41, 3, 12, 0, 47], [44, 3, 3, 8]]
+SEED = 20261128
+
+CASES = {
+    "llama3": (LlamaConfig, LlamaForCausalLM, dict(rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
+    "mistral": (MistralConfig, MistralForCausalLM, dict(sliding_window=None, head_dim=8)),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, dict()),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(head_dim=16)),
+}
+
+
+def redraw(model, gen):
+    """Every parameter from a fixed seed: matrices and biases centred on 0,
+    norm weights on 1, none of them HF's zero or one."""
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            if name.endswith("norm.weight") or "layernorm" in name:
+                p.copy_(1.0 + 0.2 * noise)
+            elif name.endswith(".bias"):
+                p.copy_(0.5 * noise)
+            else:
+                p.copy_(noise / p.shape[-1] ** 0.5 * 1.5)
+
+
+def main(out):
+    for case, (config_cls, model_cls, extra) in CASES.items():
+        config = config_cls(**SIZES, **extra)
+        model = model_cls(config).eval()
+        redraw(model, torch.Generator().manual_seed(SEED))
+        folder = os.path.join(out, case)
+        model.save_pretrained(folder, safe_serialization=True)
+        model = model.to(torch.float64)
+        logits = []
+        with torch.no_grad():
+            for ids in TOKENS:
+                out_logits = model(torch.tensor([ids])).logits[0]
+                logits.append(out_logits.tolist())
+        record = {
+            "about": f"HF transformers' logits of {model_cls.__name__} on the checkpoint beside this file (adapters/peers/hf_architectures.py)",
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+            "tokens": TOKENS,
+            "logits": logits,
+        }
+        with open(os.path.join(folder, "logits.json"), "w") as f:
+            json.dump(record, f)
+        os.remove(os.path.join(folder, "generation_config.json")) if os.path.exists(os.path.join(folder, "generation_config.json")) else None
+        print(f"{case}: {model_cls.__name__}, {sum(p.numel() for p in model.parameters())} parameters")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "fixtures/architectures")

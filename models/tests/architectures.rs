@@ -1,0 +1,151 @@
+//! MODEL-17: each Llama-family architecture's reference forward against HF
+//! transformers' own modeling code, on random-weight checkpoints HF wrote
+//! (`fixtures/architectures/<case>`, made by `cargo xtask architectures`
+//! with `adapters/peers/hf_architectures.py`; nothing downloaded), read
+//! through the HF-layout loader; and negative controls: each architecture's
+//! addition left out fails by far more than the tolerance.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use specdec_models::forward::{ForwardRequest, LogitRows};
+use specdec_models::{LlamaWeights, RefModel};
+
+/// How far the f64 reference may lie from HF's logits, relative to each
+/// row's largest magnitude: HF run in float64 still normalises (RMSNorm) and
+/// builds its rotary tables in float32 inside.
+const HF_LOGIT_REL_TOLERANCE: f64 = 1e-5;
+
+#[derive(Deserialize)]
+struct HfLogits {
+    tokens: Vec<Vec<u32>>,
+    logits: Vec<Vec<Vec<f64>>>,
+}
+
+fn case_dir(case: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/architectures")).join(case)
+}
+
+fn load(case: &str) -> (LlamaWeights, HfLogits) {
+    let dir = case_dir(case);
+    let loaded = specdec_models::load(&dir).unwrap_or_else(|e| panic!("{case}: {e}"));
+    let hf: HfLogits = serde_json::from_str(&std::fs::read_to_string(dir.join("logits.json")).unwrap()).unwrap();
+    (loaded.weights, hf)
+}
+
+/// The largest relative distance of the reference's logits from HF's, each
+/// sequence prefilled alone with every row's logits.
+fn distance(w: &LlamaWeights, hf: &HfLogits) -> f64 {
+    let model = RefModel::new(w.clone());
+    let mut worst = 0.0f64;
+    for (tokens, want) in hf.tokens.iter().zip(&hf.logits) {
+        let mut cache = model.new_cache(1, 64).unwrap();
+        let out = model.forward(&mut cache, &ForwardRequest { tokens: std::slice::from_ref(tokens), logits: LogitRows::All, hidden_layers: &[] }).unwrap();
+        for (got, want) in out.logits.chunks(w.config.vocab_size).zip(want) {
+            let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            let d = got.iter().zip(want).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+            worst = worst.max(d / scale);
+        }
+    }
+    worst
+}
+
+/// One case: its architecture as loaded, the distance within the tolerance,
+/// and, with `break_it` applied to the weights, a distance far beyond it.
+fn check(case: &str, model_type: &str, break_it: impl Fn(&mut LlamaWeights)) {
+    let (w, hf) = load(case);
+    assert_eq!(w.config.model_type, model_type, "{case}");
+    let d = distance(&w, &hf);
+    assert!(d <= HF_LOGIT_REL_TOLERANCE, "MODEL-17: {case}: the reference is {d:e} from HF transformers' logits");
+    let mut broken = w.clone();
+    break_it(&mut broken);
+    let d = distance(&broken, &hf);
+    assert!(d > 100.0 * HF_LOGIT_REL_TOLERANCE, "MODEL-17 negative control: {case} without its addition is only {d:e} from HF");
+}
+
+#[test]
+fn qwen2_adds_its_qkv_biases() {
+    check("qwen2", "qwen2", |w| w.layers.iter_mut().for_each(|l| l.attn.q_bias.as_mut().unwrap().data.fill(0.0)));
+}
+
+#[test]
+fn qwen3_norms_each_head_of_q_and_k() {
+    check("qwen3", "qwen3", |w| w.layers.iter_mut().for_each(|l| l.attn.k_norm.as_mut().unwrap().data.fill(1.0)));
+}
+
+#[test]
+fn llama3_scales_its_rotary_frequencies() {
+    check("llama3", "llama", |w| {
+        w.config.ignored.remove("rope_parameters");
+    });
+}
+
+#[test]
+fn mistral_without_a_sliding_window_is_llama() {
+    // The negative control: the q/k rows in GGUF's interleaved order, as a
+    // loader that forgot MODEL-4's permutation would hold them.
+    check("mistral", "mistral", |w| {
+        for l in &mut w.layers {
+            l.wq = specdec_models::gguf::permute_qk(&l.wq, w.config.num_attention_heads).unwrap();
+        }
+    });
+}
+
+/// MODEL-3 and MODEL-17 for GGUF: Qwen2's and Qwen3's checkpoints written as
+/// llama.cpp names them (`qwen2` / `qwen3`, biases and head norms under
+/// `attn_*`, q and k not permuted, Qwen3's head width as `key_length`) load
+/// back to the same weights and architecture; a `llama` file still has its
+/// q/k permutation undone; Llama 3's scaling, which llama.cpp stores as a
+/// `rope_freqs` tensor, is refused rather than written without it.
+#[test]
+fn gguf_files_of_each_architecture_load_back() {
+    let dir = std::env::temp_dir().join(format!("specdec-arch-gguf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for case in ["qwen2", "qwen3", "mistral"] {
+        let (w, _) = load(case);
+        let pieces: Vec<String> = (0..w.config.vocab_size).map(|i| format!("t{i}")).collect();
+        let path = dir.join(format!("{case}.gguf"));
+        specdec_models::gguf::write_llama_gguf(&path, &w, case, &specdec_models::gguf::GgufVocab { pieces: &pieces, bos: 1, eos: 2 }).unwrap();
+        let back = specdec_models::gguf::load_llama_gguf(&path).unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert_eq!(back.named(), w.named(), "{case}: every tensor back as written");
+        let want = if case == "mistral" { "llama" } else { case };
+        assert_eq!((back.config.model_type.as_str(), back.config.head_dim()), (want, w.config.head_dim()), "{case}");
+    }
+    let (w, _) = load("llama3");
+    let err = specdec_models::gguf::write_llama_gguf(dir.join("llama3.gguf"), &w, "llama3", &specdec_models::gguf::GgufVocab { pieces: &vec![String::new(); 48], bos: 1, eos: 2 }).unwrap_err();
+    assert!(err.to_string().contains("rope_freqs"), "{err}");
+}
+
+/// MODEL-17's refusals: each config below differs from a shipped case's by
+/// one field that would change the forward; each is a typed error naming it.
+#[test]
+fn configs_that_would_change_the_forward_are_refused() {
+    let edit = |case: &str, f: &dyn Fn(&mut serde_json::Value)| {
+        let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(case_dir(case).join("config.json")).unwrap()).unwrap();
+        f(&mut v);
+        specdec_models::LlamaConfig::from_json(&v.to_string(), "config.json").map(|_| ()).map_err(|e| e.to_string())
+    };
+    type Edit = fn(&mut serde_json::Value);
+    let cases: [(&str, Edit, &str); 7] = [
+        ("mistral", |v| v["sliding_window"] = 16.into(), "sliding_window"),
+        (
+            "qwen2",
+            |v| {
+                v["use_sliding_window"] = true.into();
+                v["sliding_window"] = 8.into();
+            },
+            "sliding_window",
+        ),
+        ("qwen3", |v| v["layer_types"][1] = "sliding_attention".into(), "layer_types"),
+        ("llama3", |v| v["rope_parameters"]["rope_type"] = "yarn".into(), "yarn"),
+        ("llama3", |v| v["rope_parameters"]["high_freq_factor"] = 0.5.into(), "high_freq_factor"),
+        ("qwen2", |v| v["architectures"] = serde_json::json!(["LlamaForCausalLM"]), "Qwen2ForCausalLM"),
+        ("qwen2", |v| v["model_type"] = "gemma".into(), "gemma"),
+    ];
+    for (case, f, want) in cases {
+        let err = edit(case, &f).expect_err(want);
+        assert!(err.contains(want), "MODEL-17: {case}: {err}");
+    }
+    // HF 5 writes the rotary base only in `rope_parameters`: it is read from there.
+    edit("qwen2", &|v| v["rope_parameters"]["rope_theta"] = 5e5.into()).unwrap();
+}
