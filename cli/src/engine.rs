@@ -166,9 +166,17 @@ fn own_model(tokenizer: &str, prompts: Option<&Path>) -> Result<OwnModel, String
             Ok((p.id.clone(), ids))
         })
         .collect::<Result<Vec<_>, String>>()?;
-    let stem = path.file_stem().or_else(|| path.parent().and_then(|d| d.file_name())).map_or("model".into(), |n| n.to_string_lossy().into_owned());
-    let stem = if stem == "tokenizer" { path.parent().and_then(|d| d.file_name()).map_or("model".into(), |n| n.to_string_lossy().into_owned()) } else { stem };
-    let name = stem.split('.').next().unwrap_or("model").to_lowercase().replace('/', "-");
+    // The model's name in check names: an HF folder's name whole (`Qwen3-0.6B`), a
+    // `tokenizer.json`'s folder's, a GGUF file's up to its first dot.
+    let folder = |p: &Path| p.canonicalize().ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+    let name = if path.is_dir() {
+        folder(path)
+    } else if path.file_name().is_some_and(|n| n == specdec_models::tokenizer::TOKENIZER_FILE) {
+        path.parent().map(|d| if d.as_os_str().is_empty() { Path::new(".") } else { d }).and_then(folder)
+    } else {
+        path.file_name().and_then(|n| n.to_string_lossy().split('.').next().map(str::to_string))
+    };
+    let name = name.unwrap_or_else(|| "model".into()).to_lowercase().replace('/', "-");
     let eos = tok.end_ids();
     let text = Arc::new(move |ids: &[u32]| tok.decode(ids, false).unwrap_or_else(|e| format!("<{e}>")));
     Ok(OwnModel { name, prompts: encoded, eos, text })
