@@ -160,11 +160,11 @@ pub fn rope_angles(pos: usize, head_dim: usize, theta: f64) -> (Vec<f64>, Vec<f6
     rope_angles_of(pos, head_dim, &crate::config::Rope { theta, llama3: None })
 }
 
-/// [`rope_angles`] of a config's rotary embedding (with Llama 3's scaling
-/// where it has it, MODEL-17); a validated config's.
-pub fn config_rope_angles(pos: usize, cfg: &LlamaConfig) -> (Vec<f64>, Vec<f64>) {
-    let rope = cfg.rope().unwrap_or(crate::config::Rope { theta: cfg.rope_theta, llama3: None });
-    rope_angles_of(pos, cfg.head_dim(), &rope)
+/// A validated config's rotary embedding (with Llama 3's scaling where it
+/// has it, MODEL-17), read once per forward call: the config's JSON is not
+/// parsed again for every position.
+pub fn config_rope(cfg: &LlamaConfig) -> crate::config::Rope {
+    cfg.rope().unwrap_or(crate::config::Rope { theta: cfg.rope_theta, llama3: None })
 }
 
 /// The angles of `pos` under `rope`.

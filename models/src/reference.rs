@@ -131,7 +131,8 @@ impl RefModel {
                 x.push(self.weights.embed.row(t as usize).iter().map(|&w| f64::from(w)).collect());
             }
         }
-        let angles: Vec<(Vec<f64>, Vec<f64>)> = slots.iter().map(|&(_, pos)| forward::config_rope_angles(pos, cfg)).collect();
+        let rope = forward::config_rope(cfg);
+        let angles: Vec<(Vec<f64>, Vec<f64>)> = slots.iter().map(|&(_, pos)| forward::rope_angles_of(pos, hd, &rope)).collect();
         let k_width = req.hidden_layers.len() * h;
         let mut hidden = vec![0.0; if k_width == 0 { 0 } else { plan.total_tokens * k_width }];
         let group = nh / nkv;

@@ -266,9 +266,10 @@ fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
 fn rope_tables(plan: &ForwardPlan, cfg: &LlamaConfig, dev: &Device) -> candle_core::Result<(Tensor, Tensor)> {
     let half = cfg.head_dim() / 2;
     let (mut cos, mut sin) = (Vec::with_capacity(plan.total_tokens * half), Vec::with_capacity(plan.total_tokens * half));
+    let rotary = forward::config_rope(cfg);
     for r in &plan.rows {
         for pos in r.start_pos..r.start_pos + r.count {
-            let (c, s) = forward::config_rope_angles(pos, cfg);
+            let (c, s) = forward::rope_angles_of(pos, cfg.head_dim(), &rotary);
             cos.extend(c.iter().map(|&v| v as f32));
             sin.extend(s.iter().map(|&v| v as f32));
         }

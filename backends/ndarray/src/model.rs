@@ -352,9 +352,10 @@ impl ModelBackend for NdarrayBackend {
         let mut x: Vec<f32> = plan.rows.iter().flat_map(|r| req.tokens[r.seq].iter()).flat_map(|&t| model.embed[t as usize * h..(t as usize + 1) * h].iter().copied()).collect();
         // Per-row rotary tables at each token's own position, built in f64.
         let (mut cos, mut sin) = (vec![0.0f32; n * hd / 2], vec![0.0f32; n * hd / 2]);
+        let rotary = forward::config_rope(cfg);
         for r in &plan.rows {
             for i in 0..r.count {
-                let (c, sn) = forward::config_rope_angles(r.start_pos + i, cfg);
+                let (c, sn) = forward::rope_angles_of(r.start_pos + i, hd, &rotary);
                 let row = (r.token_row + i) * hd / 2;
                 cos[row..row + hd / 2].iter_mut().zip(&c).for_each(|(o, &v)| *o = v as f32);
                 sin[row..row + hd / 2].iter_mut().zip(&sn).for_each(|(o, &v)| *o = v as f32);

@@ -222,10 +222,11 @@ impl TchBackend {
         // is repeated so the rotation is two elementwise products.
         let mut ids = Vec::with_capacity(plan.total_tokens);
         let (mut cos, mut sin) = (Vec::with_capacity(plan.total_tokens * hd), Vec::with_capacity(plan.total_tokens * hd));
+        let rotary = forward::config_rope(cfg);
         for r in &plan.rows {
             for (i, &tok) in req.tokens[r.seq].iter().enumerate() {
                 ids.push(i64::from(tok));
-                let (c, s) = forward::config_rope_angles(r.start_pos + i, cfg);
+                let (c, s) = forward::rope_angles_of(r.start_pos + i, hd, &rotary);
                 for _ in 0..2 {
                     cos.extend(c.iter().take(half).map(|&v| v as f32));
                     sin.extend(s.iter().take(half).map(|&v| v as f32));
