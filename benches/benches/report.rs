@@ -166,8 +166,7 @@ fn bench_prompts(tokenizer: Option<&specdec_models::Tokenizer>) -> Result<Vec<Be
         .iter()
         .map(|(id, kind)| {
             let p = shipped.iter().find(|p| p.id == *id).ok_or_else(|| format!("prompt `{id}` is not in fixtures/prompts/smollm2.json"))?;
-            let text = if p.chat { tok.chat_prompt(&p.text).map_err(|e| e.to_string())? } else { p.text.clone() };
-            Ok(BenchPrompt { id: p.id.clone(), kind: (*kind).into(), ids: tok.encode(&text, false).map_err(|e| e.to_string())? })
+            Ok(BenchPrompt { id: p.id.clone(), kind: (*kind).into(), ids: tok.prompt_ids(&p.text, p.chat).map_err(|e| e.to_string())? })
         })
         .collect()
 }

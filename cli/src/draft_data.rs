@@ -116,8 +116,7 @@ impl Job for DraftDataJob {
         for chunk in prompts.chunks(self.batch) {
             let mut requests = Vec::with_capacity(chunk.len());
             for p in chunk {
-                let text = if p.chat { tok.chat_prompt(&p.text).map_err(|e| e.to_string())? } else { p.text.clone() };
-                let ids = tok.encode(&text, false).map_err(|e| e.to_string())?;
+                let ids = tok.prompt_ids(&p.text, p.chat).map_err(|e| e.to_string())?;
                 requests.push(Request { eos: cfg.eos_ids(), ..Request::greedy(ids, self.max_tokens) });
             }
             for (p, rec) in chunk.iter().zip(record_hidden(&engine, &requests, &self.layers, cfg.hidden_size).map_err(|e| e.to_string())?) {

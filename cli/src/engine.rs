@@ -158,8 +158,7 @@ fn own_model(tokenizer: &str, prompts: Option<&Path>) -> Result<OwnModel, String
     let encoded = prompts
         .iter()
         .map(|p| {
-            let text = if p.chat { tok.chat_prompt(&p.text).map_err(|e| format!("prompt `{}`: {e}", p.id))? } else { p.text.clone() };
-            let ids = tok.encode(&text, false).map_err(|e| format!("prompt `{}`: {e}", p.id))?;
+            let ids = tok.prompt_ids(&p.text, p.chat).map_err(|e| format!("prompt `{}`: {e}", p.id))?;
             if ids.is_empty() {
                 return Err(format!("prompt `{}` encodes to no token", p.id));
             }
@@ -189,10 +188,7 @@ fn large_model(path: &Path) -> Result<LargeModel, String> {
     let loaded = specdec_models::load(path).map_err(|e| e.to_string())?;
     let tok = loaded.tokenizer.as_ref().ok_or_else(|| format!("{}: the model checks need the model's tokenizer", path.display()))?;
     let prompts = specdec_conformance::model_section::shipped_prompts();
-    let encode = |p: &specdec_models::prompts::Prompt| -> Result<Vec<u32>, String> {
-        let text = if p.chat { tok.chat_prompt(&p.text).map_err(|e| e.to_string())? } else { p.text.clone() };
-        tok.encode(&text, false).map_err(|e| e.to_string())
-    };
+    let encode = |p: &specdec_models::prompts::Prompt| -> Result<Vec<u32>, String> { tok.prompt_ids(&p.text, p.chat).map_err(|e| e.to_string()) };
     let greedy_prompts = prompts.iter().map(encode).collect::<Result<Vec<_>, _>>()?;
     let capital = prompts.iter().find(|p| p.id == "capital").ok_or("the shipped prompts have no `capital`")?;
     let name = path.file_name().map_or("model".into(), |n| n.to_string_lossy().split('.').next().unwrap_or("model").to_lowercase());

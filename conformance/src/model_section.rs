@@ -604,13 +604,7 @@ fn reference_greedy(s: &Subject, prompts: &[Vec<u32>]) -> Result<Vec<GreedyRun>,
 /// MODEL-14: plain greedy decoding agrees with the reference's token for token.
 fn check_greedy<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model) -> Outcome {
     let tok = s.loaded.as_ref().and_then(|l| l.tokenizer.as_ref()).ok_or("SmolLM2 has no tokenizer")?;
-    let prompts: Vec<Vec<u32>> = shipped_prompts()
-        .iter()
-        .map(|p| {
-            let text = if p.chat { tok.chat_prompt(&p.text).map_err(|e| e.to_string())? } else { p.text.clone() };
-            tok.encode(&text, false).map_err(|e| e.to_string())
-        })
-        .collect::<Result<_, _>>()?;
+    let prompts: Vec<Vec<u32>> = shipped_prompts().iter().map(|p| tok.prompt_ids(&p.text, p.chat).map_err(|e| e.to_string())).collect::<Result<_, _>>()?;
     let expected = reference_greedy(s, &prompts)?;
     let observed = greedy(b, m, &prompts, GREEDY_TOKENS, &s.weights.config.eos_ids(), s.weights.config.vocab_size)?;
     let eps = precision(b).argmax_margin_epsilon;

@@ -169,6 +169,13 @@ impl Tokenizer {
         }
     }
 
+    /// The ids of a prompt: `text` wrapped in the chat template where
+    /// `chat`, encoded without added special tokens (the template writes
+    /// its own), as every prompt file of the project is read.
+    pub fn prompt_ids(&self, text: &str, chat: bool) -> Result<Vec<u32>> {
+        if chat { self.encode(&self.chat_prompt(text)?, false) } else { self.encode(text, false) }
+    }
+
     /// The ids that end a generation of this tokenizer's model: its eos,
     /// and the end-of-turn and end-of-text tokens where it has them
     /// (`<|im_end|>`, `<|endoftext|>`, `<|eot_id|>`, `<|end|>`), ascending.

@@ -427,13 +427,7 @@ fn engine<'a, B: ModelBackend>(b: &'a B, weights: &LlamaWeights, m: &'a B::Model
 fn greedy_prompts(s: &Subject) -> Result<GreedyPrompts, String> {
     if let Some(loaded) = &s.loaded {
         let tok = loaded.tokenizer.as_ref().ok_or("SmolLM2 has no tokenizer")?;
-        let prompts = shipped_prompts()
-            .iter()
-            .map(|p| {
-                let text = if p.chat { tok.chat_prompt(&p.text).map_err(|e| e.to_string())? } else { p.text.clone() };
-                tok.encode(&text, false).map_err(|e| e.to_string())
-            })
-            .collect::<Result<_, _>>()?;
+        let prompts = shipped_prompts().iter().map(|p| tok.prompt_ids(&p.text, p.chat).map_err(|e| e.to_string())).collect::<Result<_, _>>()?;
         return Ok(GreedyPrompts { prompts, max_tokens: SMOLLM2_TOKENS, eos: s.weights.config.eos_ids() });
     }
     let prompts = tiny_prompts();
