@@ -17,7 +17,8 @@ agree with HF and the check could not fail.
 
 Cases: ``llama3`` (Llama with Llama 3's rotary scaling), ``mistral`` (no
 sliding window), ``qwen2`` (q/k/v biases), ``qwen3`` (per-head q/k RMSNorm,
-an explicit head_dim other than hidden/heads).
+an explicit head_dim other than hidden/heads), ``phi3`` (q/k/v and gate/up
+each stored as one fused projection).
 """
 
 import json
@@ -26,7 +27,7 @@ import sys
 
 import torch
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 SIZES = dict(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False)
 TOKENS = [[1, 5, 9, 2, 7, 7, 30, 41, 3, 12, 0, 47], [44, 3, 3, 8]]
@@ -37,6 +38,8 @@ CASES = {
     "mistral": (MistralConfig, MistralForCausalLM, dict(sliding_window=None, head_dim=8)),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, dict()),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(head_dim=16)),
+    # Phi3Config's defaults name ids of its 32k vocabulary: ours are in range.
+    "phi3": (Phi3Config, Phi3ForCausalLM, dict(bos_token_id=1, eos_token_id=2, pad_token_id=None)),
 }
 
 

@@ -116,7 +116,7 @@ pub(crate) struct Subject {
 
 /// The Llama-family checkpoints HF transformers wrote, with its logits
 /// (`fixtures/architectures/<case>`, `cargo xtask architectures`).
-pub const ARCHITECTURE_CASES: [&str; 4] = ["llama3", "mistral", "qwen2", "qwen3"];
+pub const ARCHITECTURE_CASES: [&str; 5] = ["llama3", "mistral", "qwen2", "qwen3", "phi3"];
 /// Their models' prefix in check names.
 pub const HF_PREFIX: &str = "hf-";
 /// How far the f64 reference lies from HF's logits at most, relative to a

@@ -3,7 +3,8 @@
 //! Accepted: `LlamaForCausalLM`, and the architectures that are a Llama
 //! with one addition each ([`Architecture`], MODEL-17): Mistral without a
 //! sliding window, Qwen2 (biases on the q/k/v projections) and Qwen3 (an
-//! RMSNorm over each head of q and k before RoPE). Every size is validated before any
+//! RMSNorm over each head of q and k before RoPE), and Phi-3, whose q/k/v
+//! and gate/up projections are stored fused ([`crate::fused`]). Every size is validated before any
 //! tensor is read, so later shape checks can trust it and allocation sizes
 //! derived from it cannot overflow.
 
@@ -49,10 +50,13 @@ pub enum Architecture {
     Qwen2,
     /// An RMSNorm over each head of q and of k, before RoPE.
     Qwen3,
+    /// Llama's forward, its q/k/v and gate/up projections stored fused
+    /// ([`crate::fused`]).
+    Phi3,
 }
 
 impl Architecture {
-    pub const ALL: [Architecture; 4] = [Architecture::Llama, Architecture::Mistral, Architecture::Qwen2, Architecture::Qwen3];
+    pub const ALL: [Architecture; 5] = [Architecture::Llama, Architecture::Mistral, Architecture::Qwen2, Architecture::Qwen3, Architecture::Phi3];
 
     /// HF's `model_type`.
     pub fn model_type(self) -> &'static str {
@@ -61,6 +65,7 @@ impl Architecture {
             Architecture::Mistral => "mistral",
             Architecture::Qwen2 => "qwen2",
             Architecture::Qwen3 => "qwen3",
+            Architecture::Phi3 => "phi3",
         }
     }
 
@@ -71,6 +76,7 @@ impl Architecture {
             Architecture::Mistral => "MistralForCausalLM",
             Architecture::Qwen2 => "Qwen2ForCausalLM",
             Architecture::Qwen3 => "Qwen3ForCausalLM",
+            Architecture::Phi3 => "Phi3ForCausalLM",
         }
     }
 
@@ -80,6 +86,12 @@ impl Architecture {
 
     pub fn qk_norm(self) -> bool {
         self == Architecture::Qwen3
+    }
+
+    /// Whether its files store q/k/v as one projection and gate/up as
+    /// another ([`crate::fused`]); the forward is unchanged.
+    pub fn fused_projections(self) -> bool {
+        self == Architecture::Phi3
     }
 
     /// Whether its forward is Llama's exactly (a port that implements only
@@ -189,6 +201,11 @@ const IGNORABLE: &[&str] = &[
     "layer_types",
     // HF 5's form of `rope_theta` and `rope_scaling`, checked in `validate`.
     "rope_parameters",
+    // Phi-3's dropout rates (training only) and the base length its `longrope`
+    // scaling reads (refused as a rope type in `rope`).
+    "embd_pdrop",
+    "resid_pdrop",
+    "original_max_position_embeddings",
 ];
 
 impl LlamaConfig {
@@ -400,8 +417,14 @@ impl LlamaConfig {
     /// `rope_scaling` (HF 4) or `rope_parameters` (HF 5) asks for it; any
     /// other type is refused, naming it.
     pub fn rope(&self) -> std::result::Result<Rope, String> {
-        let spec = [self.rope_scaling.as_ref(), self.ignored.get("rope_parameters")].into_iter().flatten().find(|v| !v.is_null());
-        let Some(spec) = spec else { return Ok(Rope { theta: self.rope_theta, llama3: None }) };
+        let specs = [self.rope_scaling.as_ref(), self.ignored.get("rope_parameters")];
+        // Phi-3's and Phi-4's: a rotary embedding over the first part of each head only.
+        if let Some(f) = specs.into_iter().flatten().find_map(|s| s.get("partial_rotary_factor"))
+            && f.as_f64() != Some(1.0)
+        {
+            return Err(format!("partial_rotary_factor {f}: a rotary embedding over part of each head is not supported"));
+        }
+        let Some(spec) = specs.into_iter().flatten().find(|v| !v.is_null()) else { return Ok(Rope { theta: self.rope_theta, llama3: None }) };
         let kind = spec.get("rope_type").or_else(|| spec.get("type")).and_then(serde_json::Value::as_str).unwrap_or("default");
         match kind {
             "default" => Ok(Rope { theta: self.rope_theta, llama3: None }),

@@ -28,7 +28,9 @@ pub fn export_hf(weights: &LlamaWeights, tokenizer: Option<&Tokenizer>, dir: imp
     let text = serde_json::to_string_pretty(&config).map_err(|e| ModelError::io(&config_path, e))?;
     std::fs::write(&config_path, text + "\n").map_err(|e| ModelError::io(&config_path, e))?;
 
-    write_safetensors(dir.join(SINGLE_FILE), &weights.named(), dtype)?;
+    let stored = crate::fused::stored_named(weights)?;
+    let named: Vec<(String, &crate::weights::Matrix)> = stored.iter().map(|(n, m)| (n.clone(), m.as_ref())).collect();
+    write_safetensors(dir.join(SINGLE_FILE), &named, dtype)?;
 
     if let Some(t) = tokenizer {
         t.save(dir)?;

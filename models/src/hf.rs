@@ -247,8 +247,8 @@ impl HfDir {
     /// when the embeddings are tied.
     pub fn weights(&self) -> Result<LlamaWeights> {
         let file = self.dir.display().to_string();
-        let weights = LlamaWeights::from_named(self.config.clone(), &file, |name| self.tensor_f32(name))?;
-        let expected: std::collections::HashSet<String> = weights.config.tensor_shapes().into_iter().map(|(n, _)| n).collect();
+        let weights = LlamaWeights::from_named(self.config.clone(), &file, crate::fused::split_reader(&self.config, |name| self.tensor_f32(name), &file))?;
+        let expected: std::collections::HashSet<String> = crate::fused::stored_shapes(&weights.config).into_iter().map(|(n, _)| n).collect();
         let tied = weights.config.tie_word_embeddings;
         let harmless = |n: &str| expected.contains(n) || n.ends_with("rotary_emb.inv_freq") || (tied && n == "lm_head.weight");
         if let Some(extra) = self.tensor_names().find(|n| !harmless(n)) {

@@ -12,7 +12,8 @@
 //! convention); [`gguf`], by concern (`types`, `value`, `reader` with every
 //! count bounded before allocation, `dequant`, `file`, `llama` with the q/k
 //! un-permutation, `write` for f32 GGUF files); [`hf`] (safetensors and
-//! sharded indexes); [`tokenizer`] (from GGUF metadata or `tokenizer.json`,
+//! sharded indexes); [`fused`] (Phi-3's fused projections, split on load
+//! and fused on write); [`tokenizer`] (from GGUF metadata or `tokenizer.json`,
 //! with the ChatML template); [`export`]; `load.rs` (format dispatch and
 //! `info`); [`forward`], the forward-call contract every backend shares
 //! (request, row layout, validation, RoPE angles and the one rotate-half
@@ -53,6 +54,7 @@ pub mod draft_data;
 pub mod error;
 pub mod export;
 pub mod forward;
+pub mod fused;
 pub mod gguf;
 pub mod hf;
 pub mod load;

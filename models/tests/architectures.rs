@@ -59,7 +59,9 @@ fn check(case: &str, model_type: &str, break_it: impl Fn(&mut LlamaWeights)) {
     assert!(d <= HF_LOGIT_REL_TOLERANCE, "MODEL-17: {case}: the reference is {d:e} from HF transformers' logits");
     let mut broken = w.clone();
     break_it(&mut broken);
-    let d = distance(&broken, &hf);
+    let off = distance(&broken, &hf);
+    eprintln!("MODEL-17: {case}: {d:e} from HF transformers' logits; its negative control {off:e}");
+    let d = off;
     assert!(d > 100.0 * HF_LOGIT_REL_TOLERANCE, "MODEL-17 negative control: {case} without its addition is only {d:e} from HF");
 }
 
@@ -91,23 +93,63 @@ fn mistral_without_a_sliding_window_is_llama() {
     });
 }
 
+#[test]
+fn phi3_splits_its_fused_projections_in_order() {
+    // The negative control: gate and up cut from `gate_up_proj` the wrong
+    // way round, as a loader that guessed the order would hold them.
+    check("phi3", "phi3", |w| {
+        for l in &mut w.layers {
+            std::mem::swap(&mut l.w_gate, &mut l.w_up);
+        }
+    });
+}
+
+/// MODEL-17: Phi-3's fused tensors are split on load and fused on export:
+/// HF's names come back (`qkv_proj`, `gate_up_proj`, so HF loads the export)
+/// and the weights round-trip bit for bit; a fused tensor whose rows are not
+/// its parts' is refused naming it, before any row is cut.
+#[test]
+fn phi3_fused_tensors_round_trip_and_are_checked() {
+    let (w, _) = load("phi3");
+    let dir = std::env::temp_dir().join(format!("specdec-arch-phi3-{}", std::process::id()));
+    specdec_models::export::export_hf(&w, None, &dir, specdec_models::hf::SaveDtype::F32).unwrap();
+    let names: Vec<String> = specdec_models::hf::HfDir::open(&dir).unwrap().tensor_names().map(str::to_string).collect();
+    assert!(names.contains(&"model.layers.1.self_attn.qkv_proj.weight".to_string()) && names.contains(&"model.layers.0.mlp.gate_up_proj.weight".to_string()), "{names:?}");
+    assert!(!names.iter().any(|n| n.contains("q_proj") || n.contains("up_proj.") && !n.contains("gate_up")), "{names:?}");
+    assert_eq!(specdec_models::load(&dir).unwrap().weights.named(), w.named(), "split, fused, split again");
+
+    let stored = specdec_models::fused::stored_named(&w).unwrap();
+    let mut cut: Vec<(String, specdec_models::weights::Matrix)> = stored.iter().map(|(n, m)| (n.clone(), m.as_ref().clone())).collect();
+    let qkv = cut.iter_mut().find(|(n, _)| n == "model.layers.0.self_attn.qkv_proj.weight").unwrap();
+    let cols = qkv.1.shape[1];
+    qkv.1 = specdec_models::weights::Matrix::new(vec![qkv.1.shape[0] - 1, cols], qkv.1.data[cols..].to_vec(), "cut").unwrap();
+    let named: Vec<(String, &specdec_models::weights::Matrix)> = cut.iter().map(|(n, m)| (n.clone(), m)).collect();
+    specdec_models::hf::write_safetensors(dir.join("model.safetensors"), &named, specdec_models::hf::SaveDtype::F32).unwrap();
+    let err = specdec_models::load(&dir).unwrap_err();
+    assert!(matches!(err, specdec_models::ModelError::TensorShape { ref tensor, .. } if tensor == "model.layers.0.self_attn.qkv_proj.weight"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// MODEL-3 and MODEL-17 for GGUF: Qwen2's and Qwen3's checkpoints written as
 /// llama.cpp names them (`qwen2` / `qwen3`, biases and head norms under
 /// `attn_*`, q and k not permuted, Qwen3's head width as `key_length`) load
-/// back to the same weights and architecture; a `llama` file still has its
+/// back to the same weights and architecture; Phi-3's (`phi3`) with q/k/v
+/// fused as `attn_qkv` and gate/up as `ffn_up`; a `llama` file still has its
 /// q/k permutation undone; Llama 3's scaling, which llama.cpp stores as a
 /// `rope_freqs` tensor, is refused rather than written without it.
 #[test]
 fn gguf_files_of_each_architecture_load_back() {
     let dir = std::env::temp_dir().join(format!("specdec-arch-gguf-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    for case in ["qwen2", "qwen3", "mistral"] {
+    for case in ["qwen2", "qwen3", "mistral", "phi3"] {
         let (w, _) = load(case);
         let pieces: Vec<String> = (0..w.config.vocab_size).map(|i| format!("t{i}")).collect();
         let path = dir.join(format!("{case}.gguf"));
         specdec_models::gguf::write_llama_gguf(&path, &w, case, &specdec_models::gguf::GgufVocab { pieces: &pieces, bos: 1, eos: 2 }).unwrap();
         let back = specdec_models::gguf::load_llama_gguf(&path).unwrap_or_else(|e| panic!("{case}: {e}"));
         assert_eq!(back.named(), w.named(), "{case}: every tensor back as written");
+        let g = specdec_models::gguf::GgufFile::open(&path).unwrap();
+        assert_eq!(g.tensor("blk.0.attn_qkv.weight").is_some(), case == "phi3", "{case}: llama.cpp's fused name exactly where HF fuses");
         let want = if case == "mistral" { "llama" } else { case };
         assert_eq!((back.config.model_type.as_str(), back.config.head_dim()), (want, w.config.head_dim()), "{case}");
     }
@@ -126,7 +168,7 @@ fn configs_that_would_change_the_forward_are_refused() {
         specdec_models::LlamaConfig::from_json(&v.to_string(), "config.json").map(|_| ()).map_err(|e| e.to_string())
     };
     type Edit = fn(&mut serde_json::Value);
-    let cases: [(&str, Edit, &str); 7] = [
+    let cases: [(&str, Edit, &str); 9] = [
         ("mistral", |v| v["sliding_window"] = 16.into(), "sliding_window"),
         (
             "qwen2",
@@ -141,6 +183,9 @@ fn configs_that_would_change_the_forward_are_refused() {
         ("llama3", |v| v["rope_parameters"]["high_freq_factor"] = 0.5.into(), "high_freq_factor"),
         ("qwen2", |v| v["architectures"] = serde_json::json!(["LlamaForCausalLM"]), "Qwen2ForCausalLM"),
         ("qwen2", |v| v["model_type"] = "gemma".into(), "gemma"),
+        // Phi-4-mini's rotary over three quarters of each head, and Phi-3's long-context scaling.
+        ("phi3", |v| v["rope_parameters"]["partial_rotary_factor"] = 0.75.into(), "partial_rotary_factor"),
+        ("phi3", |v| v["rope_parameters"]["rope_type"] = "longrope".into(), "longrope"),
     ];
     for (case, f, want) in cases {
         let err = edit(case, &f).expect_err(want);

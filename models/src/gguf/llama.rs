@@ -81,7 +81,8 @@ pub fn gguf_tensor_name(hf: &str) -> Option<String> {
     let rest = hf.strip_prefix("model.layers.")?;
     let (layer, rest) = rest.split_once('.')?;
     layer.parse::<usize>().ok()?;
-    let (_, gguf) = crate::config::LAYER_TENSORS.iter().chain(&crate::config::EXTRA_LAYER_TENSORS).find(|(hf, _)| *hf == rest)?;
+    let fused = crate::fused::FUSED_LAYER_TENSORS.iter().map(|f| (f.hf, f.gguf));
+    let (_, gguf) = crate::config::LAYER_TENSORS.iter().chain(&crate::config::EXTRA_LAYER_TENSORS).copied().chain(fused).find(|(hf, _)| *hf == rest)?;
     Some(format!("blk.{layer}.{gguf}"))
 }
 
@@ -90,12 +91,13 @@ pub fn gguf_tensor_name(hf: &str) -> Option<String> {
 pub fn llama_config(g: &GgufFile) -> Result<LlamaConfig> {
     let file = g.file();
     let arch = g.get_str("general.architecture")?;
-    // llama.cpp writes Mistral's files as `llama`; Qwen2's and Qwen3's under their own names.
+    // llama.cpp writes Mistral's files as `llama`; Qwen2's, Qwen3's and Phi-3's under their own names.
     let architecture = match arch {
         "llama" => Architecture::Llama,
         "qwen2" => Architecture::Qwen2,
         "qwen3" => Architecture::Qwen3,
-        _ => return Err(ModelError::invalid(file, "general.architecture", format!("`{arch}` is not one of `llama`, `qwen2`, `qwen3`"))),
+        "phi3" => Architecture::Phi3,
+        _ => return Err(ModelError::invalid(file, "general.architecture", format!("`{arch}` is not one of `llama`, `qwen2`, `qwen3`, `phi3`"))),
     };
     let key = |k: &str| format!("{arch}.{k}");
     let usize_of = |k: &str| g.get_u32(&key(k)).map(|v| v as usize);
@@ -112,8 +114,11 @@ pub fn llama_config(g: &GgufFile) -> Result<LlamaConfig> {
     {
         return Err(ModelError::invalid(file, &key("rope.scaling.type"), format!("rope scaling `{kind}` is not supported")));
     }
-    if g.tensor("rope_freqs.weight").is_some() {
-        return Err(ModelError::invalid(file, "rope_freqs.weight", "per-frequency rope scaling is not supported"));
+    // Llama 3's per-frequency factors, and Phi-3's `longrope` ones.
+    for factors in ["rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"] {
+        if g.tensor(factors).is_some() {
+            return Err(ModelError::invalid(file, factors, "per-frequency rope scaling is not supported"));
+        }
     }
 
     let hidden = usize_of("embedding_length")?;
@@ -188,30 +193,35 @@ pub fn llama_weights(g: &GgufFile) -> Result<LlamaWeights> {
     let expected: HashMap<String, Vec<usize>> = config.tensor_shapes().into_iter().collect();
     let (heads, kv_heads) = (config.num_attention_heads, config.num_key_value_heads);
     let mut used = HashSet::new();
-    let weights = LlamaWeights::from_named(config, g.file(), |hf| {
-        let Some(name) = gguf_tensor_name(hf) else { return Ok(None) };
-        if g.tensor(&name).is_none() {
-            // Report the file's name for the tensor, which the user can find.
-            return Err(ModelError::MissingTensor { file: g.file().to_string(), tensor: name });
-        }
-        used.insert(name.clone());
-        let m = g.tensor_f32(&name)?;
-        // Only `llama` files are permuted: llama.cpp runs Qwen's rotary in HF's
-        // rotate-half form (its NEOX type) on the weights as HF stores them.
-        let n_head = if permuted && hf.ends_with("q_proj.weight") {
-            heads
-        } else if permuted && hf.ends_with("k_proj.weight") {
-            kv_heads
-        } else {
-            return Ok(Some(m));
-        };
-        // A wrongly shaped tensor is passed through unchanged so that
-        // `from_named` reports it as a `TensorShape` error.
-        if expected.get(hf) != Some(&m.shape) {
-            return Ok(Some(m));
-        }
-        unpermute_qk(&m, n_head).map(Some)
-    })?;
+    let stored = crate::fused::split_reader(
+        &config,
+        |hf: &str| {
+            let Some(name) = gguf_tensor_name(hf) else { return Ok(None) };
+            if g.tensor(&name).is_none() {
+                // Report the file's name for the tensor, which the user can find.
+                return Err(ModelError::MissingTensor { file: g.file().to_string(), tensor: name });
+            }
+            used.insert(name.clone());
+            let m = g.tensor_f32(&name)?;
+            // Only `llama` files are permuted: llama.cpp runs Qwen's rotary in HF's
+            // rotate-half form (its NEOX type) on the weights as HF stores them.
+            let n_head = if permuted && hf.ends_with("q_proj.weight") {
+                heads
+            } else if permuted && hf.ends_with("k_proj.weight") {
+                kv_heads
+            } else {
+                return Ok(Some(m));
+            };
+            // A wrongly shaped tensor is passed through unchanged so that
+            // `from_named` reports it as a `TensorShape` error.
+            if expected.get(hf) != Some(&m.shape) {
+                return Ok(Some(m));
+            }
+            unpermute_qk(&m, n_head).map(Some)
+        },
+        g.file(),
+    );
+    let weights = LlamaWeights::from_named(config, g.file(), stored)?;
     if let Some(extra) = g.tensors().iter().find(|t| !used.contains(&t.name)) {
         return Err(ModelError::invalid(g.file(), &extra.name, "tensor is not part of the architecture's forward"));
     }

@@ -110,11 +110,12 @@ pub fn write_llama_gguf(path: impl AsRef<Path>, weights: &LlamaWeights, name: &s
         return bad(format!("bos {} or eos {} outside the vocabulary of {}", vocab.bos, vocab.eos, c.vocab_size));
     }
     let u32_of = |x: usize, what: &str| u32::try_from(x).map_err(|_| ModelError::InvalidInput { arg: "config", reason: format!("{what} {x} does not fit GGUF's u32") });
-    // llama.cpp's names: Mistral is written as `llama`; Qwen2 and Qwen3 under their own.
+    // llama.cpp's names: Mistral is written as `llama`; Qwen2, Qwen3 and Phi-3 under their own.
     let arch = match c.architecture() {
         Architecture::Llama | Architecture::Mistral => "llama",
         Architecture::Qwen2 => "qwen2",
         Architecture::Qwen3 => "qwen3",
+        Architecture::Phi3 => "phi3",
     };
     if c.rope().map_err(|reason| ModelError::InvalidInput { arg: "config", reason })?.llama3.is_some() {
         return Err(ModelError::InvalidInput { arg: "config", reason: "Llama 3's rotary scaling has no GGUF form here (llama.cpp writes it as a `rope_freqs` tensor)".into() });
@@ -147,10 +148,12 @@ pub fn write_llama_gguf(path: impl AsRef<Path>, weights: &LlamaWeights, name: &s
         let hd = u32_of(c.head_dim(), "head_dim")?;
         metadata.extend([(key("attention.key_length"), Value::U32(hd)), (key("attention.value_length"), Value::U32(hd))]);
     }
-    // Tensors in HF order with llama.cpp's names; q and k permuted back in `llama` files.
+    // Tensors in HF order with llama.cpp's names, fused as the architecture
+    // stores them; q and k permuted back in `llama` files.
     let permuted = arch == "llama";
     let mut tensors = Vec::new();
-    for (hf, m) in weights.named() {
+    for (hf, m) in crate::fused::stored_named(weights)? {
+        let m = m.as_ref();
         let gguf = gguf_tensor_name(&hf).ok_or_else(|| ModelError::InvalidInput { arg: "weights", reason: format!("no GGUF name for `{hf}`") })?;
         let m = if permuted && hf.ends_with("q_proj.weight") {
             permute_qk(m, c.num_attention_heads)?
