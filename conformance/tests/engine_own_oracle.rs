@@ -72,3 +72,35 @@ fn an_engine_wrong_only_under_concurrency_fails_the_sweep_alone() {
     let (_, _, message) = r.iter().find(|(n, _, _)| n.ends_with("/concurrency/4")).unwrap();
     assert!(message.contains("first divergence at token 5") && message.contains("speculation's under load"), "the report names the divergence and its cause: {message}");
 }
+
+/// The decoder under another statement: `greedy_epsilon` and batch
+/// invariance as given.
+struct Stated(DecoderEngine<'static, ReferenceBackend>, EngineInfo);
+
+impl GenerationEngine for Stated {
+    fn info(&self) -> &EngineInfo {
+        &self.1
+    }
+
+    fn generate(&mut self, requests: &[GenerationRequest]) -> Result<Vec<Generation>, EngineError> {
+        self.0.generate(requests)
+    }
+}
+
+fn stated(greedy_epsilon: f64, batch_invariant: bool) -> Vec<(String, Status, String)> {
+    let d = decoder("ngram");
+    let info = EngineInfo { greedy_epsilon, batch_invariant, ..d.info().clone() };
+    own(&mut Stated(d, info), "ngram")
+}
+
+/// ENGINE-10: a batch-invariant engine (a quantized port whose windows equal
+/// its decodes, `ndarray-q8_0`) is checked whatever its greedy epsilon against
+/// the reference, and excuses nothing; a batch-variant one with such an
+/// epsilon is ruled out, naming it.
+#[test]
+fn a_batch_invariant_engine_is_checked_exactly_whatever_its_epsilon() {
+    let r = stated(15.0, true);
+    assert!(r.iter().all(|(_, s, _)| *s == Status::Pass), "{r:#?}");
+    let r = stated(15.0, false);
+    assert!(r.iter().filter(|(n, _, _)| !n.contains("sampled")).all(|(_, s, m)| *s == Status::Fail && m.contains("greedy epsilon of 1.5e1")), "{r:#?}");
+}

@@ -289,3 +289,26 @@ fn a_quantized_backend_is_not_an_engine_the_section_can_judge() {
         assert!(r.message.contains("argmax epsilon of 1.5e1"), "{}", r.message);
     }
 }
+
+/// ENGINE-8: a penalty is checked in a scope the engine states. An engine
+/// that counts penalties over the whole context only (llama.cpp's server)
+/// gets presence and frequency in that scope, not a refusal; one that states
+/// both, or no penalty at all, keeps each setting's own; the rest of a
+/// setting is untouched.
+#[test]
+fn penalty_settings_take_the_scope_the_engine_states() {
+    use specdec_backend::PenaltyScope;
+    let mut info = constant(12, 0.0).0;
+    let scopes = |info: &EngineInfo| engine_section::PROCESSOR_SETTINGS.map(|s| s.in_scope_of(info).params.penalty_scope);
+    let own = engine_section::PROCESSOR_SETTINGS.map(|s| s.params.penalty_scope);
+    assert_eq!(own[4..], [PenaltyScope::Generated, PenaltyScope::Generated], "presence and frequency count the generated tokens by default");
+    assert_eq!(scopes(&info), own, "no stated scope: each setting's own (and a refusal of the request)");
+    info.penalty_scopes = vec![PenaltyScope::Context];
+    assert_eq!(scopes(&info), [PenaltyScope::Context; 6]);
+    info.penalty_scopes = vec![PenaltyScope::Generated, PenaltyScope::Context];
+    assert_eq!(scopes(&info), own);
+    for s in engine_section::PROCESSOR_SETTINGS {
+        let moved = s.in_scope_of(&EngineInfo { penalty_scopes: vec![PenaltyScope::Context], ..info.clone() });
+        assert_eq!((moved.name, moved.bias, moved.params.presence_penalty, moved.params.frequency_penalty), (s.name, s.bias, s.params.presence_penalty, s.params.frequency_penalty));
+    }
+}

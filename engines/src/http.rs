@@ -33,7 +33,7 @@
 //! its neutral value (min-p 0, typical-p 1, penalties off: the server's
 //! defaults are not neutral; the contract's min-p, bias pairs and penalties
 //! go out as asked, the penalties over the whole context with
-//! `repeat_last_n: -1`, so a penalty over the generated tokens alone is
+//! `repeat_last_n` the prompt's length plus the cap, so a penalty over the generated tokens alone is
 //! refused; logprobs through `n_probs`, raw from `top_logprobs` or
 //! processed from `post_sampling_probs`' `top_probs`; a JSON schema as its
 //! `json_schema`, a regex refused), `stop_type` for the finish reason and
@@ -225,15 +225,17 @@ fn openai_body(r: &GenerationRequest) -> Value {
 /// llama.cpp's native request: every sampler the contract does not name
 /// neutral (its defaults are top-k 40, top-p 0.95, min-p 0.05, T 0.8). Its
 /// penalties count the last `repeat_last_n` tokens of the context, prompt
-/// included (-1: all of it), so a request whose penalties count the
-/// generated tokens alone is refused.
+/// included (sent as the whole context; its server refuses -1), so a
+/// request whose penalties count the generated tokens alone is refused.
 fn llama_cpp_body(r: &GenerationRequest) -> Result<Value, EngineError> {
     if r.params().penalised() && r.penalty_scope != PenaltyScope::Context {
         return Err(EngineError::Request { index: 0, reason: "llama.cpp's penalties count the prompt too: the `generated` penalty scope cannot be asked of it".into() });
     }
+    // The whole context: its server refuses -1 (which once meant the context size).
+    let context = r.prompt.len() + r.max_new_tokens;
     let mut body = json!({
         "prompt": r.prompt, "n_predict": r.max_new_tokens, "temperature": r.temperature, "top_k": r.top_k, "top_p": r.top_p,
-        "min_p": r.min_p, "typical_p": 1.0, "repeat_penalty": r.repetition_penalty, "repeat_last_n": -1,
+        "min_p": r.min_p, "typical_p": 1.0, "repeat_penalty": r.repetition_penalty, "repeat_last_n": context,
         "presence_penalty": r.presence_penalty, "frequency_penalty": r.frequency_penalty,
         "dry_multiplier": 0.0, "xtc_probability": 0.0, "top_n_sigma": -1.0, "mirostat": 0, "dynatemp_range": 0.0,
         "seed": r.seed % LLAMA_CPP_RANDOM_SEED, "ignore_eos": true, "return_tokens": true, "stream": false, "stop": r.stop,

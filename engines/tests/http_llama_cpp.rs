@@ -130,7 +130,7 @@ fn requests_carry_ids_and_neutral_samplers_and_go_to_the_server_of_their_specula
 }
 
 /// ENGINE-2: min-p, the bias pairs, the repetition penalty over the whole
-/// context, and `n_probs` go out; raw logprobs (`top_logprobs`) and
+/// context (prompt and cap: its server refuses -1), and `n_probs` go out; raw logprobs (`top_logprobs`) and
 /// processed ones (`top_probs`, read as their logarithms) come back in
 /// LOGPROB-3's order, cut to the alternatives asked; a penalty over the
 /// generated tokens alone is refused by index (llama.cpp counts the prompt).
@@ -149,7 +149,7 @@ fn processors_and_logprobs_are_carried_and_read() {
     assert_eq!(out[0].logprobs, Some(want));
     let body = &server.bodies()[0];
     for (field, want) in
-        [("min_p", json!(0.2)), ("logit_bias", json!([[3, -100.0]])), ("repeat_penalty", json!(1.3)), ("repeat_last_n", json!(-1)), ("n_probs", json!(2)), ("post_sampling_probs", json!(false))]
+        [("min_p", json!(0.2)), ("logit_bias", json!([[3, -100.0]])), ("repeat_penalty", json!(1.3)), ("repeat_last_n", json!(3 + 6)), ("n_probs", json!(2)), ("post_sampling_probs", json!(false))]
     {
         assert_eq!(body[field], want, "{field} in {body}");
     }

@@ -145,7 +145,8 @@ fn gguf_files_of_each_architecture_load_back() {
         let (w, _) = load(case);
         let pieces: Vec<String> = (0..w.config.vocab_size).map(|i| format!("t{i}")).collect();
         let path = dir.join(format!("{case}.gguf"));
-        specdec_models::gguf::write_llama_gguf(&path, &w, case, &specdec_models::gguf::GgufVocab { pieces: &pieces, bos: 1, eos: 2 }).unwrap();
+        // A neutral `general.name`: llama.cpp keys special-token handling off names like `phi3`.
+        specdec_models::gguf::write_llama_gguf(&path, &w, "random weights", &specdec_models::gguf::GgufVocab { pieces: &pieces, bos: 1, eos: 2 }).unwrap();
         let back = specdec_models::gguf::load_llama_gguf(&path).unwrap_or_else(|e| panic!("{case}: {e}"));
         assert_eq!(back.named(), w.named(), "{case}: every tensor back as written");
         let g = specdec_models::gguf::GgufFile::open(&path).unwrap();
@@ -156,6 +157,7 @@ fn gguf_files_of_each_architecture_load_back() {
     let (w, _) = load("llama3");
     let err = specdec_models::gguf::write_llama_gguf(dir.join("llama3.gguf"), &w, "llama3", &specdec_models::gguf::GgufVocab { pieces: &vec![String::new(); 48], bos: 1, eos: 2 }).unwrap_err();
     assert!(err.to_string().contains("rope_freqs"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// MODEL-17's refusals: each config below differs from a shipped case's by

@@ -20,9 +20,18 @@
 //! written as an f32 GGUF; llama.cpp's own server (`llama-server`, built once from the
 //! same source with CMake from PyPI) through its native endpoint, plain, with its n-gram
 //! drafter and with the model as its own draft, each beside a plain server for the
-//! requests with speculation off; and `specdec serve` over HTTP. Servers are started on
-//! 127.0.0.1 and stopped here. Two checks run at once (each mostly one thread), and
-//! llama.cpp builds in the background while the first engines run.
+//! requests with speculation off; and `specdec serve` over HTTP. Their statements say
+//! what the server takes (processors, logprobs, JSON schemas), so the logprob, processor
+//! and constrained families run on it.
+//!
+//! Then ENGINE-10 on SmolLM2, given only its GGUF as the tokenizer: each engine's
+//! speculation against its own plain decoding under the concurrency sweep, on llama.cpp's
+//! server (its n-gram drafter, and the model as its own draft model, each against the
+//! server started without speculation) and on `specdec serve` with two backends.
+//!
+//! Servers are started on 127.0.0.1 and stopped here. Two checks run at once (each mostly
+//! one thread), and llama.cpp builds in the background while the first engines run.
+//! `--only TEXT` runs the runs whose name contains it, building only what they need.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -56,6 +65,30 @@ const LLAMA_SERVER_PATHS: [(&str, &[&str]); 3] = [
     ("ngram-simple-3", &["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "1", "--spec-ngram-simple-size-m", "3"]),
     ("draft-self-3", &["--spec-type", "draft-simple", "--spec-draft-n-max", "3", "--model-draft", "{gguf}"]),
 ];
+/// llama.cpp's server on the tiny model: its slots (requests it batches at once).
+const LLAMA_TINY_SLOTS: usize = 4;
+/// The tiny model's logits from llama.cpp's f32 kernels lie this close to the reference's.
+const LLAMA_TINY_EPSILON: f64 = 1e-4;
+/// ENGINE-10 on SmolLM2 with llama.cpp's server: (slug part, speculation flags), each
+/// against the server started without speculation. Its n-gram drafter as on the tiny
+/// model, and a draft model: SmolLM2 is the smallest of its family, so the model drafts
+/// for itself (as llama.cpp's `draft-simple` runs any draft GGUF).
+const OWN_LLAMA_SERVER: [(&str, &[&str]); 2] = [
+    ("ngram-simple-3", &["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "1", "--spec-ngram-simple-size-m", "3"]),
+    ("draft-self-3", &["--spec-type", "draft-simple", "--spec-draft-n-max", "3", "--model-draft", "{gguf}"]),
+];
+/// Slots of the SmolLM2 servers: the sweep's loads up to 16 run batched at once, 64
+/// queue four deep.
+const OWN_SLOTS: usize = 16;
+/// What the statement of llama.cpp's server on SmolLM2's Q4_1 says of its logits: its
+/// kernels quantize activations to 8 bits, so a logprob (and a top-2 margin) may move by
+/// this much between a one-token decode and a verify window.
+const OWN_LLAMA_EPSILON: f64 = 1e-2;
+/// SmolLM2's vocabulary.
+const SMOLLM2_VOCAB: usize = 49152;
+/// `specdec serve` backends under ENGINE-10 on SmolLM2: the f32 port and its
+/// batch-invariant Q8_0 one.
+const OWN_SERVE_BACKENDS: [&str; 2] = ["ndarray", "ndarray-q8_0"];
 /// What llama.cpp may fail, and why (checked: any other failure fails the command).
 /// Its sampler chain applies top-p to the untempered distribution (top-k, typical, top-p,
 /// min-p, then temperature), where the spec tempers first (LOGITS-1 .. LOGITS-5): at
@@ -64,13 +97,17 @@ const LLAMA_SERVER_PATHS: [(&str, &[&str]); 3] = [
 /// tokens leave the f64 reference's, and its prompt lookup changes its own greedy
 /// output (a verify window goes through other quantized kernels than a one-token
 /// decode): greedy identity fails both ways.
-/// Its server runs the same chain.
+/// Its server runs the same chain. And it answers 500 (`unordered_map::at`) to a
+/// request with `n_probs` and a stop string its vocabulary cannot tokenize: it tokenizes
+/// the stop string to trim the probabilities, falling back to byte tokens the tiny
+/// model's twelve pieces lack (a real SentencePiece vocabulary has them), so the
+/// `logprobs` checks, whose cases include a stop string straddling two tokens, stop there.
 const LLAMA_EXPECTED: [(&str, &[&str]); 6] = [
     ("llama-cpp-none", &["sampled/t07-topp09/on", "sampled/t07-topp09/off"]),
     ("llama-cpp-prompt-lookup-3", &["sampled/t07-topp09/on", "sampled/t07-topp09/off"]),
-    ("llama-server-none", &["sampled/t07-topp09/on", "sampled/t07-topp09/off"]),
-    ("llama-server-ngram-simple-3", &["sampled/t07-topp09/on", "sampled/t07-topp09/off"]),
-    ("llama-server-draft-self-3", &["sampled/t07-topp09/on", "sampled/t07-topp09/off"]),
+    ("llama-server-none", &["sampled/t07-topp09/on", "sampled/t07-topp09/off", "logprobs/on", "logprobs/off"]),
+    ("llama-server-ngram-simple-3", &["sampled/t07-topp09/on", "sampled/t07-topp09/off", "logprobs/on", "logprobs/off"]),
+    ("llama-server-draft-self-3", &["sampled/t07-topp09/on", "sampled/t07-topp09/off", "logprobs/on", "logprobs/off"]),
     ("llama-cpp-prompt-lookup-3-smollm2", &["greedy-identity"]),
 ];
 /// The seed of the table's runs.
@@ -87,11 +124,13 @@ struct Run {
     model: Option<PathBuf>,
     /// `--statement`: the statement of a server that publishes none.
     statement: Option<PathBuf>,
+    /// `--tokenizer`: ENGINE-10's checks on the model of this tokenizer.
+    tokenizer: Option<PathBuf>,
 }
 
 impl Run {
     fn new(slug: impl Into<String>, engine: impl Into<String>) -> Run {
-        Run { slug: slug.into(), engine: engine.into(), model: None, statement: None }
+        Run { slug: slug.into(), engine: engine.into(), model: None, statement: None, tokenizer: None }
     }
 }
 
@@ -102,20 +141,27 @@ struct Done {
     seconds: f64,
 }
 
-/// Runs every engine and returns the table. llama.cpp is built (once) in the background
-/// while specdec's decoder and transformers run; then llama.cpp's engines and the
-/// SmolLM2 runs.
-pub fn run(root: &Path, specdec: &Path, python: &Path, smollm2: &Path) -> Result<String, String> {
+/// Runs every engine (or, with `only`, the runs whose slug contains it) and returns the
+/// table. llama.cpp is built (once) in the background while specdec's decoder and
+/// transformers run; then llama.cpp's engines on the tiny model, the SmolLM2 runs, and
+/// the checks whose oracle is each engine's own plain decoding (ENGINE-10) on SmolLM2.
+pub fn run(root: &Path, specdec: &Path, python: &Path, smollm2: &Path, only: Option<&str>) -> Result<String, String> {
     let out = root.join("reports/engines");
     std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    let wanted = |slug: &str| only.is_none_or(|o| slug.contains(o));
     let model = root.join(".cache/models/tiny-v12-l2-hf");
     let status = Command::new(specdec).args(["model", "tiny", "--preset", "tiny-v12-l2", "--gguf"]).arg(&model).status().map_err(|e| e.to_string())?;
     if !status.success() {
         return Err(format!("specdec model tiny failed: {status}"));
     }
+    let server_slugs: Vec<String> = LLAMA_SERVER_PATHS.iter().map(|(p, _)| format!("llama-server-{p}")).chain(OWN_LLAMA_SERVER.iter().map(|(p, _)| format!("llama-server-{p}-smollm2-own"))).collect();
+    let need_server = server_slugs.iter().any(|s| wanted(s));
+    let need_binding = LLAMA_PATHS.iter().map(|p| format!("llama-cpp-{}", p.replace(':', "-"))).chain(["llama-cpp-prompt-lookup-3-smollm2".to_string()]).any(|s| wanted(&s));
     let builds = {
         let (root, python) = (root.to_path_buf(), python.to_path_buf());
-        std::thread::spawn(move || -> Result<(PathBuf, PathBuf), String> { Ok((llama_cpp(&root, &python)?, llama_server(&root, &python)?)) })
+        std::thread::spawn(move || -> Result<(Option<PathBuf>, Option<PathBuf>), String> {
+            Ok((if need_binding { Some(llama_cpp(&root, &python)?) } else { None }, if need_server { Some(llama_server(&root, &python)?) } else { None }))
+        })
     };
     let mut first: Vec<Run> = Vec::new();
     for b in BACKENDS {
@@ -131,66 +177,160 @@ pub fn run(root: &Path, specdec: &Path, python: &Path, smollm2: &Path) -> Result
         first.push(Run::new(format!("hf-transformers-{}", path.replace(':', "-")), format!("exec:{hf} --speculation {path}")));
     }
     for (version, _) in HF_HISTORICAL {
-        let dir = historical(root, python, version)?;
-        first.push(Run::new(format!("hf-transformers-{version}-prompt-lookup-3"), format!("exec:PYTHONPATH={} {hf} --speculation prompt-lookup:3", rel(&dir))));
+        if wanted(&format!("hf-transformers-{version}-prompt-lookup-3")) {
+            let dir = historical(root, python, version)?;
+            first.push(Run::new(format!("hf-transformers-{version}-prompt-lookup-3"), format!("exec:PYTHONPATH={} {hf} --speculation prompt-lookup:3", rel(&dir))));
+        }
     }
     // specdec serve over HTTP: started here on a free port, stopped after its check.
-    let mut server = Server::start(specdec, root)?;
-    first.push(Run::new("specdec-serve-http-ndarray-ngram", format!("http://{}", server.addr)));
+    let serve_slug = "specdec-serve-http-ndarray-ngram";
+    let mut server = if wanted(serve_slug) { Some(Server::specdec(specdec, root, "tiny:tiny-v12-l2", "ndarray")?) } else { None };
+    if let Some(s) = &server {
+        first.push(Run::new(serve_slug, format!("http://{}", s.addr)));
+    }
+    first.retain(|r| wanted(&r.slug));
     let mut done = run_all(root, specdec, &out, &first)?;
-    server.stop();
+    server.iter_mut().for_each(Server::stop);
 
     let (llama, llama_server) = builds.join().map_err(|_| "the llama.cpp build thread panicked".to_string())??;
     let mut second: Vec<Run> = Vec::new();
     let gguf = model.join("tiny-v12-l2.gguf");
-    for path in LLAMA_PATHS {
-        second.push(Run::new(
-            format!("llama-cpp-{}", path.replace(':', "-")),
-            format!("exec:PYTHONPATH={} {} adapters/engines/llama_cpp_generate.py {} --speculation {path}", rel(&llama), rel(python), rel(&gguf)),
-        ));
+    if let Some(llama) = &llama {
+        for path in LLAMA_PATHS {
+            second.push(Run::new(
+                format!("llama-cpp-{}", path.replace(':', "-")),
+                format!("exec:PYTHONPATH={} {} adapters/engines/llama_cpp_generate.py {} --speculation {path}", rel(llama), rel(python), rel(&gguf)),
+            ));
+        }
     }
     // llama.cpp's own server, through its native endpoint: one server per speculation
     // setting and one plain server for the requests with speculation off. The tiny model
     // with an end token of its own: the server's `ignore_eos` bans it, and no id of the
     // law the checks enumerate.
-    let version = llama_server_version(&llama_server)?;
-    let gguf_end = model.join("tiny-v12-l2-end.gguf");
-    let mut servers = vec![Server::llama(&llama_server, &gguf_end, &[])?];
-    let plain = format!("llama-cpp+http://{}", servers[0].addr);
-    for (path, flags) in LLAMA_SERVER_PATHS {
-        let url = if flags.is_empty() {
-            plain.clone()
-        } else {
-            let flags: Vec<String> = flags.iter().map(|f| f.replace("{gguf}", &gguf_end.display().to_string())).collect();
-            servers.push(Server::llama(&llama_server, &gguf_end, &flags)?);
-            format!("llama-cpp+http://{}", servers[servers.len() - 1].addr)
-        };
-        let slug = format!("llama-server-{path}");
-        let statement = out.join(format!("{slug}.statement.json"));
-        let info = serde_json::json!({
-            "name": format!("llama-server/{path}"), "version": version, "speculation": path, "vocab": 12,
-            "greedy_epsilon": 1e-4, "batch_invariant": false, "stop_strings": true,
-        });
-        std::fs::write(&statement, info.to_string()).map_err(|e| format!("cannot write {}: {e}", statement.display()))?;
-        second.push(Run { statement: Some(statement), ..Run::new(slug, format!("{url},plain={plain}")) });
+    let mut servers = Vec::new();
+    if let Some(binary) = llama_server.as_ref().filter(|_| LLAMA_SERVER_PATHS.iter().any(|(p, _)| wanted(&format!("llama-server-{p}")))) {
+        let version = llama_server_version(binary)?;
+        let gguf_end = model.join("tiny-v12-l2-end.gguf");
+        let tiny = |flags: &[&str]| Server::llama(binary, &gguf_end, &substitute(flags, &gguf_end), LLAMA_TINY_SLOTS);
+        second.extend(llama_server_runs(&out, &version, &mut servers, &LLAMA_SERVER_PATHS, "", 12, LLAMA_TINY_EPSILON, None, &wanted, tiny)?);
     }
     // SmolLM2, whose law cannot be enumerated: greedy identity and speculation on
     // against off (`--model`), on specdec's decoder and on llama.cpp.
     second.push(Run { model: Some(smollm2.to_path_buf()), ..Run::new("specdec-tch-cpu-ngram-smollm2", "decoder:tch-cpu:ngram") });
-    second.push(Run {
-        model: Some(smollm2.to_path_buf()),
-        ..Run::new(
-            "llama-cpp-prompt-lookup-3-smollm2",
-            format!("exec:PYTHONPATH={} {} adapters/engines/llama_cpp_generate.py {} --speculation prompt-lookup:3 --n-ctx 512 --greedy-epsilon 1e-2", rel(&llama), rel(python), rel(smollm2)),
-        )
-    });
+    if let Some(llama) = &llama {
+        second.push(Run {
+            model: Some(smollm2.to_path_buf()),
+            ..Run::new(
+                "llama-cpp-prompt-lookup-3-smollm2",
+                format!("exec:PYTHONPATH={} {} adapters/engines/llama_cpp_generate.py {} --speculation prompt-lookup:3 --n-ctx 512 --greedy-epsilon 1e-2", rel(llama), rel(python), rel(smollm2)),
+            )
+        });
+    }
+    second.retain(|r| wanted(&r.slug));
     done.extend(run_all(root, specdec, &out, &second)?);
     servers.iter_mut().for_each(Server::stop);
-    let text = table(&done)?;
-    let path = out.join("ENGINES.md");
+    servers.clear();
+
+    // ENGINE-10 on SmolLM2: each engine's speculation against its own plain decoding,
+    // given only the model's tokenizer (the GGUF), under the concurrency sweep.
+    let mut third: Vec<Run> = Vec::new();
+    if let Some(binary) = llama_server.as_ref().filter(|_| OWN_LLAMA_SERVER.iter().any(|(p, _)| wanted(&format!("llama-server-{p}-smollm2-own")))) {
+        let version = llama_server_version(binary)?;
+        let big = |flags: &[&str]| Server::llama(binary, smollm2, &substitute(flags, smollm2), OWN_SLOTS);
+        third.extend(llama_server_runs(&out, &version, &mut servers, &OWN_LLAMA_SERVER, "-smollm2-own", SMOLLM2_VOCAB, OWN_LLAMA_EPSILON, Some(smollm2), &wanted, big)?);
+    }
+    let mut serves = Vec::new();
+    for backend in OWN_SERVE_BACKENDS {
+        let slug = format!("specdec-serve-{backend}-ngram-smollm2-own");
+        if wanted(&slug) {
+            let s = Server::specdec(specdec, root, &smollm2.display().to_string(), backend)?;
+            third.push(Run { tokenizer: Some(smollm2.to_path_buf()), ..Run::new(slug, format!("http://{}", s.addr)) });
+            serves.push(s);
+        }
+    }
+    done.extend(run_all(root, specdec, &out, &third)?);
+    servers.iter_mut().chain(serves.iter_mut()).for_each(Server::stop);
+
+    let text = table(&done, only)?;
+    let path = out.join(if only.is_some() { "ENGINES-only.md" } else { "ENGINES.md" });
     std::fs::write(&path, &text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     expectations(&done)?;
     Ok(text)
+}
+
+/// `flags` with `{gguf}` replaced by `gguf`.
+fn substitute(flags: &[&str], gguf: &Path) -> Vec<String> {
+    flags.iter().map(|f| f.replace("{gguf}", &gguf.display().to_string())).collect()
+}
+
+/// The runs of llama.cpp's server, one per `(path, flags)` wanted: a server per
+/// speculation setting (`start(flags)`, pushed onto `servers`), each paired with the
+/// plain one (started once) for the requests with speculation off, and the statement
+/// the server cannot publish (`--statement`, written into `out`). With `tokenizer`, the
+/// runs are ENGINE-10's (`--tokenizer`).
+#[allow(clippy::too_many_arguments)]
+fn llama_server_runs(
+    out: &Path,
+    version: &str,
+    servers: &mut Vec<Server>,
+    paths: &[(&str, &[&str])],
+    suffix: &str,
+    vocab: usize,
+    epsilon: f64,
+    tokenizer: Option<&Path>,
+    wanted: &dyn Fn(&str) -> bool,
+    start: impl Fn(&[&str]) -> Result<Server, String>,
+) -> Result<Vec<Run>, String> {
+    let mut runs = Vec::new();
+    let mut plain: Option<String> = None;
+    for (path, flags) in paths {
+        let slug = format!("llama-server-{path}{suffix}");
+        if !wanted(&slug) {
+            continue;
+        }
+        let plain_url = match &plain {
+            Some(url) => url.clone(),
+            None => {
+                servers.push(start(&[])?);
+                let url = format!("llama-cpp+http://{}", servers[servers.len() - 1].addr);
+                plain = Some(url.clone());
+                url
+            }
+        };
+        let url = if flags.is_empty() {
+            plain_url.clone()
+        } else {
+            servers.push(start(flags)?);
+            format!("llama-cpp+http://{}", servers[servers.len() - 1].addr)
+        };
+        let statement = out.join(format!("{slug}.statement.json"));
+        std::fs::write(&statement, llama_server_statement(path, version, vocab, epsilon, tokenizer.is_none()).to_string()).map_err(|e| format!("cannot write {}: {e}", statement.display()))?;
+        runs.push(Run { statement: Some(statement), tokenizer: tokenizer.map(Path::to_path_buf), ..Run::new(slug, format!("{url},plain={plain_url}")) });
+    }
+    Ok(runs)
+}
+
+/// What llama.cpp's server takes and reports, as its README and native endpoint
+/// state them (ENGINE-1): stop strings, no per-request eos ids (the transport cuts
+/// after the first), min-p, logit bias and its three penalties over the whole context,
+/// JSON schemas (its grammar sampler), and with `logprobs` the raw and the
+/// post-sampling top-n probabilities (`n_probs`, `post_sampling_probs`), all within
+/// `epsilon` of the reference's logits. Not `logprobs` on SmolLM2: its server gives one
+/// probability entry per complete UTF-8 character, not per token (a character split
+/// over two byte tokens has one entry, of the second id), so no entry can be matched
+/// to its token and every check would stop at that contract breach.
+fn llama_server_statement(path: &str, version: &str, vocab: usize, epsilon: f64, logprobs: bool) -> Value {
+    let mut statement = serde_json::json!({
+        "name": format!("llama-server/{path}"), "version": version, "speculation": path, "vocab": vocab,
+        "greedy_epsilon": epsilon, "batch_invariant": false, "stop_strings": true, "eos_ids": false,
+        "processors": ["min_p", "logit_bias", "repetition_penalty", "presence_penalty", "frequency_penalty"],
+        "penalty_scopes": ["context"],
+        "constraints": ["json_schema"],
+    });
+    if logprobs {
+        statement["logprobs"] = serde_json::json!({"modes": ["raw", "processed"], "max_top": 10, "epsilon": epsilon});
+    }
+    statement
 }
 
 /// Runs `runs` on [`WORKERS`] workers, each run's output in `out/<slug>.log`; the
@@ -208,6 +348,7 @@ fn run_all(root: &Path, specdec: &Path, out: &Path, runs: &[Run]) -> Result<Vec<
             .args(["engine-check", "--seed", ENGINES_SEED, "--engine", &r.engine])
             .args(r.model.iter().flat_map(|m| ["--model".to_string(), rel(m)]))
             .args(r.statement.iter().flat_map(|p| ["--statement".to_string(), rel(p)]))
+            .args(r.tokenizer.iter().flat_map(|p| ["--tokenizer".to_string(), rel(p)]))
             .arg("--report")
             .arg(&json)
             .arg("--report")
@@ -263,18 +404,19 @@ fn expectations(reports: &[Done]) -> Result<(), String> {
     if wrong.is_empty() { Ok(()) } else { Err(format!("the table is in reports/engines/ENGINES.md, but:\n{}", wrong.join("\n"))) }
 }
 
-/// `specdec serve` on the tiny model, for the HTTP path.
+/// A server under test: `specdec serve` or llama.cpp's.
 struct Server {
     child: std::process::Child,
     addr: String,
 }
 
 impl Server {
-    fn start(specdec: &Path, root: &Path) -> Result<Server, String> {
+    /// `specdec serve` on `model` and `backend` with n-gram speculation, on a free port.
+    fn specdec(specdec: &Path, root: &Path, model: &str, backend: &str) -> Result<Server, String> {
         use std::io::BufRead;
         let mut child = Command::new(specdec)
             .current_dir(root)
-            .args(["serve", "--model", "tiny:tiny-v12-l2", "--backend", "ndarray", "--proposer", "ngram", "--k", "3", "--port", "0", "--max-batch", "16"])
+            .args(["serve", "--model", model, "--backend", backend, "--proposer", "ngram", "--k", "3", "--port", "0", "--max-batch", "16"])
             .stdout(std::process::Stdio::piped())
             .spawn()
             .map_err(|e| format!("cannot start specdec serve: {e}"))?;
@@ -285,15 +427,16 @@ impl Server {
         Ok(Server { child, addr })
     }
 
-    /// llama.cpp's server on `gguf` with `flags`, on a free port, once its `/health`
-    /// answers 200 (it loads the model first).
-    fn llama(binary: &Path, gguf: &Path, flags: &[String]) -> Result<Server, String> {
+    /// llama.cpp's server on `gguf` with `flags` and `slots`, on a free port, once its
+    /// `/health` answers 200 (it loads the model first).
+    fn llama(binary: &Path, gguf: &Path, flags: &[String], slots: usize) -> Result<Server, String> {
         let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(|e| format!("no free port: {e}"))?.port();
         let addr = format!("127.0.0.1:{port}");
         let child = Command::new(binary)
             .arg("-m")
             .arg(gguf)
-            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "-c", "1024", "-np", "4", "-t", "1", "-tb", "1", "--log-disable"])
+            // 256 positions per slot: the checks' prompts and outputs fit with room.
+            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "-c", &(256 * slots).to_string(), "-np", &slots.to_string(), "-t", "1", "-tb", "1", "--log-disable"])
             .args(flags)
             .stdout(std::process::Stdio::null())
             .spawn()
@@ -450,7 +593,7 @@ fn historical(root: &Path, python: &Path, version: &str) -> Result<PathBuf, Stri
 
 /// One line per engine (its checks passed or not, and time), then every check that did
 /// not pass with its rules, evidence and repro command.
-fn table(reports: &[Done]) -> Result<String, String> {
+fn table(reports: &[Done], only: Option<&str>) -> Result<String, String> {
     let mut summary = String::from("| engine | version | pass | fail | not supported | seconds |\n|---|---|---|---|---|---|\n");
     let mut failures = String::from("| engine | check | status | rules | evidence | repro |\n|---|---|---|---|---|---|\n");
     for Done { slug, json, seconds } in reports {
@@ -475,5 +618,6 @@ fn table(reports: &[Done]) -> Result<String, String> {
     let mut expected: String = HF_HISTORICAL.iter().map(|(v, what)| format!("- transformers {v} with prompt lookup {what}.\n")).collect();
     expected.push_str("- llama.cpp may fail only these (its sampler tempers after top-p, speculation on and off alike; on SmolLM2's Q4_1 its 8-bit activations move greedy tokens off the reference, and its verify windows move them off its own plain decoding):\n");
     expected.extend(LLAMA_EXPECTED.iter().map(|(slug, checks)| format!("  - {slug}: {}\n", checks.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(", "))));
-    Ok(format!("# Engines under test\n\nSeed {ENGINES_SEED}; `cargo xtask engines`. Expected of the third-party engines:\n\n{expected}\n{summary}\nEvery check that did not pass:\n\n{failures}"))
+    let command = only.map_or("`cargo xtask engines`".to_string(), |o| format!("`cargo xtask engines --only {o}` (only the runs whose name contains it)"));
+    Ok(format!("# Engines under test\n\nSeed {ENGINES_SEED}; {command}. Expected of the third-party engines:\n\n{expected}\n{summary}\nEvery check that did not pass:\n\n{failures}"))
 }

@@ -96,9 +96,15 @@ enum Task {
     /// Opt-in, not in CI: the engine checks on real engines: specdec's decoder on every CPU
     /// backend and proposer, `specdec serve` over HTTP, HF transformers' `generate` (prompt
     /// lookup, the model as its own assistant, early exit) from the peers' pinned PyPI
-    /// packages, and llama.cpp (its Python binding and its server); writes
-    /// `reports/engines/ENGINES.md`.
-    Engines,
+    /// packages, and llama.cpp (its Python binding and its server); then ENGINE-10 (each
+    /// engine against its own plain decoding, the concurrency sweep) on SmolLM2 with
+    /// llama.cpp's server and `specdec serve`; writes `reports/engines/ENGINES.md`.
+    Engines {
+        /// Only the runs whose name contains this (the table goes to `ENGINES-only.md`);
+        /// builds and servers the others need are skipped.
+        #[arg(long)]
+        only: Option<String>,
+    },
     /// Opt-in, not in CI: the speedup report (criterion underneath): kernels and SmolLM2
     /// forwards against the machine's measured bandwidth, speculative against plain decoding
     /// per backend and proposer; writes `reports/bench/BENCH.md`, `bench.json` and SVG plots.
@@ -202,10 +208,10 @@ fn run(task: Task) -> Result<(), String> {
             args.extend(rest);
             cargo_with(&root, &["run", "--release", "--quiet", "-p", "specdec-cli", "--features", "tch", "--"], &args, Some(&lt), &models)
         }
-        Task::Engines => {
+        Task::Engines { only } => {
             let (specdec, python) = peers_and_release_binary(&root)?;
             let smollm2 = smollm2::ensure_smollm2(&root)?;
-            print!("{}", engines::run(&root, &specdec, &python, &smollm2)?);
+            print!("{}", engines::run(&root, &specdec, &python, &smollm2, only.as_deref())?);
             Ok(())
         }
         Task::Architectures => {

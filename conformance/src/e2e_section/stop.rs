@@ -40,7 +40,9 @@ pub fn cuts(tokens: &[u32], cut_at: &[usize], text: &dyn Fn(&[u32]) -> String) -
             (Some(a), Some(b)) => Some(format!("{a}{b}")),
             _ => None,
         };
-        for s in [Some(whole), straddle].into_iter().flatten().filter(|s| !s.trim().is_empty()) {
+        // Not a string holding U+FFFD: that is how a token ending inside a
+        // UTF-8 character decodes, and no engine's output text holds it there.
+        for s in [Some(whole), straddle].into_iter().flatten().filter(|s| !s.trim().is_empty() && !s.contains(char::REPLACEMENT_CHARACTER)) {
             // The first prefix of the output whose text holds it.
             if let Some(keep) = (1..=tokens.len()).find(|&n| text(&tokens[..n]).contains(s.as_str())) {
                 out.push((s, keep));
@@ -96,4 +98,29 @@ pub(super) fn check<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, plain: &P
         }
     }
     Ok(excused)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cuts;
+
+    /// A byte-level decoder: ids are bytes, a prefix ending inside a UTF-8
+    /// character decodes with U+FFFD, as SmolLM2's tokenizer does.
+    fn bytes(ids: &[u32]) -> String {
+        String::from_utf8_lossy(&ids.iter().map(|&b| b as u8).collect::<Vec<u8>>()).into_owned()
+    }
+
+    /// ENGINE-10 / DECODE-7: a stop string is whole text. A token that ends
+    /// inside a character (the first byte of `こ`) gives none, and neither
+    /// does a straddle through it; whole characters still give theirs, each
+    /// with the prefix it completes at. (Found on llama.cpp's server, which
+    /// never matched a stop string of U+FFFD, rightly.)
+    #[test]
+    fn stop_strings_are_never_cut_inside_a_character() {
+        let ids: Vec<u32> = "abこcd".bytes().map(u32::from).collect();
+        let got = cuts(&ids, &[1, 2, 3, 4, 5], &bytes);
+        assert!(got.iter().all(|(s, _)| !s.contains(char::REPLACEMENT_CHARACTER)), "{got:?}");
+        assert!(got.contains(&("b".to_string(), 2)) && got.contains(&("こc".to_string(), 6)), "{got:?}");
+        assert!(!got.iter().any(|(_, keep)| *keep == 3 || *keep == 4), "no cut inside the character: {got:?}");
+    }
 }

@@ -17,7 +17,7 @@
 use specdec_backend::model::{ForwardRequest, LlamaWeights, RefModel};
 use specdec_backend::{PenaltyScope, SamplingParams};
 use specdec_decoder::LogprobMode;
-use specdec_engines::{Finish, GenerationEngine, GenerationRequest};
+use specdec_engines::{EngineInfo, Finish, GenerationEngine, GenerationRequest};
 use specdec_reference::{RowInputs, bias_row, logprob_row};
 use specdec_stats::TestReport;
 
@@ -50,8 +50,10 @@ const fn t1() -> SamplingParams {
 
 /// The settings. Each penalty counts the scope its peers count it over
 /// (repetition the whole context as HF and llama.cpp; presence and
-/// frequency the generated tokens as OpenAI and vLLM), strong enough that a
-/// row that misses it moves the law by far more than the check's delta.
+/// frequency the generated tokens as OpenAI and vLLM), or the other where
+/// the engine states only that ([`ProcessorSetting::in_scope_of`]: llama.cpp
+/// counts every penalty over the context), strong enough that a row that
+/// misses it moves the law by far more than the check's delta.
 pub const PROCESSOR_SETTINGS: [ProcessorSetting; 6] = [
     ProcessorSetting { name: "min-p", params: SamplingParams { min_p: 0.3, ..t1() }, bias: Bias::None },
     ProcessorSetting { name: "bias-ban", params: t1(), bias: Bias::Ban },
@@ -62,6 +64,18 @@ pub const PROCESSOR_SETTINGS: [ProcessorSetting; 6] = [
 ];
 
 impl ProcessorSetting {
+    /// The setting in a scope the engine states: a penalty's own scope where
+    /// it states that one or none, else the one it states (the reference
+    /// counts either exactly, LOGITS-12).
+    pub fn in_scope_of(&self, info: &EngineInfo) -> ProcessorSetting {
+        let scope = self.params.penalty_scope;
+        let penalised = self.params.penalised();
+        match info.penalty_scopes.first() {
+            Some(&stated) if penalised && !info.penalty_scopes.contains(&scope) => ProcessorSetting { params: SamplingParams { penalty_scope: stated, ..self.params }, ..*self },
+            _ => *self,
+        }
+    }
+
     /// Whether it has a `greedy` check (min-p cannot move an argmax).
     pub fn has_greedy(&self) -> bool {
         self.params.min_p == 0.0
@@ -94,6 +108,7 @@ impl ProcessorSetting {
 /// speculation on and off, against the reference's greedy outputs under it.
 pub(super) fn greedy(engine: &mut dyn GenerationEngine, w: &LlamaWeights, s: &ProcessorSetting) -> Result<Verdict, Verdict> {
     let fail = Verdict::Fail;
+    let s = &s.in_scope_of(engine.info());
     let model = RefModel::new(w.clone());
     let prompts = tiny_prompts();
     let bias = s.bias(&model, &prompts[0]).map_err(fail)?;
@@ -141,6 +156,7 @@ pub const PROCESSOR_TOKENS: usize = 2;
 /// exact law (one extra cell, expected 0, for anything outside its support).
 pub(super) fn law(engine: &mut dyn GenerationEngine, w: &LlamaWeights, s: &ProcessorSetting, on: bool, name: &str, base: u64, family: usize) -> Result<TestReport, Verdict> {
     let fail = Verdict::Fail;
+    let s = &s.in_scope_of(engine.info());
     let model = RefModel::new(w.clone());
     let (prompt, eos) = sampled_setup(w).map_err(fail)?;
     let bias = s.bias(&model, &prompt).map_err(fail)?;

@@ -142,6 +142,10 @@ pub fn write_llama_gguf(path: impl AsRef<Path>, weights: &LlamaWeights, name: &s
         ("tokenizer.ggml.bos_token_id".into(), Value::U32(vocab.bos)),
         ("tokenizer.ggml.eos_token_id".into(), Value::U32(vocab.eos)),
         ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
+        // The pieces carry no `▁`: without this, llama.cpp tokenizes text (a stop
+        // string) as `▁` + text, falls back to byte tokens the vocabulary lacks,
+        // and its server answers 500.
+        ("tokenizer.ggml.add_space_prefix".into(), Value::Bool(false)),
     ];
     if c.head_dim.is_some_and(|hd| hd * c.num_attention_heads != c.hidden_size) {
         // A head width other than hidden / heads (Qwen3's), as llama.cpp writes it.
