@@ -122,8 +122,9 @@ pub fn run_own(engine: &mut dyn GenerationEngine, label: &str, model: &OwnModel,
 
 /// The margin below which a divergence from plain decoding is excused: none
 /// for an engine stating batch invariance (its windows and batches equal its
-/// decodes bit for bit, so its greedy epsilon against the f64 reference, which
-/// a quantized port's may make large, does not enter), else its greedy epsilon.
+/// decodes bit for bit, so its epsilons against the f64 reference, greedy and
+/// logprob, which a quantized port's may make large, do not enter: its
+/// logprobs must equal plain's exactly), else its greedy epsilon.
 fn own_epsilon(info: &specdec_engines::EngineInfo) -> f64 {
     if info.batch_invariant { 0.0 } else { info.greedy_epsilon }
 }
@@ -135,7 +136,7 @@ fn refuse(engine: &dyn GenerationEngine, model: &OwnModel) -> Option<String> {
     if !info.batch_invariant && !(0.0..=MAX_GREEDY_EPSILON).contains(&info.greedy_epsilon) {
         return Some(format!("the engine states a greedy epsilon of {:e}, outside [0, {MAX_GREEDY_EPSILON:e}]", info.greedy_epsilon));
     }
-    if info.logprobs.as_ref().is_some_and(|l| !(0.0..=MAX_LOGPROB_EPSILON).contains(&l.epsilon)) {
+    if !info.batch_invariant && info.logprobs.as_ref().is_some_and(|l| !(0.0..=MAX_LOGPROB_EPSILON).contains(&l.epsilon)) {
         return Some(format!("the engine states a logprob epsilon above {MAX_LOGPROB_EPSILON:e}"));
     }
     if model.prompts.is_empty() {
@@ -251,7 +252,7 @@ fn judge(model: &OwnModel, plain: &[Generation], case: &Case, got: &Generation, 
 /// Runs `cases` with `in_flight` requests per call and judges each.
 fn run_cases(engine: &mut dyn GenerationEngine, model: &OwnModel, plain: &[Generation], cases: &[Case], in_flight: usize) -> Result<(Tally, Result<(), String>), Verdict> {
     let info = engine.info().clone();
-    let logprob_eps = info.logprobs.as_ref().map_or(0.0, |l| l.epsilon);
+    let logprob_eps = if info.batch_invariant { 0.0 } else { info.logprobs.as_ref().map_or(0.0, |l| l.epsilon) };
     let mut tally = Tally::default();
     for chunk in cases.chunks(in_flight) {
         let requests: Vec<GenerationRequest> = chunk.iter().map(|c| c.req.clone()).collect();
