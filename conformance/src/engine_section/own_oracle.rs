@@ -120,23 +120,22 @@ pub fn run_own(engine: &mut dyn GenerationEngine, label: &str, model: &OwnModel,
     results
 }
 
-/// The margin below which a divergence from plain decoding is excused: none
-/// for an engine stating batch invariance (its windows and batches equal its
-/// decodes bit for bit, so its epsilons against the f64 reference, greedy and
-/// logprob, which a quantized port's may make large, do not enter: its
-/// logprobs must equal plain's exactly), else its greedy epsilon.
-fn own_epsilon(info: &specdec_engines::EngineInfo) -> f64 {
-    if info.batch_invariant { 0.0 } else { info.greedy_epsilon }
+/// The checks' epsilons against plain decoding, (greedy margin, logprob):
+/// none for an engine stating batch invariance (its windows and batches equal
+/// its decodes bit for bit, so its epsilons against the f64 reference, which a
+/// quantized port's may make large, do not enter), else the stated ones.
+fn own_epsilons(info: &specdec_engines::EngineInfo) -> (f64, f64) {
+    if info.batch_invariant { (0.0, 0.0) } else { (info.greedy_epsilon, info.logprobs.as_ref().map_or(0.0, |l| l.epsilon)) }
 }
 
 /// What the engine states that rules the checks out: an epsilon that
 /// would excuse anything.
 fn refuse(engine: &dyn GenerationEngine, model: &OwnModel) -> Option<String> {
-    let info = engine.info();
-    if !info.batch_invariant && !(0.0..=MAX_GREEDY_EPSILON).contains(&info.greedy_epsilon) {
-        return Some(format!("the engine states a greedy epsilon of {:e}, outside [0, {MAX_GREEDY_EPSILON:e}]", info.greedy_epsilon));
+    let (greedy, logprob) = own_epsilons(engine.info());
+    if !(0.0..=MAX_GREEDY_EPSILON).contains(&greedy) {
+        return Some(format!("the engine states a greedy epsilon of {greedy:e}, outside [0, {MAX_GREEDY_EPSILON:e}]"));
     }
-    if !info.batch_invariant && info.logprobs.as_ref().is_some_and(|l| !(0.0..=MAX_LOGPROB_EPSILON).contains(&l.epsilon)) {
+    if !(0.0..=MAX_LOGPROB_EPSILON).contains(&logprob) {
         return Some(format!("the engine states a logprob epsilon above {MAX_LOGPROB_EPSILON:e}"));
     }
     if model.prompts.is_empty() {
@@ -252,14 +251,14 @@ fn judge(model: &OwnModel, plain: &[Generation], case: &Case, got: &Generation, 
 /// Runs `cases` with `in_flight` requests per call and judges each.
 fn run_cases(engine: &mut dyn GenerationEngine, model: &OwnModel, plain: &[Generation], cases: &[Case], in_flight: usize) -> Result<(Tally, Result<(), String>), Verdict> {
     let info = engine.info().clone();
-    let logprob_eps = if info.batch_invariant { 0.0 } else { info.logprobs.as_ref().map_or(0.0, |l| l.epsilon) };
+    let (greedy_eps, logprob_eps) = own_epsilons(&info);
     let mut tally = Tally::default();
     for chunk in cases.chunks(in_flight) {
         let requests: Vec<GenerationRequest> = chunk.iter().map(|c| c.req.clone()).collect();
         let outputs = generate(engine, &requests)?;
         for (case, got) in chunk.iter().zip(&outputs) {
             tally.drafts(got, case.req.speculation);
-            if let Err(e) = judge(model, plain, case, got, own_epsilon(&info), logprob_eps, &mut tally) {
+            if let Err(e) = judge(model, plain, case, got, greedy_eps, logprob_eps, &mut tally) {
                 return Ok((tally, Err(e)));
             }
         }
