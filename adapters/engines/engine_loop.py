@@ -11,8 +11,9 @@ PROTOCOL = "specdec-exec/1"
 FIELDS = {"prompt", "temperature", "top_k", "top_p", "seed", "max_new_tokens", "eos", "stop", "speculation"}
 
 
-def check_fields(request):
-    unknown = set(request) - FIELDS
+def check_fields(request, stated=()):
+    """Refuses a field outside PROTO-9's base set and the optional ones the adapter states."""
+    unknown = set(request) - FIELDS - set(stated)
     if unknown:
         raise ValueError(f"unknown request fields {sorted(unknown)}")
 

@@ -17,11 +17,29 @@ without spaces, plus six single letters outside the model's vocabulary, which HF
 need to clean a vocabulary (they tokenize "abcdef"); the model never generates those. When
 and where generation stops is HF's decision; the finish reason says `stop` when the text of
 the generated tokens holds a stop string, so tokens HF lets through after one are seen.
+
+The processors HF has go to its own: min-p as `min_p` (its `MinPLogitsWarper`, after
+temperature, top-k and top-p, LOGITS-10's place), a logit bias as `sequence_bias` of
+one-token sequences, the repetition penalty as `repetition_penalty` (over prompt and output,
+the `context` scope). HF has no presence or frequency penalty: not stated, so not asked.
+Logprobs (LOGPROB-1/2) come from HF's own `output_logits` (raw: the model's logits) and
+`output_scores` (processed: the scores HF sampled from, after its processors and warpers),
+one per emitted token as HF returns them, assisted generation included (it returns the
+verify rows of the tokens it keeps); here they are only put in LOGPROB-3's form.
+
+A regex constraint (CONSTRAIN-1) goes to HF's own constraint path, `prefix_allowed_tokens_fn`
+(its `PrefixConstrainedLogitsProcessor`, which assisted generation applies to every row of a
+verify window with the drafts before it, and hands to the assistant for its drafts). The
+function given to it is CONSTRAIN-2's plain rule over the tiny text, with the `regex`
+module HF itself depends on: a token is allowed iff the output's text with the token's
+appended is still a prefix of a match (`fullmatch(..., partial=True)`), an eos iff the
+output's text matches. HF has no JSON-schema path; a schema is not stated, so not asked.
 """
 
 import argparse
 import sys
 
+import regex
 import torch
 import transformers
 from transformers import AutoModelForCausalLM, GenerationConfig
@@ -45,6 +63,43 @@ def tiny_tokenizer(vocab_size):
 
 def tiny_text(ids):
     return "".join(chr(65 + i) + chr(97 + i) for i in ids)
+
+
+def allowed_tokens(request, prompt_len, vocab_size):
+    """HF's `prefix_allowed_tokens_fn` for the request's regex constraint (module doc), or None."""
+    constraint = request.get("constraint")
+    if constraint is None:
+        return None
+    if set(constraint) != {"regex"}:
+        raise ValueError(f"constraint {sorted(constraint)}: only a regex is stated")
+    pattern, eos = regex.compile(constraint["regex"]), request["eos"]
+    if not eos:
+        raise ValueError("a constraint needs an eos id to end where the output matches")
+    texts = [tiny_text([t]) for t in range(vocab_size)]
+
+    def allowed(_batch, input_ids):
+        generated = input_ids[prompt_len:].tolist()
+        if any(t in eos for t in generated):
+            # A window row after a drafted eos: never emitted (the output ends at the eos),
+            # and HF refuses an empty list, so every id.
+            return list(range(vocab_size))
+        text = tiny_text(generated)
+        ids = [t for t in range(vocab_size) if t not in eos and pattern.fullmatch(text + texts[t], partial=True)]
+        return ids + (eos if pattern.fullmatch(text) else [])
+
+    return allowed
+
+
+def entries(rows, tokens, top):
+    """LOGPROB-3's entries of `tokens` from HF's per-token rows (logits or scores)."""
+    out = []
+    for row, token in zip(rows, tokens):
+        lp = torch.log_softmax(row[0].to(torch.float64), dim=-1)
+        finite = [(i, v) for i, v in enumerate(lp.tolist()) if v != float("-inf")]
+        finite.sort(key=lambda e: (-e[1], e[0]))
+        chosen = lp[token].item()
+        out.append({"id": token, "logprob": chosen if chosen != float("-inf") else -9999.0, "top": [[i, v] for i, v in finite[:top]]})
+    return out
 
 
 def load(path):
@@ -78,11 +133,18 @@ def main():
         "greedy_epsilon": 1e-4,
         "batch_invariant": True,
         "stop_strings": True,
+        "constraints": ["regex"],
+        "processors": ["min_p", "logit_bias", "repetition_penalty"],
+        "penalty_scopes": ["context"],
+        # float32 logits against the reference's f64.
+        "logprobs": {"modes": ["raw", "processed"], "max_top": 20, "epsilon": 1e-4},
     }
     tokenizer = tiny_tokenizer(model.config.vocab_size)
 
     def generate(r):
-        check_fields(r)
+        check_fields(r, stated={"constraint", "min_p", "logit_bias", "repetition_penalty", "penalty_scope", "logprobs"})
+        if r.get("penalty_scope", "context") != "context":
+            raise ValueError("HF's repetition penalty counts the prompt too: only the `context` scope")
         sample = r["temperature"] > 0
         config = GenerationConfig(
             max_new_tokens=r["max_new_tokens"],
@@ -92,7 +154,15 @@ def main():
             top_p=r["top_p"] if sample else None,
             eos_token_id=r["eos"] or None,
             pad_token_id=0,
+            min_p=r.get("min_p") or None,
+            repetition_penalty=r.get("repetition_penalty", 1.0),
+            sequence_bias=[[[i], b] for i, b in r.get("logit_bias", [])] or None,
         )
+        ask = r.get("logprobs")
+        if ask:
+            config.return_dict_in_generate = True
+            config.output_logits = ask["mode"] == "raw"
+            config.output_scores = ask["mode"] == "processed"
         extra = {}
         if r["stop"]:
             config.stop_strings = r["stop"]
@@ -103,11 +173,15 @@ def main():
             extra["assistant_model"] = assistant
         elif r["speculation"] and kind == "early-exit":
             config.assistant_early_exit = int(arg)
-        torch.manual_seed(r["seed"])
         prompt = torch.tensor([r["prompt"]], dtype=torch.long)
+        constrained = allowed_tokens(r, prompt.shape[1], model.config.vocab_size)
+        if constrained is not None:
+            extra["prefix_allowed_tokens_fn"] = constrained
+        torch.manual_seed(r["seed"])
         with torch.no_grad():
             out = model.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config, **extra)
-        tokens = out[0, prompt.shape[1]:].tolist()
+        sequences = out.sequences if ask else out
+        tokens = sequences[0, prompt.shape[1]:].tolist()
         if tokens and tokens[-1] in r["eos"]:
             finish = "eos"
         elif any(stop in tiny_text(tokens) for stop in r["stop"]):
@@ -116,7 +190,11 @@ def main():
             finish = "length"
         else:
             finish = "capacity"
-        return {"tokens": tokens, "finish": finish}
+        reply = {"tokens": tokens, "finish": finish}
+        if ask:
+            rows = out.logits if ask["mode"] == "raw" else out.scores
+            reply["logprobs"] = entries(rows, tokens, ask["top"])
+        return reply
 
     serve(info, generate)
 

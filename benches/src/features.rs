@@ -51,21 +51,10 @@ const CONFIGS: [(&str, bool, bool, bool, &str); 5] = [
     ("n-gram + schema", true, false, true, "plain + schema"),
 ];
 
-/// The mix's schema and chat prompts, as ids.
-fn mix(tok: &Tokenizer) -> Result<(serde_json::Value, Vec<Vec<u32>>), String> {
-    let text = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/prompts/tool_calls.json"));
-    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("tool_calls.json: {e}"))?;
-    let prompts = v["prompts"].as_array().ok_or("tool_calls.json: no prompts")?;
-    let ids = prompts
-        .iter()
-        .map(|p| p["text"].as_str().ok_or("tool_calls.json: a prompt without text".to_string()).and_then(|t| tok.chat_prompt(t).and_then(|c| tok.encode(&c, false)).map_err(|e| e.to_string())))
-        .collect::<Result<_, _>>()?;
-    Ok((v["schema"].clone(), ids))
-}
-
 /// Runs every configuration on `b`, `max_tokens` per answer.
 pub fn measure<B: ModelBackend>(name: &str, b: &B, w: &Arc<LlamaWeights>, tok: &Tokenizer, max_tokens: usize) -> Result<Features, String> {
-    let (schema, prompts) = mix(tok)?;
+    let mix = specdec_models::prompts::tool_call_mix(tok).map_err(|e| e.to_string())?;
+    let (schema, prompts): (_, Vec<Vec<u32>>) = (mix.schema, mix.prompts.into_iter().map(|(_, ids)| ids).collect());
     let constraint = Constrained::new(ConstraintSpec::JsonSchema(schema), TokenTable::of_tokenizer(tok, w.config.vocab_size)?).map_err(|e| e.to_string())?;
     let model = b.load_model(w).map_err(|e| e.to_string())?;
     let run = |drafts: bool, logprobs: bool, constrained: bool, prompt: &[u32]| -> Result<RunOutput, String> {

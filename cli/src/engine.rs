@@ -11,10 +11,10 @@ use specdec_backend::model::LlamaWeights;
 use specdec_conformance::check::{CheckResult, SuiteConfig};
 use specdec_conformance::e2e_section::K;
 use specdec_conformance::e2e_section::{build_proposer, engine_config, tiny_text};
-use specdec_conformance::engine_section::{self, ENGINE_MODEL, LargeModel, OwnModel};
+use specdec_conformance::engine_section::{self, ENGINE_MODEL, LargeModel, OwnConstraint, OwnModel};
 use specdec_conformance::report::Report;
 use specdec_decoder::EngineConfig;
-use specdec_decoder::{Detokenize, ProposerChoice};
+use specdec_decoder::{ConstraintSpec, Detokenize, ProposerChoice, TokenTable};
 use specdec_engines::{DecoderEngine, ExecEngine, GenerationEngine, HttpEngine, serve_exec};
 use specdec_models::tiny::TinySpec;
 use specdec_registry::{Job, with_backend};
@@ -138,6 +138,10 @@ fn verdict_line(report: &Report) -> String {
     }
 }
 
+/// Tokens of a constrained tool call in ENGINE-10's `constrained` check (a
+/// tool call of the mix's schema takes some 30 to 60).
+const TOOL_CALL_TOKENS: usize = 128;
+
 /// The served model as the ENGINE-10 checks know it: `tiny:PRESET` (the
 /// section's tiny model and prompts), or a tokenizer (a `.gguf`, an HF
 /// folder, a `tokenizer.json`) with the shipped SmolLM2 prompts or
@@ -177,8 +181,11 @@ fn own_model(tokenizer: &str, prompts: Option<&Path>) -> Result<OwnModel, String
     };
     let name = name.unwrap_or_else(|| "model".into()).to_lowercase().replace('/', "-");
     let eos = tok.end_ids();
+    // The `constrained` check's mix: the shipped tool calls under their JSON schema.
+    let mix = specdec_models::prompts::tool_call_mix(&tok).map_err(|e| e.to_string())?;
+    let constrained = (!eos.is_empty()).then(|| OwnConstraint { spec: ConstraintSpec::JsonSchema(mix.schema), prompts: mix.prompts, eos: eos.clone(), max_new_tokens: TOOL_CALL_TOKENS });
     let text = Arc::new(move |ids: &[u32]| tok.decode(ids, false).unwrap_or_else(|e| format!("<{e}>")));
-    Ok(OwnModel { name, prompts: encoded, eos, text })
+    Ok(OwnModel { name, prompts: encoded, eos, text, constrained })
 }
 
 /// The model checks' model: its weights, the shipped SmolLM2 prompts (chat
@@ -199,8 +206,9 @@ fn large_model(path: &Path) -> Result<LargeModel, String> {
 enum DecoderModel {
     /// The engine section's tiny model, with the section's proposers and its text.
     Tiny(Arc<LlamaWeights>),
-    /// A loaded model, with the proposers `generate` takes and its tokenizer's text.
-    Loaded(Arc<LlamaWeights>, Option<Box<dyn Detokenize>>),
+    /// A loaded model, with the proposers `generate` takes, its tokenizer's
+    /// text and its tokens' bytes (which constraints are walked over).
+    Loaded(Arc<LlamaWeights>, Option<Box<dyn Detokenize>>, Option<Arc<TokenTable>>),
 }
 
 /// A section's checks on one engine called `label`.
@@ -228,9 +236,13 @@ fn run_section(spec: &EngineSpec, options: &CheckOptions, cfg: &SuiteConfig, mod
                 fn run<B: ModelBackend>(&mut self, _: &str, backend: &B) -> Self::Out {
                     let mut e = match &mut self.model {
                         DecoderModel::Tiny(w) => decoder_engine(backend, self.proposer, w, engine_config())?,
-                        DecoderModel::Loaded(w, text) => {
+                        DecoderModel::Loaded(w, text, tokens) => {
                             let p = self.proposer.parse::<ProposerChoice>()?.build(backend, w, K).map_err(|e| e.to_string())?;
-                            DecoderEngine::new(backend, Arc::clone(w), p, EngineConfig { k: K, ..engine_config() }, text.take()).map_err(|e| e.to_string())?
+                            let e = DecoderEngine::new(backend, Arc::clone(w), p, EngineConfig { k: K, ..engine_config() }, text.take()).map_err(|e| e.to_string())?;
+                            match tokens {
+                                Some(t) => e.with_constraints(Arc::clone(t)),
+                                None => e,
+                            }
                         }
                     };
                     Ok((self.report)(&mut e, self.proposer))
@@ -242,7 +254,7 @@ fn run_section(spec: &EngineSpec, options: &CheckOptions, cfg: &SuiteConfig, mod
 }
 
 fn check_large(spec: &EngineSpec, model: &LargeModel, cfg: &SuiteConfig, options: &CheckOptions) -> Result<Report, String> {
-    let decoder = || Ok(DecoderModel::Loaded(Arc::clone(&model.weights), None));
+    let decoder = || Ok(DecoderModel::Loaded(Arc::clone(&model.weights), None, None));
     run_section(spec, options, cfg, decoder, &mut |e, label| engine_section::run_large(e, label, model, cfg, &mut |_| {}))
 }
 
@@ -252,8 +264,9 @@ fn check_own(spec: &EngineSpec, model: &OwnModel, cfg: &SuiteConfig, options: &C
     let decoder = || match &options.model {
         Some(path) => {
             let loaded = specdec_models::load(path).map_err(|e| e.to_string())?;
+            let tokens = loaded.tokenizer.as_ref().map(|t| TokenTable::of_tokenizer(t, loaded.weights.config.vocab_size)).transpose()?;
             let text = loaded.tokenizer.map(|t| Box::new(move |ids: &[u32]| t.decode(ids, false).unwrap_or_default()) as Box<dyn Detokenize>);
-            Ok(DecoderModel::Loaded(Arc::new(loaded.weights), text))
+            Ok(DecoderModel::Loaded(Arc::new(loaded.weights), text, tokens))
         }
         None if model.name == ENGINE_MODEL => Ok(DecoderModel::Tiny(tiny()?)),
         None => Err("a decoder: engine with a tokenizer other than `tiny:` runs --model's weights: give --model".into()),

@@ -8,14 +8,19 @@ use specdec_backend::ReferenceBackend;
 use specdec_conformance::e2e_section::{self, TINY, tiny_text};
 use specdec_conformance::engine_section::{self, OwnModel, SWEEP};
 use specdec_conformance::suite::{Status, SuiteConfig};
-use specdec_decoder::EngineConfig;
+use specdec_decoder::{EngineConfig, Fault, TokenTable};
 use specdec_engines::{DecoderEngine, EngineError, EngineInfo, Generation, GenerationEngine, GenerationRequest};
 use specdec_models::tiny::TinySpec;
 
 fn decoder(proposer: &str) -> DecoderEngine<'static, ReferenceBackend> {
+    faulty(proposer, None)
+}
+
+fn faulty(proposer: &str, fault: Option<Fault>) -> DecoderEngine<'static, ReferenceBackend> {
     let w = Arc::new(TinySpec::preset(TINY).unwrap().weights().unwrap());
     let p = e2e_section::build_proposer(&ReferenceBackend, proposer, &w).unwrap();
-    DecoderEngine::new(&ReferenceBackend, w, p, EngineConfig { k: 3, checked: true, ..EngineConfig::default() }, Some(Box::new(tiny_text))).unwrap()
+    let tokens = TokenTable::tiny(w.config.vocab_size);
+    DecoderEngine::new(&ReferenceBackend, w, p, EngineConfig { k: 3, checked: true, fault, ..EngineConfig::default() }, Some(Box::new(tiny_text))).unwrap().with_constraints(tokens)
 }
 
 /// Runs every check on `engine`; returns (name, status, message) of those that ran.
@@ -106,4 +111,17 @@ fn a_batch_invariant_engine_is_checked_exactly_whatever_its_epsilon() {
     assert!(r.iter().all(|(_, s, _)| *s == Status::Pass), "{r:#?}");
     let r = stated(15.0, false);
     assert!(r.iter().filter(|(n, _, _)| !n.contains("sampled")).all(|(_, s, m)| *s == Status::Fail && m.contains("greedy epsilon of 1.5e1")), "{r:#?}");
+}
+
+/// ENGINE-10's `constrained` check, negative controls: each constraint fault
+/// of the decoder that moves a greedy output fails it against the engine's
+/// own plain decoding, with nothing from the reference; no other check
+/// fails. (`DraftQWithoutMask` moves only the sampled law, ENGINE-9's `on`.)
+#[test]
+fn constraint_faults_fail_the_constrained_check_alone() {
+    for fault in [Fault::ConstraintNotRolledBack, Fault::MaskFirstRowOnly, Fault::MaskFromCommittedState, Fault::EosOutsideAccept] {
+        let r = own(&mut faulty("ngram", Some(fault)), "ngram");
+        let failed: Vec<&str> = r.iter().filter(|(_, s, _)| *s == Status::Fail).map(|(n, _, _)| n.as_str()).collect();
+        assert_eq!(failed, [format!("engine/ngram/{TINY}/own/constrained")], "{fault:?}: {r:#?}");
+    }
 }

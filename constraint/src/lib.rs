@@ -18,7 +18,11 @@
 //! a schema outside the subset, a language that matches nothing, a DFA past
 //! its size limit: typed [`ConstraintError`]s, never a panic); a
 //! [`State`] is only made by this crate, from a live DFA state.
+//!
+//! [`gbnf`] writes a regex as the grammar an engine that takes no regexes
+//! (llama.cpp's server) is asked for instead.
 
+pub mod gbnf;
 pub mod schema;
 
 use std::collections::{HashMap, HashSet, VecDeque};

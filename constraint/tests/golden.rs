@@ -144,3 +144,34 @@ fn refused_inputs_are_typed_errors() {
     assert!(Vocabulary::new(vec![]).is_err());
     assert!(Vocabulary::new(vec![Some(vec![])]).is_err(), "an empty text is not a token's text");
 }
+
+const GBNF: &str = include_str!("../../fixtures/constraints/gbnf.json");
+
+/// One regex of `fixtures/constraints/gbnf.json`: its GBNF expression is the
+/// hand-written one, or it is refused naming what GBNF cannot say.
+fn check_gbnf(case: &Value) {
+    let (id, regex) = (case["id"].as_str().unwrap(), case["regex"].as_str().unwrap());
+    match (specdec_constraint::gbnf::from_regex(regex), case.get("gbnf")) {
+        (Ok(got), Some(want)) => assert_eq!(got, want.as_str().unwrap(), "{id}: the GBNF of {regex:?}"),
+        (Err(e), None) => {
+            let want = case["refused"].as_str().unwrap();
+            assert!(matches!(e, ConstraintError::Regex { .. }) && e.to_string().contains(want), "{id}: refused with {e}, not naming {want:?}");
+        }
+        (got, _) => panic!("{id}: {regex:?} gave {got:?}"),
+    }
+}
+
+#[test]
+fn regexes_are_written_as_gbnf_by_hand() {
+    let file: Value = serde_json::from_str(GBNF).unwrap();
+    let (cases, refused) = (file["cases"].as_array().unwrap(), file["refused"].as_array().unwrap());
+    assert!(cases.len() >= 8 && refused.len() >= 4, "the GBNF fixture lost cases");
+    cases.iter().chain(refused).for_each(check_gbnf);
+}
+
+/// The negative control of `check_gbnf`: a wrong expression fails it.
+#[test]
+#[should_panic(expected = "the GBNF of")]
+fn a_wrong_gbnf_fails_the_check() {
+    check_gbnf(&json!({"id": "wrong", "regex": "ab", "gbnf": "\"a\" \"b\""}));
+}

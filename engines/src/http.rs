@@ -36,7 +36,9 @@
 //! `repeat_last_n` the prompt's length plus the cap, so a penalty over the generated tokens alone is
 //! refused; logprobs through `n_probs`, raw from `top_logprobs` or
 //! processed from `post_sampling_probs`' `top_probs`; a JSON schema as its
-//! `json_schema`, a regex refused), `stop_type` for the finish reason and
+//! `json_schema`, a regex as its `grammar`: the pattern's GBNF followed by
+//! an eos id as a token; either lets the model's own end through, which
+//! only a finished grammar allows), `stop_type` for the finish reason and
 //! `timings.draft_n` / `draft_n_accepted` for the draft counts. What is lost:
 //! the server takes no eos ids per request, only its model's own, so the
 //! request goes out with `ignore_eos` and the output is cut here after the
@@ -159,13 +161,18 @@ impl HttpEngine {
         }
     }
 
-    fn one(&self, r: &GenerationRequest) -> Result<Generation, EngineError> {
+    /// Where a request goes and what is sent: every request of a call is
+    /// prepared before any is sent, so a refused one stops the call unsent.
+    fn prepare(&self, r: &GenerationRequest) -> Result<(String, Value), EngineError> {
         let base = self.server(r)?;
-        let (url, body) = match self.dialect {
+        Ok(match self.dialect {
             Dialect::OpenAi => (format!("{base}/v1/completions"), openai_body(r)),
             Dialect::LlamaCpp => (format!("{base}/completion"), llama_cpp_body(r)?),
-        };
-        let mut reply = self.agent.post(&url).send_json(&body).map_err(|e| EngineError::Failed(format!("{url}: {e}")))?;
+        })
+    }
+
+    fn one(&self, r: &GenerationRequest, (url, body): &(String, Value)) -> Result<Generation, EngineError> {
+        let mut reply = self.agent.post(url).send_json(body).map_err(|e| EngineError::Failed(format!("{url}: {e}")))?;
         let status = reply.status().as_u16();
         let text = reply.body_mut().read_to_string().map_err(|e| EngineError::Failed(format!("{url}: reading the reply: {e}")))?;
         let v: Value = serde_json::from_str(&text).map_err(|e| EngineError::Contract(format!("{url} answered {status} with no JSON ({e})")))?;
@@ -241,9 +248,18 @@ fn llama_cpp_body(r: &GenerationRequest) -> Result<Value, EngineError> {
         "seed": r.seed % LLAMA_CPP_RANDOM_SEED, "ignore_eos": true, "return_tokens": true, "stream": false, "stop": r.stop,
         "logit_bias": r.logit_bias.iter().map(|(id, b)| json!([id, b])).collect::<Vec<_>>(),
     });
+    // A finished grammar lets only the model's own end through, which
+    // `ignore_eos` bans (its server then fails the request): a constrained
+    // request lets it through, and it can come only once the grammar is done.
     match &r.constraint {
-        Some(ConstraintSpec::JsonSchema(s)) => body["json_schema"] = s.clone(),
-        Some(ConstraintSpec::Regex(_)) => return Err(EngineError::Request { index: 0, reason: "llama.cpp's server takes GBNF grammars and JSON schemas, not regexes".into() }),
+        Some(ConstraintSpec::JsonSchema(s)) => {
+            body["json_schema"] = s.clone();
+            body["ignore_eos"] = json!(false);
+        }
+        Some(ConstraintSpec::Regex(pattern)) => {
+            body["grammar"] = json!(llama_cpp_grammar(pattern, &r.eos)?);
+            body["ignore_eos"] = json!(false);
+        }
         None => {}
     }
     if let Some(ask) = r.logprobs {
@@ -252,6 +268,21 @@ fn llama_cpp_body(r: &GenerationRequest) -> Result<Value, EngineError> {
         body["post_sampling_probs"] = json!(ask.mode == LogprobMode::Processed);
     }
     Ok(body)
+}
+
+/// A regex constraint as llama.cpp's grammar (its server takes no regexes):
+/// the pattern's GBNF, then one of the request's eos ids as a token (`<[id]>`,
+/// matched by id, never by its text), so an eos is allowed exactly where the
+/// output matches (CONSTRAIN-2). With no eos id the output could not end
+/// where it matches, so the request is refused.
+fn llama_cpp_grammar(pattern: &str, eos: &[u32]) -> Result<String, EngineError> {
+    let refuse = |reason: String| EngineError::Request { index: 0, reason };
+    if eos.is_empty() {
+        return Err(refuse("a regex constraint asked of llama.cpp's server needs an eos id to end where the output matches".into()));
+    }
+    let expression = specdec_decoder::gbnf_from_regex(pattern).map_err(|e| refuse(e.to_string()))?;
+    let ends: Vec<String> = eos.iter().map(|id| format!("<[{id}]>")).collect();
+    Ok(format!("root ::= ({expression}) ({})", ends.join(" | ")))
 }
 
 /// One `/completion` reply as a [`Generation`], cut after the first of the
@@ -387,10 +418,19 @@ impl GenerationEngine for HttpEngine {
 
     fn generate(&mut self, requests: &[GenerationRequest]) -> Result<Vec<Generation>, EngineError> {
         let this: &HttpEngine = self;
+        let prepared = requests
+            .iter()
+            .enumerate()
+            .map(|(i, r)| match this.prepare(r) {
+                Err(EngineError::Request { reason, .. }) => Err(EngineError::Request { index: i, reason }),
+                other => other,
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let mut out: Vec<Option<Result<Generation, EngineError>>> = (0..requests.len()).map(|_| None).collect();
-        for (chunk, slots) in requests.chunks(IN_FLIGHT).zip(out.chunks_mut(IN_FLIGHT)) {
+        let pairs: Vec<_> = requests.iter().zip(&prepared).collect();
+        for (chunk, slots) in pairs.chunks(IN_FLIGHT).zip(out.chunks_mut(IN_FLIGHT)) {
             std::thread::scope(|s| {
-                let handles: Vec<_> = chunk.iter().map(|r| s.spawn(move || this.one(r))).collect();
+                let handles: Vec<_> = chunk.iter().map(|&(r, p)| s.spawn(move || this.one(r, p))).collect();
                 for (h, slot) in handles.into_iter().zip(slots.iter_mut()) {
                     *slot = Some(h.join().unwrap_or_else(|_| Err(EngineError::Failed("a request thread panicked".into()))));
                 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use specdec_backend::PenaltyScope;
-use specdec_decoder::{LogprobMode, LogprobRequest, TokenLogprob};
+use specdec_decoder::{ConstraintSpec, LogprobMode, LogprobRequest, TokenLogprob};
 use specdec_engines::{DraftCounts, EngineError, EngineInfo, Finish, GenerationEngine, GenerationRequest, HttpEngine};
 
 /// A server that answers `/v1/models` with no statement, `/slots` with
@@ -161,6 +161,33 @@ fn processors_and_logprobs_are_carried_and_read() {
     let out = connect(&server.url).generate(&[GenerationRequest { logprobs: ask(LogprobMode::Processed), ..request(true) }]).unwrap();
     assert_eq!(out[0].logprobs, Some(vec![TokenLogprob { id: 1, logprob: 0.5f64.ln(), top: vec![(1, 0.5f64.ln())] }]));
     assert_eq!(server.bodies()[0]["post_sampling_probs"], json!(true));
+}
+
+/// CONSTRAIN-1 over llama.cpp's endpoint: a regex goes out as its GBNF
+/// with the request's eos ids as tokens after it, a JSON schema as
+/// `json_schema`, both letting the model's own end through (a finished
+/// grammar allows nothing else); a regex with no eos, or one GBNF cannot
+/// say, is refused by index and never sent.
+#[test]
+fn constraints_go_out_as_grammars_ending_at_an_eos() {
+    let server = Scripted::start(json!({"tokens": [1, 5, 11], "stop_type": "eos", "timings": {}}));
+    let mut engine = connect(&server.url);
+    let regex = |pattern: &str, eos: Vec<u32>| GenerationRequest { constraint: Some(ConstraintSpec::Regex(pattern.into())), eos, ..request(true) };
+    let out = engine.generate(&[regex("A(a|b)+", vec![5, 7])]).unwrap();
+    assert_eq!((&out[0].tokens, out[0].finish), (&vec![1, 5], Finish::Eos), "cut after the eos the grammar ended on");
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]});
+    engine.generate(&[GenerationRequest { constraint: Some(ConstraintSpec::JsonSchema(schema.clone())), ..request(true) }]).unwrap();
+    let bodies = server.bodies();
+    assert_eq!(bodies[0]["grammar"], json!(r#"root ::= ("A" [a-b]+) (<[5]> | <[7]>)"#));
+    assert_eq!((&bodies[0]["ignore_eos"], bodies[0].get("json_schema")), (&json!(false), None));
+    assert_eq!((&bodies[1]["json_schema"], &bodies[1]["ignore_eos"], bodies[1].get("grammar")), (&schema, &json!(false), None));
+    for (bad, names) in [(regex("a+", Vec::new()), "needs an eos id"), (regex("^a", vec![5]), "assertion"), (regex("(a", vec![5]), "unclosed group")] {
+        match engine.generate(&[request(true), bad]) {
+            Err(EngineError::Request { index: 1, reason }) => assert!(reason.contains(names), "{reason}"),
+            other => panic!("{names}: {other:?}"),
+        }
+    }
+    assert_eq!(server.bodies().len(), 2, "a call with a refused request sends none of its requests");
 }
 
 #[test]

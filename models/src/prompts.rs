@@ -152,3 +152,45 @@ mod tests {
         }
     }
 }
+
+/// The shipped tool-call mix (`fixtures/prompts/tool_calls.json`): chat
+/// prompts whose answer is a JSON tool call, and the schema (CONSTRAIN-5's
+/// subset) that constrains it.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ToolCallFile {
+    #[allow(dead_code)]
+    about: String,
+    schema: serde_json::Value,
+    prompts: Vec<ToolCallPrompt>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ToolCallPrompt {
+    id: String,
+    text: String,
+}
+
+const TOOL_CALLS: &str = include_str!("../../fixtures/prompts/tool_calls.json");
+
+/// The tool-call mix as requests: the requests of the speedup report's
+/// features section and of ENGINE-10's `constrained` check on a served model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCallMix {
+    /// The JSON schema every answer is constrained to.
+    pub schema: serde_json::Value,
+    /// `(id, ids)` of each prompt, in the tokenizer's chat template.
+    pub prompts: Vec<(String, Vec<u32>)>,
+}
+
+/// The shipped tool-call mix, its prompts encoded by `tok`.
+pub fn tool_call_mix(tok: &crate::Tokenizer) -> Result<ToolCallMix> {
+    let file = "tool_calls.json";
+    let f: ToolCallFile = serde_json::from_str(TOOL_CALLS).map_err(|e| ModelError::invalid(file, "prompts", e.to_string()))?;
+    if f.prompts.is_empty() {
+        return Err(ModelError::invalid(file, "prompts", "the mix holds no prompt"));
+    }
+    let prompts = f.prompts.into_iter().map(|p| Ok((p.id, tok.prompt_ids(&p.text, true)?))).collect::<Result<_>>()?;
+    Ok(ToolCallMix { schema: f.schema, prompts })
+}

@@ -317,7 +317,7 @@ fn llama_server_runs(
 /// What llama.cpp's server takes and reports, as its README and native endpoint
 /// state them (ENGINE-1): stop strings, no per-request eos ids (the transport cuts
 /// after the first), min-p, logit bias and its three penalties over the whole context,
-/// JSON schemas (its grammar sampler), and with `logprobs` the raw and the
+/// JSON schemas and regexes (its grammar sampler; a regex as its GBNF), and with `logprobs` the raw and the
 /// post-sampling top-n probabilities (`n_probs`, `post_sampling_probs`), all within
 /// `epsilon` of the reference's logits. Not `logprobs` on SmolLM2: its server gives one
 /// probability entry per complete UTF-8 character, not per token (a character split
@@ -329,7 +329,7 @@ fn llama_server_statement(path: &str, version: &str, vocab: usize, epsilon: f64,
         "greedy_epsilon": epsilon, "batch_invariant": false, "stop_strings": true, "eos_ids": false,
         "processors": ["min_p", "logit_bias", "repetition_penalty", "presence_penalty", "frequency_penalty"],
         "penalty_scopes": ["context"],
-        "constraints": ["json_schema"],
+        "constraints": ["json_schema", "regex"],
     });
     if logprobs {
         statement["logprobs"] = serde_json::json!({"modes": ["raw", "processed"], "max_top": 10, "epsilon": epsilon});

@@ -77,7 +77,7 @@ mod processors;
 
 pub use constrained::{CONSTRAINED_EOS, CONSTRAINT_SETTINGS, ConstraintSetting};
 pub use logprobs::{LOGPROB_TOP, MAX_LOGPROB_EPSILON, reference_logprobs};
-pub use own_oracle::{OWN_TOKENS, OwnModel, SWEEP, own_items, run_own};
+pub use own_oracle::{OWN_TOKENS, OwnConstraint, OwnModel, SWEEP, own_items, run_own};
 pub use processors::{Bias, PROCESSOR_SETTINGS, ProcessorSetting};
 
 use std::collections::BTreeMap;

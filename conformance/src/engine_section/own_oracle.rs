@@ -18,10 +18,17 @@
 //!   speculation on and off;
 //! - `seeded`: a sampled request again with its seed gives the same tokens;
 //! - `sampled/t1-topk4/on-vs-off`: ENGINE-4 (b)'s two-sample law, alone in
-//!   its Holm family.
+//!   its Holm family;
+//! - `constrained`: a constrained mix (the tool-call prompts under their
+//!   JSON schema on a served model; the tiny model's prompts under a regex),
+//!   speculation on equal to the engine's own constrained plain decoding,
+//!   every output ending at eos a match of the constraint (a JSON output
+//!   judged without its insignificant whitespace, which an engine's own
+//!   schema grammar may allow).
 
 use std::sync::Arc;
 
+use specdec_constraint::{Constraint, ConstraintSpec};
 use specdec_engines::{EngineInfo, Finish, Generation, GenerationEngine, GenerationRequest};
 use specdec_reference::logprob::{LogprobMode, LogprobRequest};
 
@@ -57,14 +64,34 @@ pub struct OwnModel {
     pub eos: Vec<u32>,
     /// The text of a token sequence.
     pub text: TokenText,
+    /// The `constrained` check's mix; without one it is not supported.
+    pub constrained: Option<OwnConstraint>,
 }
+
+/// The `constrained` check's mix: prompts whose answer the constraint
+/// forces, each request's eos, and a cap the constrained answers end within.
+#[derive(Clone)]
+pub struct OwnConstraint {
+    pub spec: ConstraintSpec,
+    /// `(id, token ids)` of each prompt; at least one.
+    pub prompts: Vec<(String, Vec<u32>)>,
+    /// Where a constrained output ends (at least one id, CONSTRAIN-2).
+    pub eos: Vec<u32>,
+    pub max_new_tokens: usize,
+}
+
+/// Tokens of the tiny model's constrained requests (its regex's greedy
+/// answers end within them).
+const TINY_CONSTRAINED_TOKENS: usize = 24;
 
 impl OwnModel {
     /// The engine section's tiny model as the checks see a served model:
     /// the section's prompts, no eos, its text (`tiny:` in `--tokenizer`).
     pub fn tiny() -> OwnModel {
-        let prompts = tiny_prompts().into_iter().enumerate().map(|(i, p)| (format!("tiny-{i}"), p)).collect();
-        OwnModel { name: super::ENGINE_MODEL.into(), prompts, eos: Vec::new(), text: Arc::new(tiny_text) }
+        let prompts: Vec<(String, Vec<u32>)> = tiny_prompts().into_iter().enumerate().map(|(i, p)| (format!("tiny-{i}"), p)).collect();
+        let setting = super::constrained::CONSTRAINT_SETTINGS[0];
+        let constrained = OwnConstraint { spec: setting.spec(), prompts: Vec::clone(&prompts), eos: vec![super::constrained::CONSTRAINED_EOS], max_new_tokens: TINY_CONSTRAINED_TOKENS };
+        OwnModel { name: super::ENGINE_MODEL.into(), prompts, eos: Vec::new(), text: Arc::new(tiny_text), constrained: Some(constrained) }
     }
 }
 
@@ -80,6 +107,7 @@ pub fn own_items(label: &str, model: &str) -> Vec<EngineItem> {
     items.push(item("own-length", "length".into(), &["ENGINE-10", "ENGINE-5", "DECODE-6"], None));
     items.push(item("own-seeded", "seeded".into(), &["ENGINE-10", "ENGINE-6"], None));
     items.push(item("two-sample", format!("sampled/{}/on-vs-off", LARGE_SETTING.0), &["ENGINE-10", "ENGINE-4", "STAT-3"], Some((0, true))));
+    items.push(item("own-constrained", "constrained".into(), &["ENGINE-10", "ENGINE-9", "CONSTRAIN-3", "CONSTRAIN-4"], None));
     items
 }
 
@@ -98,10 +126,13 @@ pub fn run_own(engine: &mut dyn GenerationEngine, label: &str, model: &OwnModel,
             };
             return Ran::Statistical(catch(|| two_sample(engine, &item.name, &request, 1, LARGE_TWO_SAMPLE_DELTA)).unwrap_or_else(|m| Err(Verdict::Fail(m))));
         }
-        let plain = plain.get_or_insert_with(|| plain_outputs(engine, model));
-        let verdict = match plain {
-            Ok(plain) => catch(|| own_check(engine, model, plain, item)).unwrap_or_else(|m| Err(Verdict::Fail(m))),
-            Err(v) => Err(v.clone()),
+        let verdict = if item.check == "own-constrained" {
+            catch(|| constrained(engine, model)).unwrap_or_else(|m| Err(Verdict::Fail(m)))
+        } else {
+            match plain.get_or_insert_with(|| plain_outputs(engine, model)) {
+                Ok(plain) => catch(|| own_check(engine, model, plain, item)).unwrap_or_else(|m| Err(Verdict::Fail(m))),
+                Err(v) => Err(v.clone()),
+            }
         };
         Ran::Exact(match verdict {
             Ok((v, note)) => {
@@ -377,4 +408,82 @@ fn seeded(engine: &mut dyn GenerationEngine, model: &OwnModel) -> Result<Verdict
         }
     }
     Ok(Verdict::Pass { excused: 0, max_abs_err: 0.0 })
+}
+
+/// `constrained`: each prompt of the model's constrained mix, greedy, alone:
+/// speculation on equals the engine's own constrained plain decoding (as
+/// `greedy`, margins excused alike), and every plain output that ends at
+/// eos is a match of the constraint (CONSTRAIN-4); at least one must.
+fn constrained(engine: &mut dyn GenerationEngine, model: &OwnModel) -> Result<(Verdict, String), Verdict> {
+    let Some(mix) = &model.constrained else {
+        return Ok((Verdict::NotSupported("no constrained mix is given for this model".into()), String::new()));
+    };
+    if mix.prompts.is_empty() || mix.eos.is_empty() {
+        return Err(Verdict::Fail("the constrained mix has no prompts or no eos: the check would test nothing".into()));
+    }
+    let constraint = Constraint::new(&mix.spec).map_err(|e| Verdict::Fail(format!("the mix's constraint: {e}")))?;
+    // The mix as a model of its own: its prompts, its eos, the model's text.
+    let asked = OwnModel { prompts: mix.prompts.clone(), eos: mix.eos.clone(), constrained: None, ..model.clone() };
+    let info = engine.info().clone();
+    let request = |prompt: &[u32], on: bool| GenerationRequest { constraint: Some(mix.spec.clone()), max_new_tokens: mix.max_new_tokens, ..greedy(&info, &asked, prompt, on) };
+    let mut plain = Vec::new();
+    for (id, prompt) in &mix.prompts {
+        let req = request(prompt, false);
+        let got = generate(engine, std::slice::from_ref(&req))?.remove(0);
+        super::finish_contract(&req, &got).map_err(|e| Verdict::Fail(format!("prompt `{id}`, the plain oracle itself: {e}")))?;
+        if got.finish == Finish::Eos {
+            let body = &got.tokens[..got.tokens.len() - 1];
+            let text = (model.text)(body);
+            let judged = if matches!(mix.spec, ConstraintSpec::JsonSchema(_)) { without_json_whitespace(&text) } else { text.clone() };
+            if !constraint.matches(judged.as_bytes()) {
+                return Ok((Verdict::Fail(format!("prompt `{id}`: plain decoding's constrained output {text:?} ends at eos but does not match the {} constraint", mix.spec.kind())), String::new()));
+            }
+        }
+        plain.push(got);
+    }
+    if plain.iter().all(|g| g.finish != Finish::Eos) {
+        return Ok((Verdict::Fail(format!("no plain constrained output ends at eos within {} tokens: the check would not see a match", mix.max_new_tokens)), String::new()));
+    }
+    let cases: Vec<Case> = mix.prompts.iter().enumerate().map(|(p, (_, prompt))| Case { req: request(prompt, true), prompt: p, keep: plain[p].tokens.len(), finish: plain[p].finish }).collect();
+    let (tally, judged) = run_cases(engine, &asked, &plain, &cases, 1)?;
+    let verdict = match judged {
+        Err(e) => Verdict::Fail(e),
+        Ok(()) if tally.proposed == Some(0) => Verdict::Fail("speculation on drafted nothing: the check would not exercise the engine's verify".into()),
+        Ok(()) => Verdict::Pass { excused: tally.excused, max_abs_err: tally.max_logprob_err },
+    };
+    Ok((verdict, tally.note()))
+}
+
+/// JSON text without the whitespace between its tokens (outside strings),
+/// as the compact JSON CONSTRAIN-5's schemas are written in.
+fn without_json_whitespace(text: &str) -> String {
+    let (mut out, mut in_string, mut escaped) = (String::with_capacity(text.len()), false, false);
+    for c in text.chars() {
+        if in_string {
+            in_string = escaped || c != '"';
+            escaped = !escaped && c == '\\';
+        } else if c == '"' {
+            in_string = true;
+        } else if matches!(c, ' ' | '\t' | '\n' | '\r') {
+            continue;
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_json_whitespace;
+
+    /// Whitespace between JSON tokens goes; inside strings, escaped quotes
+    /// and backslashes included, it stays.
+    #[test]
+    fn json_whitespace_goes_outside_strings_only() {
+        for (text, want) in
+            [("{\n  \"a\": [1, 2],\t\"b\" : \"x y\"\r\n}", r#"{"a":[1,2],"b":"x y"}"#), (r#"{ "q": "say \" hi \\" , "n": 1 }"#, r#"{"q":"say \" hi \\","n":1}"#), ("\"a b\"", "\"a b\"")]
+        {
+            assert_eq!(without_json_whitespace(text), want, "{text:?}");
+        }
+    }
 }
