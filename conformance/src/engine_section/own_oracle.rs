@@ -185,11 +185,18 @@ fn greedy(info: &EngineInfo, model: &OwnModel, prompt: &[u32], on: bool) -> Gene
 
 /// The oracle: each prompt's plain greedy output, alone.
 fn plain_outputs(engine: &mut dyn GenerationEngine, model: &OwnModel) -> Result<Vec<Generation>, Verdict> {
+    let info = engine.info().clone();
+    plain_of(engine, model, &|prompt| greedy(&info, model, prompt, false))
+}
+
+/// Each prompt of `model` alone as `request` makes it (speculation off),
+/// its finish checked against the request.
+fn plain_of(engine: &mut dyn GenerationEngine, model: &OwnModel, request: &dyn Fn(&[u32]) -> GenerationRequest) -> Result<Vec<Generation>, Verdict> {
     let mut out = Vec::new();
-    for (_, prompt) in &model.prompts {
-        let req = greedy(&engine.info().clone(), model, prompt, false);
+    for (id, prompt) in &model.prompts {
+        let req = request(prompt);
         let got = generate(engine, std::slice::from_ref(&req))?.remove(0);
-        super::finish_contract(&req, &got).map_err(|e| Verdict::Fail(format!("the plain oracle itself: {e}")))?;
+        super::finish_contract(&req, &got).map_err(|e| Verdict::Fail(format!("prompt `{id}`, the plain oracle itself: {e}")))?;
         out.push(got);
     }
     Ok(out)
@@ -426,20 +433,13 @@ fn constrained(engine: &mut dyn GenerationEngine, model: &OwnModel) -> Result<(V
     let asked = OwnModel { prompts: mix.prompts.clone(), eos: mix.eos.clone(), constrained: None, ..model.clone() };
     let info = engine.info().clone();
     let request = |prompt: &[u32], on: bool| GenerationRequest { constraint: Some(mix.spec.clone()), max_new_tokens: mix.max_new_tokens, ..greedy(&info, &asked, prompt, on) };
-    let mut plain = Vec::new();
-    for (id, prompt) in &mix.prompts {
-        let req = request(prompt, false);
-        let got = generate(engine, std::slice::from_ref(&req))?.remove(0);
-        super::finish_contract(&req, &got).map_err(|e| Verdict::Fail(format!("prompt `{id}`, the plain oracle itself: {e}")))?;
-        if got.finish == Finish::Eos {
-            let body = &got.tokens[..got.tokens.len() - 1];
-            let text = (model.text)(body);
-            let judged = if matches!(mix.spec, ConstraintSpec::JsonSchema(_)) { without_json_whitespace(&text) } else { text.clone() };
-            if !constraint.matches(judged.as_bytes()) {
-                return Ok((Verdict::Fail(format!("prompt `{id}`: plain decoding's constrained output {text:?} ends at eos but does not match the {} constraint", mix.spec.kind())), String::new()));
-            }
+    let plain = plain_of(engine, &asked, &|prompt| request(prompt, false))?;
+    for ((id, _), got) in mix.prompts.iter().zip(&plain).filter(|(_, g)| g.finish == Finish::Eos) {
+        let text = (model.text)(&got.tokens[..got.tokens.len() - 1]);
+        let judged = if matches!(mix.spec, ConstraintSpec::JsonSchema(_)) { without_json_whitespace(&text) } else { text.clone() };
+        if !constraint.matches(judged.as_bytes()) {
+            return Ok((Verdict::Fail(format!("prompt `{id}`: plain decoding's constrained output {text:?} ends at eos but does not match the {} constraint", mix.spec.kind())), String::new()));
         }
-        plain.push(got);
     }
     if plain.iter().all(|g| g.finish != Finish::Eos) {
         return Ok((Verdict::Fail(format!("no plain constrained output ends at eos within {} tokens: the check would not see a match", mix.max_new_tokens)), String::new()));
