@@ -15,6 +15,14 @@ Every parameter is redrawn after HF's initialisation, which sets biases to
 zero and norms to one: a forward that dropped a bias or a norm would then
 agree with HF and the check could not fail.
 
+Each checkpoint carries a tokenizer of its 48 ids (``tokenizer``): a byte-level
+BPE without merges whose ids 3..47 are one byte each (space, ``a``-``z``,
+``0``-``9``, ``.,:"{}[]``) and ids 0..2 the specials ``<|unk|>`` (what any
+other character encodes as, never dropped), ``<|startoftext|>`` (bos) and
+``<|endoftext|>`` (eos), so that ``--model`` and ``generate`` take the
+checkpoints (prompts and constraints of that alphabet). HF's ids of
+``TEXT`` are stored beside the logits, the oracle of our tokenizer.
+
 Cases: ``llama3`` (Llama with Llama 3's rotary scaling), ``mistral`` (no
 sliding window), ``qwen2`` (q/k/v biases), ``qwen3`` (per-head q/k RMSNorm,
 an explicit head_dim other than hidden/heads), ``phi3`` (q/k/v and gate/up
@@ -29,8 +37,10 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-SIZES = dict(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False)
+SIZES = dict(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
 TOKENS = [[1, 5, 9, 2, 7, 7, 30, 41, 3, 12, 0, 47], [44, 3, 3, 8]]
+# Text for the tokenizer's oracle: every piece of the alphabet, and characters outside it.
+TEXT = 'the quick brown fox: {"jumps": [1, 2.5]}, over 0346789 lazy dogs. The Caf\u00e9'
 SEED = 20261128
 
 CASES = {
@@ -38,8 +48,8 @@ CASES = {
     "mistral": (MistralConfig, MistralForCausalLM, dict(sliding_window=None, head_dim=8)),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, dict()),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(head_dim=16)),
-    # Phi3Config's defaults name ids of its 32k vocabulary: ours are in range.
-    "phi3": (Phi3Config, Phi3ForCausalLM, dict(bos_token_id=1, eos_token_id=2, pad_token_id=None)),
+    # Phi3Config's default pad id is of its 32k vocabulary: ours has none.
+    "phi3": (Phi3Config, Phi3ForCausalLM, dict(pad_token_id=None)),
 }
 
 
@@ -57,6 +67,27 @@ def redraw(model, gen):
                 p.copy_(noise / p.shape[-1] ** 0.5 * 1.5)
 
 
+SPECIALS = ["<|unk|>", "<|startoftext|>", "<|endoftext|>"]
+ALPHABET = " abcdefghijklmnopqrstuvwxyz0123456789.,:\"{}[]"
+
+
+def tokenizer():
+    """The checkpoints' tokenizer (module doc): byte-level pieces, GPT-2's
+    byte-to-character table (space is ``Ġ``), no merges."""
+    from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import BPE
+    from transformers import PreTrainedTokenizerFast
+
+    assert len(SPECIALS) + len(ALPHABET) == SIZES["vocab_size"]
+    vocab = {t: i for i, t in enumerate(SPECIALS)}
+    vocab.update({("\u0120" if c == " " else c): len(SPECIALS) + i for i, c in enumerate(ALPHABET)})
+    tok = Tokenizer(BPE(vocab, [], unk_token=SPECIALS[0], fuse_unk=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIALS])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=SPECIALS[0], bos_token=SPECIALS[1], eos_token=SPECIALS[2])
+
+
 def main(out):
     for case, (config_cls, model_cls, extra) in CASES.items():
         config = config_cls(**SIZES, **extra)
@@ -64,6 +95,8 @@ def main(out):
         redraw(model, torch.Generator().manual_seed(SEED))
         folder = os.path.join(out, case)
         model.save_pretrained(folder, safe_serialization=True)
+        tok = tokenizer()
+        tok.save_pretrained(folder)
         model = model.to(torch.float64)
         logits = []
         with torch.no_grad():
@@ -76,6 +109,8 @@ def main(out):
             "torch": torch.__version__,
             "tokens": TOKENS,
             "logits": logits,
+            "text": TEXT,
+            "text_ids": tok(TEXT).input_ids,
         }
         with open(os.path.join(folder, "logits.json"), "w") as f:
             json.dump(record, f)

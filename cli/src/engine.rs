@@ -103,12 +103,12 @@ impl CheckOptions {
 /// checks on `--model`); writes reports; `Ok(false)` when a check failed.
 pub fn check(engine: &str, cfg: &SuiteConfig, reports: &[PathBuf], options: &CheckOptions) -> Result<bool, String> {
     let spec: EngineSpec = engine.parse()?;
-    if options.prompts.is_some() && options.tokenizer.is_none() {
-        return Err("--prompts goes with --tokenizer (the checks whose oracle is the engine's own plain decoding)".into());
+    if options.prompts.is_some() && options.tokenizer.is_none() && options.model.is_none() {
+        return Err("--prompts goes with --tokenizer or --model (the tiny model's checks have their own prompts)".into());
     }
     let mut report = match (&options.tokenizer, &options.model) {
         (Some(tokenizer), _) => check_own(&spec, &own_model(tokenizer, options.prompts.as_deref())?, cfg, options)?,
-        (None, Some(path)) => check_large(&spec, &large_model(path)?, cfg, options)?,
+        (None, Some(path)) => check_large(&spec, &large_model(path, options.prompts.as_deref())?, cfg, options)?,
         (None, None) => check_tiny(&spec, cfg, options)?,
     };
     let quoted = |flag: &str, v: Option<String>| v.map_or(String::new(), |v| format!(" --{flag} '{v}'"));
@@ -188,16 +188,20 @@ fn own_model(tokenizer: &str, prompts: Option<&Path>) -> Result<OwnModel, String
     Ok(OwnModel { name, prompts: encoded, eos, text, constrained })
 }
 
-/// The model checks' model: its weights, the shipped SmolLM2 prompts (chat
-/// ones in the model's template) for greedy identity, and the `capital`
-/// prompt for the two-sample check.
-fn large_model(path: &Path) -> Result<LargeModel, String> {
+/// The model checks' model: its weights, the prompts (`prompts`, else the
+/// shipped SmolLM2 ones; chat ones in the model's template) for greedy
+/// identity, and for the two-sample check the `capital` prompt where there
+/// is one, else the first.
+fn large_model(path: &Path, prompts: Option<&Path>) -> Result<LargeModel, String> {
     let loaded = specdec_models::load(path).map_err(|e| e.to_string())?;
     let tok = loaded.tokenizer.as_ref().ok_or_else(|| format!("{}: the model checks need the model's tokenizer", path.display()))?;
-    let prompts = specdec_conformance::model_section::shipped_prompts();
-    let encode = |p: &specdec_models::prompts::Prompt| -> Result<Vec<u32>, String> { tok.prompt_ids(&p.text, p.chat).map_err(|e| e.to_string()) };
+    let prompts = match prompts {
+        Some(p) => specdec_models::prompts::read_prompts::<specdec_models::prompts::Prompt>(p).map_err(|e| e.to_string())?,
+        None => specdec_conformance::model_section::shipped_prompts(),
+    };
+    let encode = |p: &specdec_models::prompts::Prompt| -> Result<Vec<u32>, String> { tok.prompt_ids(&p.text, p.chat).map_err(|e| format!("prompt `{}`: {e}", p.id)) };
     let greedy_prompts = prompts.iter().map(encode).collect::<Result<Vec<_>, _>>()?;
-    let capital = prompts.iter().find(|p| p.id == "capital").ok_or("the shipped prompts have no `capital`")?;
+    let capital = prompts.iter().find(|p| p.id == "capital").or(prompts.first()).ok_or("no prompts")?;
     let name = path.file_name().map_or("model".into(), |n| n.to_string_lossy().split('.').next().unwrap_or("model").to_lowercase());
     Ok(LargeModel { name, weights: Arc::new(loaded.weights), greedy_prompts, sampled_prompt: encode(capital)? })
 }

@@ -226,9 +226,9 @@ enum Command {
         /// for any model, with nothing from the reference.
         #[arg(long)]
         tokenizer: Option<String>,
-        /// With `--tokenizer`: the prompts (`.jsonl`, one `{"id", "chat",
-        /// "text"}` per line, or the prompt-file envelope); the shipped
-        /// SmolLM2 prompts where absent.
+        /// With `--tokenizer` or `--model`: the prompts (`.jsonl`, one
+        /// `{"id", "chat", "text"}` per line, or the prompt-file envelope);
+        /// the shipped SmolLM2 prompts where absent.
         #[arg(long)]
         prompts: Option<PathBuf>,
         /// Run shard I of N (I counted from 0); `specdec report merge`

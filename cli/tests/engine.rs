@@ -61,3 +61,31 @@ fn a_failing_or_missing_engine_fails_with_a_repro_line() {
     let out = specdec(&["engine-check", "--engine", "vllm:x"]);
     assert!(text(&out).contains("expected decoder:BACKEND:PROPOSER, exec:COMMAND, http://HOST:PORT or llama-cpp+http://HOST:PORT"), "{}", text(&out));
 }
+
+/// MODEL-17 with `--model`: the model checks (greedy identity against the
+/// reference, on against off) on a Qwen2 and a Phi-3 checkpoint HF wrote,
+/// through the checkpoint's own tokenizer and the vendor's `--prompts`
+/// (the checkpoints' alphabet); the negative control, an engine that always
+/// answers id 0, fails greedy identity on the same model.
+#[test]
+fn the_model_checks_take_an_architecture_checkpoint_and_its_prompts() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/architectures");
+    let prompts = format!("{root}/prompts.jsonl");
+    for case in ["qwen2", "phi3"] {
+        let model = format!("{root}/{case}");
+        let out = specdec(&["engine-check", "--engine", "decoder:ndarray:ngram", "--model", &model, "--prompts", &prompts]);
+        let t = text(&out);
+        assert!(out.status.success() && t.contains("2 pass, 0 fail") && t.contains("engine checks: PASS"), "{case}: {t}");
+    }
+    let dir = std::env::temp_dir().join(format!("specdec-engine-model-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("constant.py");
+    std::fs::write(&script, CONSTANT_ENGINE.replace("\"vocab\": 12", "\"vocab\": 48")).unwrap();
+    let engine = format!("exec:python3 {}", script.display());
+    let out = specdec(&["engine-check", "--engine", &engine, "--model", &format!("{root}/qwen2"), "--prompts", &prompts, "--filter", "greedy-identity"]);
+    let t = text(&out);
+    assert!(out.status.code() == Some(1) && t.contains("Fail engine/exec/qwen2/greedy-identity"), "{t}");
+    let out = specdec(&["engine-check", "--engine", "decoder:reference:ngram", "--prompts", &prompts]);
+    assert!(out.status.code() == Some(2) && text(&out).contains("--prompts goes with --tokenizer or --model"), "{}", text(&out));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -162,6 +162,27 @@ fn constrained_generation_keeps_its_constraint() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// MODEL-17: `generate` takes the checkpoints HF wrote of each architecture
+/// (their own tokenizer: a byte-level alphabet of 48 ids) on candle and
+/// ndarray: n-gram speculation gives plain decoding's tokens, and a regex
+/// keeps its constraint.
+#[test]
+fn every_architecture_checkpoint_generates_from_its_own_tokenizer() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/architectures");
+    for case in ["llama3", "mistral", "qwen2", "qwen3", "phi3"] {
+        for backend in ["ndarray", "candle-cpu"] {
+            let model = format!("{root}/{case}");
+            let base = ["generate", "--model", model.as_str(), "--backend", backend, "--proposer", "ngram", "--k", "3", "--temperature", "0", "--compare", "--json", "--max-tokens", "20"];
+            let out = json(&specdec(&[&base[..], &["--prompt", "one two. one two. one two."]].concat()));
+            assert_eq!(out["compare"]["identical_tokens"], true, "{case} on {backend}: {out}");
+            assert!(!out["token_ids"].as_array().unwrap().is_empty(), "{case} on {backend}: {out}");
+            let out = json(&specdec(&[&base[..], &["--regex", "[a-z ]{2,12}\\.", "--prompt", "the cat sat."]].concat()));
+            assert_eq!(out["constraint"]["every_token_allowed"], true, "CONSTRAIN-4: {case} on {backend}: {out}");
+            assert_eq!(out["compare"]["identical_tokens"], true, "CONSTRAIN-3: {case} on {backend}: {out}");
+        }
+    }
+}
+
 /// Bad arguments and bad files are errors with a message, never a panic.
 #[test]
 fn bad_input_is_refused() {

@@ -16,8 +16,9 @@
 //!   (`model/hf-<arch>/..`: Llama 3's rotary scaling, Mistral, Qwen2's
 //!   biases, Qwen3's head norms; MODEL-17) also `hf-logits`: the backend's
 //!   logits against HF's own, stored beside the checkpoint, within the
-//!   backend's tolerance plus [`HF_LOGIT_REL_TOLERANCE`]; a port whose
-//!   forward lacks the architecture says so (not supported);
+//!   backend's tolerance plus [`HF_LOGIT_REL_TOLERANCE`]; a port that
+//!   lacks an architecture's addition says so (not supported), never runs
+//!   the model without it;
 //! - on SmolLM2 also `tokenizer` (round trips, special tokens, pinned ids),
 //!   `export` (the HF export loads to the same weights and logits as the
 //!   GGUF) and `greedy` (8 prompts x 48 tokens of plain greedy decoding

@@ -24,6 +24,9 @@ enum Defect {
     /// away from decodes: within the tolerance against the reference, but
     /// not the bit-for-bit equality a window epsilon of 0 claims.
     WindowRoundsApart,
+    /// MODEL-17: a port that runs Llama's attention on every checkpoint:
+    /// Qwen2's biases read as zero, Qwen3's head norms as ones.
+    DropsAttnExtras,
 }
 
 struct Mutant(Defect);
@@ -53,7 +56,19 @@ impl ModelBackend for Mutant {
         }
     }
     fn load_model(&self, w: &LlamaWeights) -> Result<RefModel> {
-        ReferenceBackend.load_model(w)
+        if self.0 != Defect::DropsAttnExtras {
+            return ReferenceBackend.load_model(w);
+        }
+        let mut plain = w.clone();
+        for extras in plain.layers.iter_mut().map(|l| &mut l.attn) {
+            for bias in [&mut extras.q_bias, &mut extras.k_bias, &mut extras.v_bias].into_iter().flatten() {
+                bias.data.fill(0.0);
+            }
+            for norm in [&mut extras.q_norm, &mut extras.k_norm].into_iter().flatten() {
+                norm.data.fill(1.0);
+            }
+        }
+        ReferenceBackend.load_model(&plain)
     }
     fn new_model_cache(&self, m: &RefModel, batch: usize, capacity: usize) -> Result<RefCache> {
         ReferenceBackend.new_model_cache(m, batch, capacity)
@@ -148,4 +163,25 @@ fn greedy_is_batch_independent() {
         assert_eq!(alone[0], *run);
         assert!(run.tokens.len() == 12 || run.tokens.last() == Some(&1));
     }
+}
+
+/// MODEL-17: a port that ignores Qwen2's biases and Qwen3's head norms fails
+/// the architecture checks of those checkpoints (against HF's logits and
+/// against the reference) and passes those of a checkpoint that has neither.
+#[test]
+fn a_port_without_the_attention_extras_fails_the_qwen_checkpoints_alone() {
+    let run = |model: &str| -> Vec<(String, Status)> {
+        let cfg = SuiteConfig { filter: Some(format!("model/hf-{model}/*")), ..SuiteConfig::default() };
+        let results = model_section::run(&Mutant(Defect::DropsAttnExtras), &cfg, &ModelFiles::default(), &mut |_| {});
+        results.into_iter().filter(|r| r.status != Status::Skipped).map(|r| (r.name, r.status)).collect()
+    };
+    for model in ["qwen2", "qwen3"] {
+        let statuses = run(model);
+        for check in ["hf-logits", "forward"] {
+            let name = format!("model/hf-{model}/{check}");
+            assert!(statuses.iter().any(|(n, s)| *n == name && *s == Status::Fail), "{name} did not fail: {statuses:?}");
+        }
+    }
+    let llama3 = run("llama3");
+    assert!(!llama3.is_empty() && llama3.iter().all(|(_, s)| *s == Status::Pass), "{llama3:?}");
 }

@@ -93,12 +93,6 @@ impl Architecture {
     pub fn fused_projections(self) -> bool {
         self == Architecture::Phi3
     }
-
-    /// Whether its forward is Llama's exactly (a port that implements only
-    /// Llama's runs it).
-    pub fn is_plain_llama(self) -> bool {
-        !self.qkv_bias() && !self.qk_norm()
-    }
 }
 
 /// Largest size any one dimension may take; keeps every product of a few

@@ -196,3 +196,32 @@ fn configs_that_would_change_the_forward_are_refused() {
     // HF 5 writes the rotary base only in `rope_parameters`: it is read from there.
     edit("qwen2", &|v| v["rope_parameters"]["rope_theta"] = 5e5.into()).unwrap();
 }
+
+/// HF's ids of a text on a checkpoint's tokenizer (`logits.json`).
+#[derive(Deserialize)]
+struct HfText {
+    text: String,
+    text_ids: Vec<u32>,
+}
+
+/// MODEL-6 on the checkpoints' own tokenizer (a byte-level BPE of their 48
+/// ids): each loads with its model, encodes the stored text to HF's ids
+/// (characters outside its alphabet as `<|unk|>`, never dropped), names its
+/// special ids, and gives each text id its one byte (what constraints walk).
+#[test]
+fn each_checkpoint_tokenizes_as_hf_does() {
+    for case in ["llama3", "mistral", "qwen2", "qwen3", "phi3"] {
+        let dir = case_dir(case);
+        let loaded = specdec_models::load(&dir).unwrap();
+        let tok = loaded.tokenizer.unwrap_or_else(|| panic!("{case}: no tokenizer"));
+        let hf: HfText = serde_json::from_str(&std::fs::read_to_string(dir.join("logits.json")).unwrap()).unwrap();
+        let ids = tok.encode(&hf.text, false).unwrap();
+        assert_eq!(ids, hf.text_ids, "{case}: {:?}", hf.text);
+        assert!(ids.contains(&0), "{case}: the text has characters outside the alphabet");
+        assert_eq!((tok.unk_id(), tok.bos_id(), tok.eos_id(), tok.vocab_size()), (Some(0), Some(1), Some(2), loaded.weights.config.vocab_size), "{case}");
+        let bytes = tok.token_bytes().unwrap();
+        assert!(bytes[..3].iter().all(Option::is_none) && bytes[3..].iter().all(|b| b.as_ref().is_some_and(|b| b.len() == 1)), "{case}: {bytes:?}");
+        let known: Vec<u32> = ids.iter().copied().take_while(|&i| i != 0).collect();
+        assert_eq!(tok.decode(&known, false).unwrap(), hf.text[..known.len()], "{case}");
+    }
+}

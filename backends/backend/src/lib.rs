@@ -77,10 +77,6 @@ pub enum BackendError {
     /// The device or library failed (allocation, kernel launch, dtype).
     #[error("backend `{backend}` device error: {message}")]
     Device { backend: String, message: String },
-    /// The backend's forward does not implement the model's architecture
-    /// (MODEL-17): not supported, never a pass nor a failure of the model.
-    #[error("backend `{backend}` does not implement the `{architecture}` forward")]
-    Architecture { backend: String, architecture: String },
 }
 
 impl BackendError {
@@ -102,17 +98,10 @@ impl BackendError {
         }
     }
 
-    /// Whether the backend lacks what was asked (an operation, an
-    /// architecture), as against an input or device failing.
+    /// Whether the backend lacks what was asked (an operation), as against an
+    /// input or device failing.
     pub fn is_not_supported(&self) -> bool {
-        matches!(self, BackendError::NotSupported { .. } | BackendError::Architecture { .. })
-    }
-
-    /// [`BackendError::Architecture`] when `config` is not a plain Llama, for a
-    /// port whose forward is Llama's only.
-    pub fn unless_plain_llama(backend: &str, config: &specdec_models::LlamaConfig) -> Result<()> {
-        let arch = config.architecture();
-        if arch.is_plain_llama() { Ok(()) } else { Err(BackendError::Architecture { backend: backend.to_string(), architecture: arch.model_type().to_string() }) }
+        matches!(self, BackendError::NotSupported { .. })
     }
 
     /// The spec error kind, when the input was invalid.

@@ -13,7 +13,9 @@
 //! a step is bound by its launches, not its bytes); attention runs per
 //! sequence over its cached window `[0, start + count)` with an additive
 //! causal mask (`-inf` above the diagonal), query heads grouped per KV head
-//! (GQA) by a reshape rather than by repeating K/V.
+//! (GQA) by a reshape rather than by repeating K/V. MODEL-17's architectures
+//! add to the attention alone: Qwen2's q/k/v biases (one add on the stacked
+//! product) and Qwen3's per-head RMSNorm of q and k, both before RoPE.
 //!
 //! Invariants:
 //! - Validation before computation (MODEL-8): [`forward::plan`],
@@ -154,6 +156,10 @@ struct CandleLayer {
     attn_norm: Tensor,
     /// q, k and v stacked: `[N, (heads + 2·kv_heads)·head_dim]` out.
     wqkv: Linear,
+    /// Qwen2's q, k and v biases, stacked as `wqkv`'s columns: `[(heads + 2·kv_heads)·head_dim]`.
+    qkv_bias: Option<Tensor>,
+    /// Qwen3's per-head RMSNorm weights of q and of k, each `[head_dim]`.
+    qk_norm: Option<(Tensor, Tensor)>,
     wo: Linear,
     mlp_norm: Tensor,
     /// gate and up stacked: `[N, 2·intermediate]` out.
@@ -186,7 +192,8 @@ impl CandleModel {
     /// machine's bandwidth.
     pub fn weight_bytes_per_step(&self) -> usize {
         let norm = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
-        let layers: usize = self.layers.iter().map(|l| norm(&l.attn_norm) + norm(&l.mlp_norm) + [&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down].iter().map(|w| w.bytes()).sum::<usize>()).sum();
+        let extras = |l: &CandleLayer| l.qkv_bias.iter().chain(l.qk_norm.iter().flat_map(|(q, k)| [q, k])).map(norm).sum::<usize>();
+        let layers: usize = self.layers.iter().map(|l| norm(&l.attn_norm) + norm(&l.mlp_norm) + extras(l) + [&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down].iter().map(|w| w.bytes()).sum::<usize>()).sum();
         layers + norm(&self.final_norm) + self.head.bytes()
     }
 }
@@ -350,8 +357,17 @@ impl CandleBackend {
             // `[N, (q + 2kv)·hd]` -> head major `[q + 2kv, N, hd]`: one copy
             // leaves q, k and v each contiguous, k's heads already in the
             // cache's layout, and q and k rotated by one launch.
-            let heads = layer.wqkv.forward(&normed)?.reshape((n, q_heads + 2 * kv_heads, d.head_dim))?.transpose(0, 1)?.contiguous()?;
-            let rotated = rope(&heads.narrow(0, 0, q_heads + kv_heads)?.unsqueeze(0)?, &cos, &sin)?.squeeze(0)?;
+            let mut qkv = layer.wqkv.forward(&normed)?;
+            // MODEL-17: Qwen2's biases, then Qwen3's per-head norms, before RoPE.
+            if let Some(bias) = &layer.qkv_bias {
+                qkv = qkv.broadcast_add(bias)?;
+            }
+            let heads = qkv.reshape((n, q_heads + 2 * kv_heads, d.head_dim))?.transpose(0, 1)?.contiguous()?;
+            let to_rotate = match &layer.qk_norm {
+                Some((q_norm, k_norm)) => Tensor::cat(&[rms_norm(&heads.narrow(0, 0, q_heads)?, q_norm, d.eps)?, rms_norm(&heads.narrow(0, q_heads, kv_heads)?, k_norm, d.eps)?], 0)?,
+                None => heads.narrow(0, 0, q_heads + kv_heads)?,
+            };
+            let rotated = rope(&to_rotate.unsqueeze(0)?, &cos, &sin)?.squeeze(0)?;
             let (q, k, v) = (rotated.narrow(0, 0, q_heads)?, rotated.narrow(0, q_heads, kv_heads)?, heads.narrow(0, q_heads + kv_heads, kv_heads)?);
             let mut attended = Vec::with_capacity(plan.rows.len());
             for (r, mask) in plan.rows.iter().zip(&masks) {
@@ -476,7 +492,6 @@ impl ModelBackend for CandleBackend {
 
     fn load_model(&self, w: &LlamaWeights) -> Result<CandleModel> {
         check_weights(w)?;
-        specdec_backend::BackendError::unless_plain_llama(&specdec_backend::Backend::name(self), &w.config)?;
         let (dev, format) = (&self.device, self.weights);
         let linear = |m: &Matrix| Linear::new(m, format, dev);
         let layers = w
@@ -486,6 +501,14 @@ impl ModelBackend for CandleBackend {
                 Ok(CandleLayer {
                     attn_norm: upload(&l.attn_norm, dev)?,
                     wqkv: Linear::stacked(&[&l.wq, &l.wk, &l.wv], format, dev)?,
+                    qkv_bias: match (&l.attn.q_bias, &l.attn.k_bias, &l.attn.v_bias) {
+                        (Some(q), Some(k), Some(v)) => Some(Tensor::cat(&[upload(q, dev)?, upload(k, dev)?, upload(v, dev)?], 0)?),
+                        _ => None,
+                    },
+                    qk_norm: match (&l.attn.q_norm, &l.attn.k_norm) {
+                        (Some(q), Some(k)) => Some((upload(q, dev)?, upload(k, dev)?)),
+                        _ => None,
+                    },
                     wo: linear(&l.wo)?,
                     mlp_norm: upload(&l.mlp_norm, dev)?,
                     w_gate_up: Linear::stacked(&[&l.w_gate, &l.w_up], format, dev)?,

@@ -7,7 +7,9 @@
 //! the host-side lengths. One forward call embeds the new tokens of every sequence,
 //! runs each decoder layer on all of them at once (RMSNorm, projections, rotate-half
 //! RoPE, SwiGLU are row-wise), and runs attention sequence by sequence, because each
-//! sequence attends to its own cache prefix of its own length.
+//! sequence attends to its own cache prefix of its own length. MODEL-17's architectures
+//! add to the attention alone: Qwen2's q/k/v biases and Qwen3's per-head RMSNorm of q
+//! and k, both before RoPE.
 //!
 //! Invariants:
 //! - Validation before the device (MODEL-8): [`forward::plan`] and
@@ -47,6 +49,10 @@ struct TchLayer {
     wq: Tensor,
     wk: Tensor,
     wv: Tensor,
+    /// Qwen2's q, k and v biases (MODEL-17).
+    qkv_bias: Option<(Tensor, Tensor, Tensor)>,
+    /// Qwen3's per-head RMSNorm weights of q and of k, each `[head_dim]`.
+    qk_norm: Option<(Tensor, Tensor)>,
     wo: Tensor,
     mlp_norm: Tensor,
     w_gate: Tensor,
@@ -177,6 +183,14 @@ impl TchBackend {
                     wq: up(&l.wq)?,
                     wk: up(&l.wk)?,
                     wv: up(&l.wv)?,
+                    qkv_bias: match (&l.attn.q_bias, &l.attn.k_bias, &l.attn.v_bias) {
+                        (Some(q), Some(k), Some(v)) => Some((up(q)?, up(k)?, up(v)?)),
+                        _ => None,
+                    },
+                    qk_norm: match (&l.attn.q_norm, &l.attn.k_norm) {
+                        (Some(q), Some(k)) => Some((up(q)?, up(k)?)),
+                        _ => None,
+                    },
                     wo: up(&l.wo)?,
                     mlp_norm: up(&l.mlp_norm)?,
                     w_gate: up(&l.w_gate)?,
@@ -241,9 +255,15 @@ impl TchBackend {
         let mut kept: Vec<Option<Tensor>> = req.hidden_layers.iter().map(|_| None).collect();
         for (li, layer) in model.layers.iter().enumerate() {
             let normed = rms_norm(&x, &layer.attn_norm, cfg.rms_norm_eps)?;
-            let q = rope(&normed.f_linear::<Tensor>(&layer.wq, None)?.f_view([t_all, dim(nh), hd_i])?, &cos, &sin)?;
-            let k = rope(&normed.f_linear::<Tensor>(&layer.wk, None)?.f_view([t_all, dim(nkv), hd_i])?, &cos, &sin)?;
-            let v = normed.f_linear::<Tensor>(&layer.wv, None)?.f_view([t_all, dim(nkv), hd_i])?;
+            // MODEL-17: Qwen2's biases, then Qwen3's per-head norms, before RoPE.
+            let bias = |i: usize| layer.qkv_bias.as_ref().map(|b| [&b.0, &b.1, &b.2][i]);
+            let project = |w: &Tensor, i: usize, heads: usize| normed.f_linear(w, bias(i))?.f_view([t_all, dim(heads), hd_i]);
+            let (mut q, mut k) = (project(&layer.wq, 0, nh)?, project(&layer.wk, 1, nkv)?);
+            if let Some((q_norm, k_norm)) = &layer.qk_norm {
+                (q, k) = (rms_norm(&q, q_norm, cfg.rms_norm_eps)?, rms_norm(&k, k_norm, cfg.rms_norm_eps)?);
+            }
+            let (q, k) = (rope(&q, &cos, &sin)?, rope(&k, &cos, &sin)?);
+            let v = project(&layer.wv, 2, nkv)?;
 
             let mut attended = Vec::with_capacity(plan.rows.len());
             for r in &plan.rows {
@@ -343,7 +363,6 @@ impl ModelBackend for TchBackend {
 
     fn load_model(&self, weights: &LlamaWeights) -> Result<TchModel> {
         check_weights(weights)?;
-        specdec_backend::BackendError::unless_plain_llama(&specdec_backend::Backend::name(self), &weights.config)?;
         self.dev(tch::no_grad(|| self.upload_model(weights)))
     }
 
