@@ -16,8 +16,10 @@ zero and norms to one: a forward that dropped a bias or a norm would then
 agree with HF and the check could not fail.
 
 Each checkpoint carries a tokenizer of its 48 ids (``tokenizer``): a byte-level
-BPE without merges whose ids 3..47 are one byte each (space, ``a``-``z``,
-``0``-``9``, ``.,:"{}[]``) and ids 0..2 the specials ``<|unk|>`` (what any
+BPE whose ids 3..46 are one byte each (space, ``a``-``z``, ``0``-``8``,
+``.,:"{}[]``), id 47 the one merge, space and ``t`` (llama.cpp's loader wants
+a BPE to have merges, and its converter writes none when there are none),
+and ids 0..2 the specials ``<|unk|>`` (what any
 other character encodes as, never dropped), ``<|startoftext|>`` (bos) and
 ``<|endoftext|>`` (eos), so that ``--model`` and ``generate`` take the
 checkpoints (prompts and constraints of that alphabet). HF's ids of
@@ -40,7 +42,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 SIZES = dict(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
 TOKENS = [[1, 5, 9, 2, 7, 7, 30, 41, 3, 12, 0, 47], [44, 3, 3, 8]]
 # Text for the tokenizer's oracle: every piece of the alphabet, and characters outside it.
-TEXT = 'the quick brown fox: {"jumps": [1, 2.5]}, over 0346789 lazy dogs. The Caf\u00e9'
+TEXT = 'the quick brown fox: {"jumps": [1, 2.5]}, over the 0346789 lazy dogs. The Caf\u00e9'
 SEED = 20261128
 
 CASES = {
@@ -68,20 +70,20 @@ def redraw(model, gen):
 
 
 SPECIALS = ["<|unk|>", "<|startoftext|>", "<|endoftext|>"]
-ALPHABET = " abcdefghijklmnopqrstuvwxyz0123456789.,:\"{}[]"
+ALPHABET = " abcdefghijklmnopqrstuvwxyz012345678.,:\"{}[]"
+MERGES = [("\u0120", "t")]
 
 
 def tokenizer():
     """The checkpoints' tokenizer (module doc): byte-level pieces, GPT-2's
-    byte-to-character table (space is ``Ġ``), no merges."""
+    byte-to-character table (space is ``Ġ``), one merge."""
     from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers
     from tokenizers.models import BPE
     from transformers import PreTrainedTokenizerFast
 
-    assert len(SPECIALS) + len(ALPHABET) == SIZES["vocab_size"]
-    vocab = {t: i for i, t in enumerate(SPECIALS)}
-    vocab.update({("\u0120" if c == " " else c): len(SPECIALS) + i for i, c in enumerate(ALPHABET)})
-    tok = Tokenizer(BPE(vocab, [], unk_token=SPECIALS[0], fuse_unk=False))
+    assert len(SPECIALS) + len(ALPHABET) + len(MERGES) == SIZES["vocab_size"]
+    pieces = SPECIALS + ["\u0120" if c == " " else c for c in ALPHABET] + [a + b for a, b in MERGES]
+    tok = Tokenizer(BPE({t: i for i, t in enumerate(pieces)}, MERGES, unk_token=SPECIALS[0], fuse_unk=False))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIALS])

@@ -7,7 +7,8 @@
 //! Invariants: a GGUF tokenizer is rebuilt exactly as llama.cpp tokenizes:
 //! `tokenizer.ggml.model` must be `gpt2` (byte-level BPE) and the
 //! pre-tokenizer must be one we reproduce exactly (`smollm`: single digits
-//! split first, then the GPT-2 regex; `gpt2`: the GPT-2 regex); anything
+//! split first, then the GPT-2 regex; `gpt-2`: the GPT-2 regex), under the
+//! names llama.cpp gives them (it refuses any other name too); anything
 //! else is a typed error rather than a tokenizer that silently splits
 //! differently. Control and user-defined tokens become added tokens, so a
 //! special token written in the text (`<|im_start|>`) encodes as its one id,
@@ -109,7 +110,16 @@ impl Tokenizer {
             };
             merges.push((a.to_string(), b.to_string()));
         }
-        let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(|e| tok_err(file, format!("BPE: {e}")))?;
+        // A character the vocabulary has no byte of encodes as the unknown
+        // token where the file names one, as HF's tokenizer does; llama.cpp
+        // drops it from the text, and so would a BPE without one.
+        let unk_id = g.opt_u32("tokenizer.ggml.unknown_token_id")?;
+        let mut builder = BPE::builder().vocab_and_merges(vocab, merges);
+        if let Some(id) = unk_id {
+            let token = tokens.get(id as usize).ok_or_else(|| ModelError::invalid(file, "tokenizer.ggml.unknown_token_id", format!("{id} is outside the vocabulary of {}", tokens.len())))?;
+            builder = builder.unk_token(token.clone());
+        }
+        let bpe = builder.build().map_err(|e| tok_err(file, format!("BPE: {e}")))?;
 
         let mut inner = tokenizers::Tokenizer::new(bpe);
         // HF's byte-level tokenizers prefix no space; llama.cpp's `gpt2`
@@ -118,8 +128,9 @@ impl Tokenizer {
         let pre_tokenizer: PreTokenizerWrapper = match pre {
             // llama.cpp's `smollm`: `\p{N}` (each digit alone), then the GPT-2 regex.
             "smollm" => Sequence::new(vec![PreTokenizerWrapper::Digits(Digits::new(true)), PreTokenizerWrapper::ByteLevel(byte_level)]).into(),
-            "gpt2" => byte_level.into(),
-            other => return Err(tok_err(file, format!("pre-tokenizer `tokenizer.ggml.pre` = `{other}` is not supported (smollm, gpt2)"))),
+            // llama.cpp's `gpt-2`: the GPT-2 regex alone.
+            "gpt-2" => byte_level.into(),
+            other => return Err(tok_err(file, format!("pre-tokenizer `tokenizer.ggml.pre` = `{other}` is not supported (smollm, gpt-2)"))),
         };
         inner.with_pre_tokenizer(Some(pre_tokenizer));
         inner.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::default())));

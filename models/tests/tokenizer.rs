@@ -136,7 +136,7 @@ fn chat_prompt_renders_chatml_only() {
 }
 
 /// MODEL-6: the pre-tokenizer decides which merges can apply: with a merge
-/// `Ġ 1`, `gpt2` keeps " 12" as one pre-token (so `Ġ1` forms) while
+/// `Ġ 1`, `gpt-2` keeps " 12" as one pre-token (so `Ġ1` forms) while
 /// `smollm` splits digits off first (so the space stays alone).
 #[test]
 fn pre_tokenizer_decides_digit_merges() {
@@ -154,7 +154,7 @@ fn pre_tokenizer_decides_digit_merges() {
         )
     };
     let g1 = tokens.len() as u32 - 1;
-    assert_eq!(with("gpt2").encode("a 12", true).unwrap(), vec![byte('a'), g1, byte('2')]);
+    assert_eq!(with("gpt-2").encode("a 12", true).unwrap(), vec![byte('a'), g1, byte('2')]);
     assert_eq!(with("smollm").encode("a 12", true).unwrap(), vec![byte('a'), byte(' '), byte('1'), byte('2')]);
 }
 

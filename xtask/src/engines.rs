@@ -523,16 +523,7 @@ fn llama_server(root: &Path, python: &Path) -> Result<PathBuf, String> {
     }
     let cmake_dir = pip_target(python, &root.join(".cache/tools/cmake"), &[CMAKE.to_string()], &[])?;
     let cmake = cmake_dir.join("cmake/data/bin/cmake");
-    let sdists = dir.join("sdist");
-    crate::run_command(
-        Command::new(python).args(["-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps", "--no-binary", "llama-cpp-python", "-d"]).arg(&sdists).arg(LLAMA_CPP),
-    )?;
-    let version = LLAMA_CPP.split("==").nth(1).unwrap_or_default();
-    let sdist = sdists.join(format!("llama_cpp_python-{version}.tar.gz"));
-    let src = dir.join("src");
-    let _ = std::fs::remove_dir_all(&src);
-    std::fs::create_dir_all(&src).map_err(|e| format!("cannot create {}: {e}", src.display()))?;
-    crate::run_command(Command::new("tar").arg("xzf").arg(&sdist).arg("-C").arg(&src).args(["--strip-components=3", &format!("llama_cpp_python-{version}/vendor/llama.cpp")]))?;
+    let src = llama_cpp_source(python, &dir)?;
     let build = dir.join("build");
     eprintln!("xtask: building llama.cpp's server from {LLAMA_CPP}'s source (once)");
     crate::run_command(Command::new(&cmake).arg("-S").arg(&src).arg("-B").arg(&build).args([
@@ -554,6 +545,53 @@ fn llama_server(root: &Path, python: &Path) -> Result<PathBuf, String> {
     let _ = std::fs::remove_dir_all(&src);
     std::fs::write(&stamp, &pins).map_err(|e| format!("cannot write {}: {e}", stamp.display()))?;
     Ok(binary)
+}
+
+/// The llama.cpp source that [`LLAMA_CPP`]'s PyPI source release carries, unpacked
+/// afresh into `dir/src` (the release itself kept in `dir/sdist`).
+pub(crate) fn llama_cpp_source(python: &Path, dir: &Path) -> Result<PathBuf, String> {
+    let sdists = dir.join("sdist");
+    crate::run_command(
+        Command::new(python).args(["-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps", "--no-binary", "llama-cpp-python", "-d"]).arg(&sdists).arg(LLAMA_CPP),
+    )?;
+    let version = LLAMA_CPP.split("==").nth(1).unwrap_or_default();
+    let sdist = sdists.join(format!("llama_cpp_python-{version}.tar.gz"));
+    let src = dir.join("src");
+    let _ = std::fs::remove_dir_all(&src);
+    std::fs::create_dir_all(&src).map_err(|e| format!("cannot create {}: {e}", src.display()))?;
+    crate::run_command(Command::new("tar").arg("xzf").arg(&sdist).arg("-C").arg(&src).args(["--strip-components=3", &format!("llama_cpp_python-{version}/vendor/llama.cpp")]))?;
+    Ok(src)
+}
+
+/// The architectures' checkpoints whose llama.cpp-written GGUF the loader reads (the
+/// others, and why, in [`CONVERTER_REFUSES`]).
+pub(crate) const CONVERTED_ARCHITECTURES: [&str; 3] = ["mistral", "qwen2", "qwen3"];
+/// What llama.cpp's converter says of the other checkpoints.
+pub(crate) const CONVERTER_REFUSES: [(&str, &str); 2] = [
+    ("llama3", "converts, writing Llama 3's scaling as a `rope_freqs` tensor of per-frequency factors, which the loader refuses by name"),
+    ("phi3", "refused by the converter: its Phi-3 path needs a SentencePiece `tokenizer.model`"),
+];
+/// The converter's one dependency the peers' environment lacks.
+const SENTENCEPIECE: &str = "sentencepiece==0.2.1";
+
+/// Writes `<case>/llama.cpp-f32.gguf` beside each checkpoint of
+/// [`CONVERTED_ARCHITECTURES`] in `fixtures` with llama.cpp's own converter
+/// (`adapters/peers/llama_cpp_convert.py`).
+pub(crate) fn convert_architectures(root: &Path, python: &Path, fixtures: &Path) -> Result<(), String> {
+    let dir = root.join(".cache/llama-cpp-convert");
+    let src = llama_cpp_source(python, &dir)?;
+    let deps = pip_target(python, &dir.join("deps"), &[SENTENCEPIECE.to_string()], &[])?;
+    let script = root.join("adapters/peers/llama_cpp_convert.py");
+    for case in CONVERTED_ARCHITECTURES {
+        let out = fixtures.join(case).join("llama.cpp-f32.gguf");
+        crate::run_command(Command::new(python).arg(&script).arg(&src).arg(&deps).arg(fixtures.join(case)).arg(&out))?;
+        eprintln!("xtask: {case}: llama.cpp's converter wrote {}", out.display());
+    }
+    for (case, why) in CONVERTER_REFUSES {
+        eprintln!("xtask: {case}: not converted: {why}");
+    }
+    let _ = std::fs::remove_dir_all(&src);
+    Ok(())
 }
 
 /// What `llama-server --version` says (llama.cpp's build number and commit).

@@ -16,7 +16,8 @@
 //! `reports/peers/PEERS.md`), `engines` (`engines.rs`: the engine checks on
 //! specdec's decoder, `specdec serve`, HF transformers and llama.cpp, into
 //! `reports/engines/ENGINES.md`), `architectures` (HF transformers writes
-//! `fixtures/architectures/`, MODEL-17's checkpoints and logits), `fuzz` (`fuzz.rs`: installs `cargo-afl`
+//! `fixtures/architectures/`, MODEL-17's checkpoints and logits, and llama.cpp's converter
+//! their GGUFs), `fuzz` (`fuzz.rs`: installs `cargo-afl`
 //! into `.cache/`, builds AFL++ and runs each target from its committed
 //! corpus), `train-dflash` (`train_dflash.rs`, the CPU recipe), `cuda`
 //! (`cuda.rs`, `torch_sys.rs`: `specdec` with candle-cuda and tch-cuda,
@@ -91,7 +92,8 @@ enum Task {
     Peers,
     /// Opt-in, not in CI: rewrites `fixtures/architectures/` (MODEL-17): random-weight
     /// checkpoints of each Llama-family architecture and HF transformers' own logits on them,
-    /// from the peers' pinned PyPI packages (`adapters/peers/hf_architectures.py`).
+    /// from the peers' pinned PyPI packages (`adapters/peers/hf_architectures.py`), and the
+    /// GGUFs llama.cpp's own converter writes of them (`adapters/peers/llama_cpp_convert.py`).
     Architectures,
     /// Opt-in, not in CI: the engine checks on real engines: specdec's decoder on every CPU
     /// backend and proposer, `specdec serve` over HTTP, HF transformers' `generate` (prompt
@@ -217,8 +219,12 @@ fn run(task: Task) -> Result<(), String> {
         Task::Architectures => {
             let python = peers::ensure_peers_venv(&root)?;
             let script = root.join("adapters/peers/hf_architectures.py");
-            let status = std::process::Command::new(&python).arg(&script).arg(root.join("fixtures/architectures")).status().map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-            if status.success() { Ok(()) } else { Err(format!("{} failed: {status}", script.display())) }
+            let fixtures = root.join("fixtures/architectures");
+            let status = std::process::Command::new(&python).arg(&script).arg(&fixtures).status().map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+            if !status.success() {
+                return Err(format!("{} failed: {status}", script.display()));
+            }
+            engines::convert_architectures(&root, &python, &fixtures)
         }
         Task::Peers => {
             let (specdec, python) = peers_and_release_binary(&root)?;
