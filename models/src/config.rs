@@ -381,17 +381,34 @@ pub struct Llama3Scaling {
     pub original_max_position_embeddings: f64,
 }
 
+/// [`LlamaConfig::rope_scaling`]'s type for per-frequency factors, each rotary
+/// pair's frequency divided by its own (llama.cpp's `rope_freqs` tensor, in which
+/// its converter writes Llama 3's scaling): `{"rope_type": "freq_factors",
+/// "factors": [..]}`, one positive factor per pair. specdec's name: HF has no
+/// config form for it, so a model carrying it is not exported to HF layout.
+pub const FREQ_FACTORS: &str = "freq_factors";
+
 /// The rotary embedding a config asks for (MODEL-10, MODEL-17).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Rope {
     pub theta: f64,
     pub llama3: Option<Llama3Scaling>,
+    /// Per-pair divisors of the frequencies ([`FREQ_FACTORS`]).
+    pub freq_factors: Option<Vec<f64>>,
 }
 
 impl Rope {
+    /// Unscaled rotation at `theta`.
+    pub fn plain(theta: f64) -> Rope {
+        Rope { theta, llama3: None, freq_factors: None }
+    }
+
     /// The inverse frequency of rotary pair `i` of `head_dim`.
     pub fn inv_freq(&self, i: usize, head_dim: usize) -> f64 {
         let base = self.theta.powf(-(2.0 * i as f64) / head_dim as f64);
+        if let Some(f) = &self.freq_factors {
+            return base / f[i];
+        }
         let Some(s) = self.llama3 else { return base };
         let wavelen = 2.0 * std::f64::consts::PI / base;
         let (low_wavelen, high_wavelen) = (s.original_max_position_embeddings / s.low_freq_factor, s.original_max_position_embeddings / s.high_freq_factor);
@@ -418,10 +435,21 @@ impl LlamaConfig {
         {
             return Err(format!("partial_rotary_factor {f}: a rotary embedding over part of each head is not supported"));
         }
-        let Some(spec) = specs.into_iter().flatten().find(|v| !v.is_null()) else { return Ok(Rope { theta: self.rope_theta, llama3: None }) };
+        let Some(spec) = specs.into_iter().flatten().find(|v| !v.is_null()) else { return Ok(Rope::plain(self.rope_theta)) };
         let kind = spec.get("rope_type").or_else(|| spec.get("type")).and_then(serde_json::Value::as_str).unwrap_or("default");
         match kind {
-            "default" => Ok(Rope { theta: self.rope_theta, llama3: None }),
+            "default" => Ok(Rope::plain(self.rope_theta)),
+            FREQ_FACTORS => {
+                let pairs = self.head_dim() / 2;
+                let factors: Vec<f64> = spec.get("factors").and_then(serde_json::Value::as_array).map(|a| a.iter().filter_map(serde_json::Value::as_f64).collect()).unwrap_or_default();
+                if factors.len() != pairs {
+                    return Err(format!("{FREQ_FACTORS}: {} factors for {pairs} rotary pairs", factors.len()));
+                }
+                if let Some((i, f)) = factors.iter().enumerate().find(|(_, f)| !(f.is_finite() && **f > 0.0)) {
+                    return Err(format!("{FREQ_FACTORS}: factor {i} is {f}, not a positive number"));
+                }
+                Ok(Rope { freq_factors: Some(factors), ..Rope::plain(self.rope_theta) })
+            }
             "llama3" => {
                 let num = |k: &str| spec.get(k).and_then(serde_json::Value::as_f64).filter(|v| v.is_finite() && *v > 0.0).ok_or_else(|| format!("llama3 rope scaling needs a positive `{k}`"));
                 let s = Llama3Scaling {
@@ -433,9 +461,9 @@ impl LlamaConfig {
                 if s.high_freq_factor <= s.low_freq_factor {
                     return Err(format!("high_freq_factor {} is not above low_freq_factor {}", s.high_freq_factor, s.low_freq_factor));
                 }
-                Ok(Rope { theta: self.rope_theta, llama3: Some(s) })
+                Ok(Rope { llama3: Some(s), ..Rope::plain(self.rope_theta) })
             }
-            other => Err(format!("rope type `{other}` is not supported (`default`, `llama3`)")),
+            other => Err(format!("rope type `{other}` is not supported (`default`, `llama3`, `{FREQ_FACTORS}`)")),
         }
     }
 }

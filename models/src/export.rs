@@ -20,6 +20,9 @@ use crate::weights::LlamaWeights;
 /// files it writes.
 pub fn export_hf(weights: &LlamaWeights, tokenizer: Option<&Tokenizer>, dir: impl AsRef<Path>, dtype: SaveDtype) -> Result<()> {
     let dir = dir.as_ref();
+    if weights.config.rope().is_ok_and(|r| r.freq_factors.is_some()) {
+        return Err(ModelError::InvalidInput { arg: "config", reason: "per-frequency rotary factors (a GGUF's `rope_freqs`) have no HF config form".into() });
+    }
     std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
 
     let mut config = weights.config.clone();

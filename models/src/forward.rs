@@ -157,14 +157,14 @@ pub fn trim_lens(lens: &mut [usize], amounts: &[usize]) -> Result<()> {
 /// The rotary angle table of one position: `cos`, `sin` of
 /// `pos · theta^(-2i/head_dim)` for `i < head_dim/2`, in f64 (MODEL-10).
 pub fn rope_angles(pos: usize, head_dim: usize, theta: f64) -> (Vec<f64>, Vec<f64>) {
-    rope_angles_of(pos, head_dim, &crate::config::Rope { theta, llama3: None })
+    rope_angles_of(pos, head_dim, &crate::config::Rope::plain(theta))
 }
 
 /// A validated config's rotary embedding (with Llama 3's scaling where it
 /// has it, MODEL-17), read once per forward call: the config's JSON is not
 /// parsed again for every position.
 pub fn config_rope(cfg: &LlamaConfig) -> crate::config::Rope {
-    cfg.rope().unwrap_or(crate::config::Rope { theta: cfg.rope_theta, llama3: None })
+    cfg.rope().unwrap_or(crate::config::Rope::plain(cfg.rope_theta))
 }
 
 /// The angles of `pos` under `rope`.

@@ -230,15 +230,16 @@ fn each_checkpoint_tokenizes_as_hf_does() {
 }
 
 /// MODEL-17 from the GGUFs llama.cpp's own converter wrote of the checkpoints
-/// (`<case>/llama.cpp-f32.gguf`, `cargo xtask architectures`; Llama 3's and
-/// Phi-3's are not among them, the command says why): each reads as the HF
-/// checkpoint it came from, its weights bit for bit (llama.cpp permutes a
-/// `llama` file's q/k rows and the loader undoes it), its tokenizer giving
-/// HF's ids of the text, and so HF's logits.
+/// (`<case>/llama.cpp-f32.gguf`, `cargo xtask architectures`; Phi-3's is not
+/// among them, the command says why): each reads as the HF checkpoint it
+/// came from, its weights bit for bit (llama.cpp permutes a `llama` file's
+/// q/k rows and the loader undoes it), its tokenizer giving HF's ids of the
+/// text, and so HF's logits; Llama 3's scaling, written as `rope_freqs`
+/// factors, within the same tolerance.
 #[test]
 fn llama_cpp_written_ggufs_read_as_their_checkpoints() {
     // llama.cpp writes Mistral as `llama` (MODEL-17): the same forward.
-    for (case, model_type) in [("mistral", "llama"), ("qwen2", "qwen2"), ("qwen3", "qwen3")] {
+    for (case, model_type) in [("llama3", "llama"), ("mistral", "llama"), ("qwen2", "qwen2"), ("qwen3", "qwen3")] {
         let dir = case_dir(case);
         let hf = specdec_models::load(&dir).unwrap();
         let gguf = specdec_models::load(dir.join("llama.cpp-f32.gguf")).unwrap_or_else(|e| panic!("{case}: {e}"));
@@ -256,5 +257,17 @@ fn llama_cpp_written_ggufs_read_as_their_checkpoints() {
         assert_eq!((tok.bos_id(), tok.eos_id()), (Some(1), Some(2)), "{case}");
         let d = distance(g, &hf_logits);
         assert!(d <= HF_LOGIT_REL_TOLERANCE, "{case}: {d:e} from HF's logits");
+        // Llama 3's scaling arrives as factors, which give HF's frequencies up to f32.
+        let (g_rope, h_rope, hd) = (g.config.rope().unwrap(), h.config.rope().unwrap(), h.config.head_dim());
+        assert_eq!(g_rope.freq_factors.is_some(), h_rope.llama3.is_some(), "{case}");
+        if g_rope.freq_factors.is_some() {
+            let dir = std::env::temp_dir().join(format!("specdec-export-freqs-{}", std::process::id()));
+            let err = specdec_models::export::export_hf(g, None, &dir, specdec_models::hf::SaveDtype::F32).unwrap_err();
+            assert!(err.to_string().contains("rope_freqs") && !dir.exists(), "{case}: factors exported to HF layout: {err}");
+        }
+        for i in 0..hd / 2 {
+            let (a, b) = (g_rope.inv_freq(i, hd), h_rope.inv_freq(i, hd));
+            assert!((a - b).abs() <= 1e-6 * b, "{case}: pair {i}: {a} against HF's {b}");
+        }
     }
 }

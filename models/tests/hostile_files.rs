@@ -134,6 +134,15 @@ fn hostile_gguf_headers() {
             t.data.truncate(16 * 8 * 4);
             move || load_bytes(&b)
         }),
+        case("rope_freqs with a zero factor", "InvalidField", &["rope_freqs.weight", "factor 1 is 0"], {
+            let factors: Vec<u8> = [1.0f32, 0.0, 1.0, 1.0].iter().flat_map(|f| f.to_le_bytes()).collect();
+            let b = ok.clone().tensor("rope_freqs.weight", &[4], 0, factors);
+            move || load_bytes(&b)
+        }),
+        case("rope_freqs not one per rotary pair", "InvalidField", &["rope_scaling", "1 factors for"], {
+            let b = ok.clone().tensor("rope_freqs.weight", &[1], 0, 2.0f32.to_le_bytes().to_vec());
+            move || load_bytes(&b)
+        }),
         case("architecture not llama", "InvalidField", &["general.architecture", "gpt2"], {
             let b = ok.clone().kv("general.architecture", s("gpt2"));
             move || load_bytes(&b)

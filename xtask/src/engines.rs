@@ -565,12 +565,9 @@ pub(crate) fn llama_cpp_source(python: &Path, dir: &Path) -> Result<PathBuf, Str
 
 /// The architectures' checkpoints whose llama.cpp-written GGUF the loader reads (the
 /// others, and why, in [`CONVERTER_REFUSES`]).
-pub(crate) const CONVERTED_ARCHITECTURES: [&str; 3] = ["mistral", "qwen2", "qwen3"];
+pub(crate) const CONVERTED_ARCHITECTURES: [&str; 4] = ["llama3", "mistral", "qwen2", "qwen3"];
 /// What llama.cpp's converter says of the other checkpoints.
-pub(crate) const CONVERTER_REFUSES: [(&str, &str); 2] = [
-    ("llama3", "converts, writing Llama 3's scaling as a `rope_freqs` tensor of per-frequency factors, which the loader refuses by name"),
-    ("phi3", "refused by the converter: its Phi-3 path needs a SentencePiece `tokenizer.model`"),
-];
+pub(crate) const CONVERTER_REFUSES: [(&str, &str); 1] = [("phi3", "refused by the converter: its Phi-3 path needs a SentencePiece `tokenizer.model`")];
 /// The converter's one dependency the peers' environment lacks.
 const SENTENCEPIECE: &str = "sentencepiece==0.2.1";
 

@@ -114,10 +114,10 @@ pub fn llama_config(g: &GgufFile) -> Result<LlamaConfig> {
     {
         return Err(ModelError::invalid(file, &key("rope.scaling.type"), format!("rope scaling `{kind}` is not supported")));
     }
-    // Llama 3's per-frequency factors, and Phi-3's `longrope` ones.
-    for factors in ["rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"] {
+    // Phi-3's `longrope` factors (two sets, chosen by the context length).
+    for factors in ["rope_factors_long.weight", "rope_factors_short.weight"] {
         if g.tensor(factors).is_some() {
-            return Err(ModelError::invalid(file, factors, "per-frequency rope scaling is not supported"));
+            return Err(ModelError::invalid(file, factors, "longrope scaling is not supported"));
         }
     }
 
@@ -167,7 +167,7 @@ pub fn llama_config(g: &GgufFile) -> Result<LlamaConfig> {
         pad_token_id: g.opt_u32("tokenizer.ggml.padding_token_id")?,
         torch_dtype: None,
         hidden_act: Some("silu".to_string()),
-        rope_scaling: None,
+        rope_scaling: rope_freqs(g)?,
         attention_bias: None,
         mlp_bias: None,
         ignored: serde_json::Map::new(),
@@ -183,6 +183,28 @@ pub fn llama_config(g: &GgufFile) -> Result<LlamaConfig> {
     Ok(config)
 }
 
+/// The tensor in which llama.cpp's converter writes Llama 3's rotary scaling:
+/// one divisor per rotary pair's frequency.
+const ROPE_FREQS: &str = "rope_freqs.weight";
+
+/// A file's [`ROPE_FREQS`] as the config's [`crate::config::FREQ_FACTORS`]
+/// rope scaling (its length and values are checked by the config's
+/// validation, against `head_dim`).
+fn rope_freqs(g: &GgufFile) -> Result<Option<serde_json::Value>> {
+    if g.tensor(ROPE_FREQS).is_none() {
+        return Ok(None);
+    }
+    let m = g.tensor_f32(ROPE_FREQS)?;
+    if m.shape.len() != 1 {
+        return Err(ModelError::invalid(g.file(), ROPE_FREQS, format!("shape {:?}, expected one axis", m.shape)));
+    }
+    if let Some((i, f)) = m.data.iter().enumerate().find(|(_, f)| !(f.is_finite() && **f > 0.0)) {
+        return Err(ModelError::invalid(g.file(), ROPE_FREQS, format!("factor {i} is {f}, not a positive number")));
+    }
+    let factors: Vec<f64> = m.data.iter().map(|&f| f64::from(f)).collect();
+    Ok(Some(serde_json::json!({ "rope_type": crate::config::FREQ_FACTORS, "factors": factors })))
+}
+
 /// Dequantizes every tensor of a `llama` GGUF file into [`LlamaWeights`]
 /// (MODEL-3), undoing the converter's q/k permutation (MODEL-4). A tensor
 /// the architecture does not use is an error, not silently dropped: a bias
@@ -192,7 +214,8 @@ pub fn llama_weights(g: &GgufFile) -> Result<LlamaWeights> {
     let permuted = config.architecture() == Architecture::Llama;
     let expected: HashMap<String, Vec<usize>> = config.tensor_shapes().into_iter().collect();
     let (heads, kv_heads) = (config.num_attention_heads, config.num_key_value_heads);
-    let mut used = HashSet::new();
+    // Read into the config's rotary embedding.
+    let mut used = HashSet::from([ROPE_FREQS.to_string()]);
     let stored = crate::fused::split_reader(
         &config,
         |hf: &str| {

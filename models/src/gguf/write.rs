@@ -117,8 +117,9 @@ pub fn write_llama_gguf(path: impl AsRef<Path>, weights: &LlamaWeights, name: &s
         Architecture::Qwen3 => "qwen3",
         Architecture::Phi3 => "phi3",
     };
-    if c.rope().map_err(|reason| ModelError::InvalidInput { arg: "config", reason })?.llama3.is_some() {
-        return Err(ModelError::InvalidInput { arg: "config", reason: "Llama 3's rotary scaling has no GGUF form here (llama.cpp writes it as a `rope_freqs` tensor)".into() });
+    let rope = c.rope().map_err(|reason| ModelError::InvalidInput { arg: "config", reason })?;
+    if rope.llama3.is_some() || rope.freq_factors.is_some() {
+        return Err(ModelError::InvalidInput { arg: "config", reason: "per-frequency rotary scaling has no GGUF form here (llama.cpp writes it as a `rope_freqs` tensor)".into() });
     }
     let key = |k: &str| format!("{arch}.{k}");
     let mut metadata: Vec<(String, Value<'_>)> = vec![
