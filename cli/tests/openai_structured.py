@@ -1,7 +1,8 @@
 """The official OpenAI Python client against `specdec serve` on SmolLM2 with
 structured outputs (CONSTRAIN-1 .. CONSTRAIN-5): `response_format` of type
-`json_schema` on a tool-call prompt mix. Every answer is valid JSON under
-the schema, greedy answers are the same tokens with speculation on and off,
+`json_schema` on a tool-call prompt mix, then `json_object`. Every answer is
+valid JSON under the schema (a JSON object), greedy answers are the same
+tokens with speculation on and off,
 and the time of each is printed (the speedup, stated, never asserted).
 
 Run by cli/tests/serve.rs with the URL of a server of SmolLM2 with n-gram
@@ -52,4 +53,22 @@ for prompt in prompts:
     print(on.message.content)
 print(f"{len(prompts)} prompts, {tokens} tokens: speculation on {seconds[True]:.2f} s, off {seconds[False]:.2f} s, "
       f"speedup {seconds[False] / seconds[True]:.2f}x")
+
+# `json_object`: any JSON object (CONSTRAIN-5's free-form object); an answer
+# that ends at eos parses as a JSON object, and at least one does.
+objects = 0
+for prompt in ["Describe a cat as a JSON object with its name and age.", "Give the weather in Paris as JSON."]:
+    answers = {}
+    for speculation in (True, False):
+        r = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=64,
+            response_format={"type": "json_object"}, extra_body={"speculation": speculation, "return_token_ids": True})
+        answers[speculation] = r.choices[0]
+    on, off = answers[True], answers[False]
+    assert on.model_extra["token_ids"] == off.model_extra["token_ids"], (on, off)
+    if on.finish_reason == "stop":
+        assert isinstance(json.loads(on.message.content), dict), on
+        objects += 1
+    print(on.finish_reason, on.message.content)
+assert objects >= 1, "no json_object answer ended"
 print("structured outputs: ok")

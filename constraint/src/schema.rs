@@ -8,9 +8,11 @@
 //! declared order, those not in `required` optional, no other keys);
 //! `enum` and `const` of any JSON value; `anyOf` and `oneOf` (both as "any
 //! of": a value valid under two branches of a `oneOf` is not refused).
-//! Anything else (`$ref`, `pattern`, `format`, `additionalProperties:
-//! true`, an object without `properties`, ...) is a typed error naming its
-//! path, never silently dropped.
+//! An object without `properties` is free-form (OpenAI's `json_object`):
+//! any object whose containers nest at most [`FREE_FORM_DEPTH`] levels (the
+//! language must stay regular). Anything else (`$ref`, `pattern`, `format`,
+//! `additionalProperties: true` beside `properties`, ...) is a typed error
+//! naming its path, never silently dropped.
 
 use serde_json::Value;
 
@@ -89,7 +91,16 @@ fn value(schema: &Value, path: &str) -> Result<String, ConstraintError> {
 }
 
 fn object(obj: &serde_json::Map<String, Value>, path: &str) -> Result<String, ConstraintError> {
-    let props = obj.get("properties").and_then(Value::as_object).ok_or_else(|| err(path, "an object needs `properties` (a free-form object is outside the subset)"))?;
+    let Some(props) = obj.get("properties") else {
+        // A free-form object (OpenAI's `json_object`): any object, nested at
+        // most FREE_FORM_DEPTH deep; `additionalProperties: false` would
+        // leave only `{}`, which is surely a mistake.
+        if obj.keys().any(|k| !matches!(k.as_str(), "type" | "title" | "description" | "$schema")) {
+            return Err(err(path, "a free-form object (no `properties`) takes no other keyword"));
+        }
+        return Ok(any_object(FREE_FORM_DEPTH));
+    };
+    let props = props.as_object().ok_or_else(|| err(path, "`properties` must be an object"))?;
     if obj.get("additionalProperties").is_some_and(|a| a != &Value::Bool(false)) {
         return Err(err(path, "`additionalProperties` other than false is outside the subset"));
     }
@@ -105,6 +116,28 @@ fn object(obj: &serde_json::Map<String, Value>, path: &str) -> Result<String, Co
         .map(|(name, schema)| Ok((format!("{}:{}", literal(&Value::String(name.clone())), value(schema, &format!("{path}/properties/{name}"))?), required.contains(&name.as_str()))))
         .collect::<Result<Vec<(String, bool)>, ConstraintError>>()?;
     Ok(format!(r"\{{{}\}}", members_regex(&members)))
+}
+
+/// How deep a free-form object nests at most: the object itself is level 1,
+/// and a container at level `FREE_FORM_DEPTH` holds scalars only (OpenAI's
+/// structured outputs allow 5 levels too). The language must be regular,
+/// and its DFA grows with the depth (its states track the open containers).
+pub const FREE_FORM_DEPTH: u32 = 5;
+
+/// Any compact JSON object whose containers nest at most `depth` levels.
+fn any_object(depth: u32) -> String {
+    let member = format!("\"{STRING_CHAR}*\":{}", any_value(depth - 1));
+    format!(r"\{{(?:{member}(?:,{member})*)?\}}")
+}
+
+/// Any compact JSON value whose containers nest at most `depth` levels.
+fn any_value(depth: u32) -> String {
+    let scalars = format!("\"{STRING_CHAR}*\"|{NUMBER}|true|false|null");
+    if depth == 0 {
+        return format!("(?:{scalars})");
+    }
+    let item = any_value(depth - 1);
+    format!(r"(?:{scalars}|{}|\[(?:{item}(?:,{item})*)?\])", any_object(depth))
 }
 
 /// The members in order, the optional ones possibly absent, comma-separated:

@@ -107,6 +107,40 @@ fn the_json_schema_subset_on_worked_texts() {
     }
 }
 
+/// CONSTRAIN-5: an object without `properties` (OpenAI's `json_object`) is
+/// any compact JSON object whose containers nest at most
+/// `FREE_FORM_DEPTH` (5) levels; each text below is checked by hand, and
+/// every one `serde_json` reads as an object is, depth aside, valid JSON.
+#[test]
+fn a_free_form_object_is_any_compact_json_object_five_levels_deep() {
+    assert_eq!(schema::FREE_FORM_DEPTH, 5);
+    // Built once: the DFA of five levels takes a while in a debug build.
+    let any = Constraint::new(&ConstraintSpec::JsonSchema(json!({"type": "object", "description": "any"}))).unwrap();
+    let five = r#"{"a":[{"b":[[1]]}]}"#;
+    let six = r#"{"a":[{"b":[[[1]]]}]}"#;
+    for (text, valid) in [
+        ("{}", true),
+        (r#"{"a":1}"#, true),
+        (r#"{"a":-1.5e3,"b":"x\"y","c":true,"d":false,"e":null,"f":[],"g":{}}"#, true),
+        (r#"{"":[1,"2",[3],{"x":null}]}"#, true),
+        (five, true),
+        (six, false),
+        (r#"{"a":1,}"#, false),
+        (r#"{"a" :1}"#, false),
+        (r#"{a:1}"#, false),
+        (r#"{"a":01}"#, false),
+        (r#"{"a":[1,]}"#, false),
+        (r#"{"a":tru}"#, false),
+        ("[]", false),
+        ("1", false),
+    ] {
+        assert_eq!(any.matches(text.as_bytes()), valid, "CONSTRAIN-5: {text}");
+        if valid {
+            assert!(serde_json::from_str::<Value>(text).unwrap().is_object(), "{text}");
+        }
+    }
+}
+
 /// CONSTRAIN-1: the mask sets refused tokens to -inf and leaves the others bit for bit.
 #[test]
 fn the_mask_touches_only_refused_tokens() {
@@ -127,7 +161,8 @@ fn refused_inputs_are_typed_errors() {
     for (s, at) in [
         (json!({"$ref": "#/x"}), "#"),
         (json!({"type": "string", "pattern": "a+"}), "#"),
-        (json!({"type": "object"}), "#"),
+        (json!({"type": "object", "additionalProperties": false}), "#"),
+        (json!({"type": "object", "properties": {"a": {"type": "object", "required": ["b"]}}}), "#/properties/a"),
         (json!({"type": "object", "properties": {"a": {"type": "string", "format": "date"}}}), "#/properties/a"),
         (json!({"type": "object", "properties": {}, "required": ["a"]}), "#"),
         (json!({"type": ["string", "null"]}), "#"),

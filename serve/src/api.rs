@@ -353,6 +353,8 @@ fn constraint(c: &Common) -> Result<(Option<specdec_decoder::ConstraintSpec>, &'
             _ => Err(ApiError::bad(param, format!("{param}: a JSON schema is an object"))),
         }
     };
+    // OpenAI's `json_object`: the schema of a free-form object (CONSTRAIN-5).
+    let any_json_object = || ConstraintSpec::JsonSchema(serde_json::json!({"type": "object"}));
     let mut found: Vec<(ConstraintSpec, &'static str)> = Vec::new();
     if let Some(f) = &c.response_format {
         match f.get("type").and_then(Value::as_str) {
@@ -361,7 +363,8 @@ fn constraint(c: &Common) -> Result<(Option<specdec_decoder::ConstraintSpec>, &'
                 let schema = f.get("json_schema").and_then(|j| j.get("schema")).ok_or_else(|| ApiError::bad("response_format", "response_format json_schema needs json_schema.schema"))?;
                 found.push((json("response_format", schema)?, "response_format"));
             }
-            Some("json_object") => return Err(ApiError::bad("response_format", "response_format json_object (any JSON object) is not supported: give a json_schema")),
+            // Any JSON object (CONSTRAIN-5's free-form object, five levels deep at most).
+            Some("json_object") => found.push((any_json_object(), "response_format")),
             _ => return Err(ApiError::bad("response_format", "response_format.type must be \"text\", \"json_schema\" or \"json_object\"")),
         }
     }
@@ -378,10 +381,12 @@ fn constraint(c: &Common) -> Result<(Option<specdec_decoder::ConstraintSpec>, &'
                         .collect::<Option<Vec<_>>>()
                         .ok_or_else(|| ApiError::bad("structured_outputs", "structured_outputs.choice is a list of strings"))?,
                 ),
-                ("grammar" | "json_object" | "structural_tag", _) => {
-                    return Err(ApiError::bad("structured_outputs", format!("structured_outputs.{key} is not supported: give a regex, a json schema or a choice")));
+                ("json_object", Value::Bool(true)) => any_json_object(),
+                ("json_object", Value::Bool(false)) => continue,
+                ("grammar" | "structural_tag", _) => {
+                    return Err(ApiError::bad("structured_outputs", format!("structured_outputs.{key} is not supported: give a regex, a json schema, json_object or a choice")));
                 }
-                _ => return Err(ApiError::bad("structured_outputs", format!("structured_outputs.{key} is not a regex string, a json schema or a choice list"))),
+                _ => return Err(ApiError::bad("structured_outputs", format!("structured_outputs.{key} is not a regex string, a json schema, a choice list or json_object: true"))),
             };
             found.push((spec, "structured_outputs"));
         }
