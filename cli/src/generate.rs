@@ -44,16 +44,16 @@ pub struct Generate {
     pub constraint: Option<ConstraintSpec>,
 }
 
-/// `--regex R` or `--json-schema FILE` (one at most), read and checked.
-pub fn constraint_flags(regex: Option<String>, json_schema: Option<&std::path::Path>) -> Result<Option<ConstraintSpec>, String> {
-    let spec = match (regex, json_schema) {
-        (Some(_), Some(_)) => return Err("give --regex or --json-schema, not both".into()),
-        (Some(r), None) => ConstraintSpec::Regex(r),
-        (None, Some(path)) => {
-            let text = std::fs::read_to_string(path).map_err(|e| format!("--json-schema {}: {e}", path.display()))?;
-            ConstraintSpec::JsonSchema(serde_json::from_str(&text).map_err(|e| format!("--json-schema {}: {e}", path.display()))?)
-        }
-        (None, None) => return Ok(None),
+/// `--regex R`, `--json-schema FILE` or `--grammar FILE` (one at most),
+/// read and checked.
+pub fn constraint_flags(regex: Option<String>, json_schema: Option<&std::path::Path>, grammar: Option<&std::path::Path>) -> Result<Option<ConstraintSpec>, String> {
+    let read = |flag: &str, path: &std::path::Path| std::fs::read_to_string(path).map_err(|e| format!("{flag} {}: {e}", path.display()));
+    let spec = match (regex, json_schema, grammar) {
+        (None, None, None) => return Ok(None),
+        (Some(r), None, None) => ConstraintSpec::Regex(r),
+        (None, Some(path), None) => ConstraintSpec::JsonSchema(serde_json::from_str(&read("--json-schema", path)?).map_err(|e| format!("--json-schema {}: {e}", path.display()))?),
+        (None, None, Some(path)) => ConstraintSpec::grammar(&read("--grammar", path)?).map_err(|e| format!("--grammar {}: {e}", path.display()))?,
+        _ => return Err("give only one of --regex, --json-schema and --grammar".into()),
     };
     // Compiled once here so a bad pattern or schema fails before the model loads.
     specdec_constraint::Constraint::new(&spec).map_err(|e| format!("--{}: {e}", spec.kind().replace('_', "-")))?;

@@ -141,6 +141,10 @@ enum Command {
         /// (the subset of spec section 23).
         #[arg(long, value_name = "FILE")]
         json_schema: Option<PathBuf>,
+        /// Constrain the output text to this GBNF grammar file (llama.cpp's
+        /// format, rule `root`, no recursion: a regular language).
+        #[arg(long, value_name = "FILE")]
+        grammar: Option<PathBuf>,
     },
     /// Training data for a draft: the target's greedy continuations of one
     /// split of a prompt file, with its hidden states at `--layers`.
@@ -330,8 +334,8 @@ fn main() -> ExitCode {
             suite_config(filter, xfails.as_deref(), seed, diff_cases, !no_stat).and_then(|cfg| conform(&backend, &SuiteConfig { shard, ..cfg }, &report, &files))
         }
         Command::Model { command } => model::run(command),
-        Command::Generate { model, backend, prompt, chat, max_tokens, sampling, seed, json, proposer, k, controller, compare, regex, json_schema } => {
-            let constraint = generate::constraint_flags(regex, json_schema.as_deref());
+        Command::Generate { model, backend, prompt, chat, max_tokens, sampling, seed, json, proposer, k, controller, compare, regex, json_schema, grammar } => {
+            let constraint = generate::constraint_flags(regex, json_schema.as_deref(), grammar.as_deref());
             constraint.and_then(|constraint| specdec_models::load(&model).map(|l| (l, constraint)).map_err(|e| e.to_string())).and_then(|(loaded, constraint)| {
                 let sampling_params = sampling.params()?;
                 let payoff = generate::payoff_controller(controller.as_deref(), &sampling_params)?;

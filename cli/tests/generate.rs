@@ -154,7 +154,7 @@ fn constrained_generation_keeps_its_constraint() {
         }
     }
     std::fs::write(&schema, r#"{"type": "string", "format": "date"}"#).unwrap();
-    for (args, needle) in [(vec!["--regex", "(a"], "--regex"), (vec!["--json-schema", schema_flag], "format"), (vec!["--regex", "a", "--json-schema", schema_flag], "not both")] {
+    for (args, needle) in [(vec!["--regex", "(a"], "--regex"), (vec!["--json-schema", schema_flag], "format"), (vec!["--regex", "a", "--json-schema", schema_flag], "only one of")] {
         let out = specdec(&[&["generate", "--model", gguf.as_str(), "--prompt", "x"][..], &args].concat());
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.code() == Some(2) && err.contains(needle) && !err.contains("panicked"), "{args:?}: {err}");
@@ -165,10 +165,14 @@ fn constrained_generation_keeps_its_constraint() {
 /// MODEL-17: `generate` takes the checkpoints HF wrote of each architecture
 /// (their own tokenizer: a byte-level alphabet of 48 ids) on candle and
 /// ndarray: n-gram speculation gives plain decoding's tokens, and a regex
-/// keeps its constraint.
+/// and a GBNF grammar keep their constraint; a recursive grammar is refused.
 #[test]
 fn every_architecture_checkpoint_generates_from_its_own_tokenizer() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/architectures");
+    let dir = std::env::temp_dir().join(format!("specdec-generate-arch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let grammar = dir.join("words.gbnf");
+    std::fs::write(&grammar, "# a short sentence\nroot ::= word (\" \" word){0,3} \".\"\nword ::= [a-z]{1,8}\n").unwrap();
     for case in ["llama3", "mistral", "qwen2", "qwen3", "phi3"] {
         for backend in ["ndarray", "candle-cpu"] {
             let model = format!("{root}/{case}");
@@ -176,11 +180,21 @@ fn every_architecture_checkpoint_generates_from_its_own_tokenizer() {
             let out = json(&specdec(&[&base[..], &["--prompt", "one two. one two. one two."]].concat()));
             assert_eq!(out["compare"]["identical_tokens"], true, "{case} on {backend}: {out}");
             assert!(!out["token_ids"].as_array().unwrap().is_empty(), "{case} on {backend}: {out}");
-            let out = json(&specdec(&[&base[..], &["--regex", "[a-z ]{2,12}\\.", "--prompt", "the cat sat."]].concat()));
-            assert_eq!(out["constraint"]["every_token_allowed"], true, "CONSTRAIN-4: {case} on {backend}: {out}");
-            assert_eq!(out["compare"]["identical_tokens"], true, "CONSTRAIN-3: {case} on {backend}: {out}");
+            for flag in [["--regex", "[a-z ]{2,12}\\."], ["--grammar", grammar.to_str().unwrap()]] {
+                let out = json(&specdec(&[&base[..], &flag, &["--prompt", "the cat sat."]].concat()));
+                assert_eq!(out["constraint"]["every_token_allowed"], true, "CONSTRAIN-4: {case} on {backend} {flag:?}: {out}");
+                assert_eq!(out["compare"]["identical_tokens"], true, "CONSTRAIN-3: {case} on {backend} {flag:?}: {out}");
+                if out["finish_reason"] == "eos" {
+                    assert_eq!(out["constraint"]["matches"], true, "CONSTRAIN-2: {case} on {backend} {flag:?}: {out}");
+                }
+            }
         }
     }
+    std::fs::write(&grammar, "root ::= \"(\" root \")\" | \"x\"").unwrap();
+    let out = specdec(&["generate", "--model", &format!("{root}/qwen3"), "--prompt", "x", "--grammar", grammar.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.code() == Some(2) && err.contains("--grammar") && err.contains("recursive"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Bad arguments and bad files are errors with a message, never a panic.

@@ -215,7 +215,7 @@ fn hostile_requests_get_typed_4xx() {
         ("a regex that does not compile", json!({"prompt": [1], "structured_outputs": {"regex": "(Aa"}, "stop_token_ids": [11]}).to_string(), 400, "(Aa"),
         ("a regex no tiny token can start", json!({"prompt": [1], "structured_outputs": {"regex": "xyz"}, "stop_token_ids": [11]}).to_string(), 400, "allows no first token"),
         ("a regex whose DFA explodes", json!({"prompt": [1], "structured_outputs": {"regex": "(A|B)*A(A|B){40}"}, "stop_token_ids": [11]}).to_string(), 400, "size limit"),
-        ("a grammar", json!({"prompt": [1], "structured_outputs": {"grammar": "root ::= \"a\""}}).to_string(), 400, "grammar is not supported"),
+        ("a recursive grammar", json!({"prompt": [1], "structured_outputs": {"grammar": "root ::= \"(\" root \")\" | \"Aa\""}, "stop_token_ids": [11]}).to_string(), 400, "recursive"),
         ("any JSON object, which no tiny token can start", json!({"prompt": [1], "response_format": {"type": "json_object"}, "stop_token_ids": [11]}).to_string(), 400, "allows no first token"),
         ("structured_outputs.json_object not a boolean", json!({"prompt": [1], "structured_outputs": {"json_object": "yes"}}).to_string(), 400, "structured_outputs.json_object"),
         ("a schema outside the subset", json!({"prompt": [1], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/a"}}}}).to_string(), 400, "$ref"),
@@ -256,6 +256,27 @@ fn hostile_requests_get_typed_4xx() {
 }
 
 /// `--api-key`: every request but `/health` without it is a 401.
+/// CONSTRAIN-5 over HTTP: vLLM's `structured_outputs.grammar` (GBNF without
+/// recursion) is served as the regex it reads as: the same greedy tokens as
+/// that regex, with speculation on and off, ending at eos.
+#[test]
+fn a_grammar_is_served_as_the_regex_it_reads_as() {
+    let server = Server::start(&["--proposer", "ngram", "--k", "3"]);
+    let ask = |key: &str, value: &str, speculation: bool| {
+        let body = json!({"prompt": [1, 2, 3], "max_tokens": 16, "temperature": 0, "stop_token_ids": [11], "return_token_ids": true, "speculation": speculation, "structured_outputs": {key: value}});
+        let (status, v) = server.post("/v1/completions", &body);
+        assert_eq!(status, 200, "{key}: {v}");
+        v
+    };
+    // Not `Bb`: id 1 is the tiny model's own eos, never text under a constraint.
+    let grammar = "root ::= pair{2,6}\n# two pairs of letters at a time\npair ::= \"CcDd\" | \"EeFf\"";
+    for speculation in [true, false] {
+        let (g, r) = (ask("grammar", grammar, speculation), ask("regex", "(CcDd|EeFf){2,6}", speculation));
+        assert!(ids(&g) == ids(&r) && !ids(&g).is_empty(), "CONSTRAIN-5: {g} against {r}");
+        assert_eq!(g["choices"][0]["finish_reason"], "stop", "{g}");
+    }
+}
+
 #[test]
 fn an_api_key_guards_every_endpoint_but_health() {
     let server = Server::start(&["--api-key", "sesame"]);

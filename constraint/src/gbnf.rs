@@ -11,6 +11,11 @@
 //! an assertion (`^`, `$`, `\b`: GBNF has none; a constraint is anchored at
 //! both ends already). Every refusal is a typed [`ConstraintError::Regex`]
 //! naming what GBNF cannot say.
+//!
+//! The other way, [`to_regex`] reads a GBNF grammar whose rules do not
+//! recurse as one regex (vLLM's `structured_outputs.grammar`, `generate
+//! --grammar`): a plain recursive-descent parser of llama.cpp's syntax,
+//! every rule inlined where it is used, a recursive rule refused by name.
 
 use regex_syntax::hir::{Class, Hir, HirKind};
 
@@ -131,4 +136,305 @@ fn escape(c: char, special: &[char], out: &mut String) {
     } else {
         out.push_str(&format!("\\U{code:08X}"));
     }
+}
+
+/// The regex of a GBNF grammar (llama.cpp's format, rule `root` the whole
+/// output) whose rules do not recurse, every rule inlined where it is used:
+/// a grammar without recursion is a regular language, which is what a
+/// constraint is (CONSTRAIN-5). Strings, character classes (ranges, `^`),
+/// `.`, groups, alternation, `*`, `+`, `?` and `{m}`, `{m,}`, `{m,n}`, and
+/// `#` comments are read; a recursive rule, an undefined or redefined one,
+/// a token reference (`<[id]>`, `<name>`: ids, not text) or anything
+/// unparsable is a [`ConstraintError::Grammar`] naming it.
+pub fn to_regex(grammar: &str) -> Result<String, ConstraintError> {
+    let bad = |reason: String| ConstraintError::Grammar { reason };
+    let rules = parse_rules(grammar).map_err(bad)?;
+    if !rules.iter().any(|(n, _)| n == "root") {
+        return Err(bad("no rule `root`".into()));
+    }
+    let mut stack = Vec::new();
+    inline("root", &rules, &mut stack).map_err(bad)
+}
+
+/// One rule's body as parsed: a list of alternatives, each a sequence.
+type Alternatives = Vec<Vec<Item>>;
+
+#[derive(Debug, Clone)]
+enum Atom {
+    /// Text, matched exactly.
+    Text(String),
+    /// A character class: its ranges, negated or not.
+    Class(Vec<(char, char)>, bool),
+    /// Any one character.
+    Any,
+    Rule(String),
+    Group(Alternatives),
+}
+
+#[derive(Debug, Clone)]
+struct Item {
+    atom: Atom,
+    /// `{lo,hi}` (`None`: unbounded); `{1,Some(1)}` for none.
+    repeat: (u32, Option<u32>),
+}
+
+/// The most repetitions a `{m,n}` may ask for (as a schema's bounds).
+const MAX_REPEAT: u32 = 256;
+
+fn parse_rules(text: &str) -> Result<Vec<(String, Alternatives)>, String> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut p = Parser { chars: &chars, at: 0 };
+    let mut rules: Vec<(String, Alternatives)> = Vec::new();
+    p.space();
+    while p.at < chars.len() {
+        let name = p.name().ok_or_else(|| format!("a rule name expected at character {}", p.at))?;
+        p.space();
+        if !p.eat("::=") {
+            return Err(format!("`::=` expected after `{name}` at character {}", p.at));
+        }
+        let body = p.alternatives()?;
+        if rules.iter().any(|(n, _)| *n == name) {
+            return Err(format!("rule `{name}` is defined twice"));
+        }
+        rules.push((name, body));
+        p.space();
+    }
+    Ok(rules)
+}
+
+struct Parser<'a> {
+    chars: &'a [char],
+    at: usize,
+}
+
+impl Parser<'_> {
+    fn peek(&self) -> Option<char> {
+        self.chars.get(self.at).copied()
+    }
+
+    /// Skips whitespace (newlines too) and `#` comments.
+    fn space(&mut self) {
+        while let Some(c) = self.peek() {
+            if c == '#' {
+                while self.peek().is_some_and(|c| c != '\n') {
+                    self.at += 1;
+                }
+            } else if c.is_whitespace() {
+                self.at += 1;
+            } else {
+                break;
+            }
+        }
+    }
+
+    fn eat(&mut self, s: &str) -> bool {
+        let n = s.chars().count();
+        if self.chars.get(self.at..self.at + n).is_some_and(|w| w.iter().copied().eq(s.chars())) {
+            self.at += n;
+            return true;
+        }
+        false
+    }
+
+    fn name(&mut self) -> Option<String> {
+        let start = self.at;
+        while self.peek().is_some_and(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            self.at += 1;
+        }
+        (self.at > start).then(|| self.chars[start..self.at].iter().collect())
+    }
+
+    /// Whether a rule definition (`name ::=`) starts here: the end of the body before it.
+    fn at_definition(&mut self) -> bool {
+        let save = self.at;
+        let found = self.name().is_some() && {
+            self.space();
+            self.eat("::=")
+        };
+        self.at = save;
+        found
+    }
+
+    fn alternatives(&mut self) -> Result<Alternatives, String> {
+        let mut alts = vec![self.sequence()?];
+        while self.eat("|") {
+            alts.push(self.sequence()?);
+        }
+        Ok(alts)
+    }
+
+    fn sequence(&mut self) -> Result<Vec<Item>, String> {
+        let mut items = Vec::new();
+        loop {
+            self.space();
+            match self.peek() {
+                None | Some('|' | ')') => return Ok(items),
+                Some(_) if self.at_definition() => return Ok(items),
+                Some(_) => {
+                    let atom = self.atom()?;
+                    let repeat = self.repeat()?;
+                    items.push(Item { atom, repeat });
+                }
+            }
+        }
+    }
+
+    fn atom(&mut self) -> Result<Atom, String> {
+        let at = self.at;
+        match self.peek() {
+            Some('"') => {
+                self.at += 1;
+                let mut text = String::new();
+                loop {
+                    match self.peek() {
+                        None => return Err(format!("a string at character {at} is not closed")),
+                        Some('"') => break,
+                        Some(_) => text.push(self.char_in_literal()?),
+                    }
+                }
+                self.at += 1;
+                Ok(Atom::Text(text))
+            }
+            Some('[') => {
+                self.at += 1;
+                let negated = self.eat("^");
+                let mut ranges = Vec::new();
+                while self.peek() != Some(']') {
+                    if self.peek().is_none() {
+                        return Err(format!("a class at character {at} is not closed"));
+                    }
+                    let lo = self.char_in_literal()?;
+                    let hi = if self.peek() == Some('-') && self.chars.get(self.at + 1) != Some(&']') {
+                        self.at += 1;
+                        self.char_in_literal()?
+                    } else {
+                        lo
+                    };
+                    if hi < lo {
+                        return Err(format!("the range {lo:?}-{hi:?} at character {at} is empty"));
+                    }
+                    ranges.push((lo, hi));
+                }
+                self.at += 1;
+                if ranges.is_empty() {
+                    return Err(format!("the class at character {at} is empty"));
+                }
+                Ok(Atom::Class(ranges, negated))
+            }
+            Some('.') => {
+                self.at += 1;
+                Ok(Atom::Any)
+            }
+            Some('(') => {
+                self.at += 1;
+                let alts = self.alternatives()?;
+                self.space();
+                if !self.eat(")") {
+                    return Err(format!("the group at character {at} is not closed"));
+                }
+                Ok(Atom::Group(alts))
+            }
+            Some('<') => Err(format!("a token reference at character {at}: a constraint is over text, not token ids")),
+            _ => self.name().map(Atom::Rule).ok_or_else(|| format!("unexpected {:?} at character {at}", self.peek().unwrap_or(' '))),
+        }
+    }
+
+    /// One character of a string or class, its escape undone.
+    fn char_in_literal(&mut self) -> Result<char, String> {
+        let at = self.at;
+        let c = self.peek().ok_or("the text ends inside an escape")?;
+        self.at += 1;
+        if c != '\\' {
+            return Ok(c);
+        }
+        let e = self.peek().ok_or("the text ends inside an escape")?;
+        self.at += 1;
+        let hex = |p: &mut Self, n: usize| -> Result<char, String> {
+            let digits: String = p.chars.get(p.at..p.at + n).map(|d| d.iter().collect()).unwrap_or_default();
+            p.at += n;
+            u32::from_str_radix(&digits, 16).ok().and_then(char::from_u32).ok_or_else(|| format!("the escape at character {at} is not a character"))
+        };
+        match e {
+            'n' => Ok('\n'),
+            't' => Ok('\t'),
+            'r' => Ok('\r'),
+            'x' => hex(self, 2),
+            'u' => hex(self, 4),
+            'U' => hex(self, 8),
+            '\\' | '"' | '[' | ']' | '-' | '^' => Ok(e),
+            other => Err(format!("unknown escape \\{other} at character {at}")),
+        }
+    }
+
+    fn repeat(&mut self) -> Result<(u32, Option<u32>), String> {
+        let at = self.at;
+        let r = match self.peek() {
+            Some('*') => (0, None),
+            Some('+') => (1, None),
+            Some('?') => (0, Some(1)),
+            Some('{') => {
+                self.at += 1;
+                let num = |p: &mut Self| -> Option<u32> {
+                    let start = p.at;
+                    while p.peek().is_some_and(|c| c.is_ascii_digit()) {
+                        p.at += 1;
+                    }
+                    p.chars[start..p.at].iter().collect::<String>().parse().ok()
+                };
+                let lo = num(self).ok_or_else(|| format!("a count expected at character {}", self.at))?;
+                let hi = if self.eat(",") { num(self) } else { Some(lo) };
+                if !self.eat("}") {
+                    return Err(format!("the repetition at character {at} is not closed"));
+                }
+                if lo > MAX_REPEAT || hi.is_some_and(|h| h > MAX_REPEAT || h < lo) {
+                    return Err(format!("the repetition at character {at} is outside 0 ..= {MAX_REPEAT} or empty"));
+                }
+                return Ok((lo, hi));
+            }
+            _ => return Ok((1, Some(1))),
+        };
+        self.at += 1;
+        Ok(r)
+    }
+}
+
+/// `name`'s regex with every rule it uses inlined; `stack` is the rules
+/// being inlined, so a rule met again is recursion.
+fn inline(name: &str, rules: &[(String, Alternatives)], stack: &mut Vec<String>) -> Result<String, String> {
+    if stack.iter().any(|n| n == name) {
+        return Err(format!("rule `{name}` is recursive ({} -> {name}): a recursive grammar is not a regular language", stack.join(" -> ")));
+    }
+    let body = &rules.iter().find(|(n, _)| n == name).ok_or_else(|| format!("rule `{name}` is used but not defined"))?.1;
+    stack.push(name.to_string());
+    let out = alternatives_regex(body, rules, stack);
+    stack.pop();
+    out
+}
+
+fn alternatives_regex(alts: &Alternatives, rules: &[(String, Alternatives)], stack: &mut Vec<String>) -> Result<String, String> {
+    let mut parts = Vec::with_capacity(alts.len());
+    for seq in alts {
+        let mut s = String::new();
+        for item in seq {
+            let atom = match &item.atom {
+                Atom::Text(t) => regex_syntax::escape(t),
+                Atom::Class(ranges, negated) => {
+                    let body: String = ranges.iter().map(|&(lo, hi)| format!("\\x{{{:x}}}-\\x{{{:x}}}", lo as u32, hi as u32)).collect();
+                    format!("[{}{body}]", if *negated { "^" } else { "" })
+                }
+                Atom::Any => "(?s:.)".into(),
+                Atom::Rule(r) => inline(r, rules, stack)?,
+                Atom::Group(g) => alternatives_regex(g, rules, stack)?,
+            };
+            let (lo, hi) = item.repeat;
+            let suffix = match (lo, hi) {
+                (1, Some(1)) => String::new(),
+                (lo, Some(hi)) => format!("{{{lo},{hi}}}"),
+                (lo, None) => format!("{{{lo},}}"),
+            };
+            s.push_str(&format!("(?:{atom}){suffix}"));
+        }
+        parts.push(s);
+    }
+    Ok(format!("(?:{})", parts.join("|")))
 }

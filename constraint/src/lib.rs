@@ -20,7 +20,8 @@
 //! [`State`] is only made by this crate, from a live DFA state.
 //!
 //! [`gbnf`] writes a regex as the grammar an engine that takes no regexes
-//! (llama.cpp's server) is asked for instead.
+//! (llama.cpp's server) is asked for instead, and reads a GBNF grammar
+//! whose rules do not recurse as the regex it is.
 
 pub mod gbnf;
 pub mod schema;
@@ -49,6 +50,8 @@ pub enum ConstraintError {
     Regex { pattern: String, reason: String },
     #[error("json schema at {path}: {reason}")]
     Schema { path: String, reason: String },
+    #[error("grammar: {reason}")]
+    Grammar { reason: String },
     #[error("regex {pattern:?} matches no text at all")]
     MatchesNothing { pattern: String },
     #[error("regex {pattern:?} has more than {MAX_STATES} states")]
@@ -82,6 +85,12 @@ impl ConstraintSpec {
     /// `choice`), as the regex of their alternation, each escaped.
     pub fn choice(choices: &[String]) -> Self {
         ConstraintSpec::Regex(choices.iter().map(|c| regex_syntax::escape(c)).collect::<Vec<_>>().join("|"))
+    }
+
+    /// The constraint of a GBNF grammar without recursion (rule `root` the
+    /// whole output), as the regex it is ([`gbnf::to_regex`]).
+    pub fn grammar(gbnf: &str) -> Result<Self, ConstraintError> {
+        gbnf::to_regex(gbnf).map(ConstraintSpec::Regex)
     }
 
     /// The regex this constraint is.

@@ -210,3 +210,88 @@ fn regexes_are_written_as_gbnf_by_hand() {
 fn a_wrong_gbnf_fails_the_check() {
     check_gbnf(&json!({"id": "wrong", "regex": "ab", "gbnf": "\"a\" \"b\""}));
 }
+
+const GRAMMARS: &str = include_str!("../../fixtures/constraints/grammars.json");
+
+/// One grammar of `fixtures/constraints/grammars.json`: it compiles to a
+/// constraint matching exactly its hand-listed texts among those listed, or
+/// it is refused naming why.
+fn check_grammar(case: &Value) {
+    let (id, gbnf) = (case["id"].as_str().unwrap(), case["gbnf"].as_str().unwrap());
+    let texts = |key: &str| case.get(key).map(|v| v.as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_string()).collect::<Vec<_>>()).unwrap_or_default();
+    match (ConstraintSpec::grammar(gbnf), case.get("refused")) {
+        (Ok(spec), None) => {
+            let c = Constraint::new(&spec).unwrap_or_else(|e| panic!("{id}: {e}"));
+            let (yes, no) = (texts("matches"), texts("rejects"));
+            assert!(!yes.is_empty() && !no.is_empty(), "{id}: a case must list texts both ways");
+            for t in &yes {
+                assert!(c.matches(t.as_bytes()), "{id}: the grammar should match {t:?} (regex {})", c.pattern());
+            }
+            for t in &no {
+                assert!(!c.matches(t.as_bytes()), "{id}: the grammar should not match {t:?} (regex {})", c.pattern());
+            }
+        }
+        (Err(e), Some(want)) => {
+            let want = want.as_str().unwrap();
+            assert!(matches!(e, ConstraintError::Grammar { .. }) && e.to_string().contains(want), "{id}: refused with {e}, not naming {want:?}");
+        }
+        (got, _) => panic!("{id}: {gbnf:?} gave {got:?}"),
+    }
+}
+
+#[test]
+fn grammars_without_recursion_are_read_as_regexes() {
+    let file: Value = serde_json::from_str(GRAMMARS).unwrap();
+    let (cases, refused) = (file["cases"].as_array().unwrap(), file["refused"].as_array().unwrap());
+    assert!(cases.len() >= 7 && refused.len() >= 9, "the grammar fixture lost cases");
+    cases.iter().chain(refused).for_each(check_grammar);
+}
+
+/// The negative control of `check_grammar`: a text listed the wrong way fails it.
+#[test]
+#[should_panic(expected = "should not match")]
+fn a_wrong_grammar_expectation_fails_the_check() {
+    let mut case: Value = serde_json::from_str::<Value>(GRAMMARS).unwrap()["cases"][0].clone();
+    case["rejects"] = json!(["yes"]);
+    check_grammar(&case);
+}
+
+/// Whether two constraints match the same texts: a search of their product
+/// automaton over every byte, a state pair whose acceptance differs being a
+/// text one matches and the other does not (a dead state is `None`).
+fn same_language(a: &Constraint, b: &Constraint) -> bool {
+    use specdec_constraint::State;
+    let accepts = |c: &Constraint, s: Option<State>| s.is_some_and(|s| c.accepts(s));
+    let mut seen = std::collections::HashSet::from([(Some(a.start()), Some(b.start()))]);
+    let mut queue = vec![(Some(a.start()), Some(b.start()))];
+    while let Some((x, y)) = queue.pop() {
+        if accepts(a, x) != accepts(b, y) {
+            return false;
+        }
+        for byte in 0..=255u8 {
+            let next = (x.and_then(|s| a.walk(s, &[byte])), y.and_then(|s| b.walk(s, &[byte])));
+            if next != (None, None) && seen.insert(next) {
+                queue.push(next);
+            }
+        }
+    }
+    true
+}
+
+/// The two directions agree: every regex of `fixtures/constraints/gbnf.json`
+/// written as GBNF (the hand-written expression) and read back is the same
+/// language as the regex, checked exactly on their product automaton; the
+/// control: a grammar one character off is another language.
+#[test]
+fn a_regex_written_as_gbnf_reads_back_as_the_same_language() {
+    let file: Value = serde_json::from_str(GBNF).unwrap();
+    let cases = file["cases"].as_array().unwrap();
+    assert!(!cases.is_empty());
+    for case in cases {
+        let (id, regex, gbnf) = (case["id"].as_str().unwrap(), case["regex"].as_str().unwrap(), case["gbnf"].as_str().unwrap());
+        let back = Constraint::new(&ConstraintSpec::grammar(&format!("root ::= {gbnf}")).unwrap()).unwrap_or_else(|e| panic!("{id}: {e}"));
+        assert!(same_language(&Constraint::regex(regex).unwrap(), &back), "{id}: {gbnf} read back is not {regex}");
+    }
+    let (x, y) = (Constraint::regex("(ab)+c?").unwrap(), Constraint::new(&ConstraintSpec::grammar("root ::= (\"ab\")* \"c\"?").unwrap()).unwrap());
+    assert!(!same_language(&x, &y), "the product search missed the empty text");
+}

@@ -256,6 +256,7 @@ fn llama_cpp_written_ggufs_read_as_their_checkpoints() {
         assert_eq!(tok.encode(&text.text, false).unwrap(), text.text_ids, "{case}");
         assert_eq!((tok.bos_id(), tok.eos_id()), (Some(1), Some(2)), "{case}");
         let d = distance(g, &hf_logits);
+        eprintln!("MODEL-17: {case}: llama.cpp's GGUF is {d:e} from HF transformers' logits");
         assert!(d <= HF_LOGIT_REL_TOLERANCE, "{case}: {d:e} from HF's logits");
         // Llama 3's scaling arrives as factors, which give HF's frequencies up to f32.
         let (g_rope, h_rope, hd) = (g.config.rope().unwrap(), h.config.rope().unwrap(), h.config.head_dim());

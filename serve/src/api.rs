@@ -383,10 +383,12 @@ fn constraint(c: &Common) -> Result<(Option<specdec_decoder::ConstraintSpec>, &'
                 ),
                 ("json_object", Value::Bool(true)) => any_json_object(),
                 ("json_object", Value::Bool(false)) => continue,
-                ("grammar" | "structural_tag", _) => {
-                    return Err(ApiError::bad("structured_outputs", format!("structured_outputs.{key} is not supported: give a regex, a json schema, json_object or a choice")));
+                // A GBNF grammar without recursion, read as its regex (CONSTRAIN-5).
+                ("grammar", Value::String(g)) => ConstraintSpec::grammar(g).map_err(|e| ApiError::bad("structured_outputs", format!("structured_outputs.grammar: {e}")))?,
+                ("structural_tag", _) => {
+                    return Err(ApiError::bad("structured_outputs", "structured_outputs.structural_tag is not supported: give a regex, a json schema, json_object, a grammar or a choice"));
                 }
-                _ => return Err(ApiError::bad("structured_outputs", format!("structured_outputs.{key} is not a regex string, a json schema, a choice list or json_object: true"))),
+                _ => return Err(ApiError::bad("structured_outputs", format!("structured_outputs.{key} is not a regex string, a json schema, a choice list, a grammar string or json_object: true"))),
             };
             found.push((spec, "structured_outputs"));
         }
