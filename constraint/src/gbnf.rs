@@ -152,9 +152,15 @@ pub fn to_regex(grammar: &str) -> Result<String, ConstraintError> {
     if !rules.iter().any(|(n, _)| n == "root") {
         return Err(bad("no rule `root`".into()));
     }
-    let mut stack = Vec::new();
-    inline("root", &rules, &mut stack).map_err(bad)
+    let rules = rules.iter().map(|(n, body)| (n.as_str(), body)).collect();
+    let mut inliner = Inliner { rules: &rules, stack: Vec::new(), done: std::collections::HashMap::new() };
+    inliner.inline("root").map_err(bad)
 }
+
+/// The longest regex a grammar may inline to: each rule used twice by the
+/// one above it doubles the text, so a hostile grammar of a few lines would
+/// otherwise take all memory before the DFA's own size limit is reached.
+pub const MAX_INLINED_BYTES: usize = 1 << 20;
 
 /// One rule's body as parsed: a list of alternatives, each a sequence.
 type Alternatives = Vec<Vec<Item>>;
@@ -183,8 +189,9 @@ const MAX_REPEAT: u32 = 256;
 
 fn parse_rules(text: &str) -> Result<Vec<(String, Alternatives)>, String> {
     let chars: Vec<char> = text.chars().collect();
-    let mut p = Parser { chars: &chars, at: 0 };
+    let mut p = Parser { chars: &chars, at: 0, depth: 0 };
     let mut rules: Vec<(String, Alternatives)> = Vec::new();
+    let mut names = std::collections::HashSet::new();
     p.space();
     while p.at < chars.len() {
         let name = p.name().ok_or_else(|| format!("a rule name expected at character {}", p.at))?;
@@ -193,7 +200,7 @@ fn parse_rules(text: &str) -> Result<Vec<(String, Alternatives)>, String> {
             return Err(format!("`::=` expected after `{name}` at character {}", p.at));
         }
         let body = p.alternatives()?;
-        if rules.iter().any(|(n, _)| *n == name) {
+        if !names.insert(name.clone()) {
             return Err(format!("rule `{name}` is defined twice"));
         }
         rules.push((name, body));
@@ -205,7 +212,13 @@ fn parse_rules(text: &str) -> Result<Vec<(String, Alternatives)>, String> {
 struct Parser<'a> {
     chars: &'a [char],
     at: usize,
+    /// Open groups here: bounded, so a hostile nesting cannot exhaust the stack.
+    depth: usize,
 }
+
+/// The deepest a grammar's groups may nest, and its rules (each inlined
+/// into the one using it).
+const MAX_GROUP_DEPTH: usize = 64;
 
 impl Parser<'_> {
     fn peek(&self) -> Option<char> {
@@ -327,7 +340,12 @@ impl Parser<'_> {
             }
             Some('(') => {
                 self.at += 1;
+                self.depth += 1;
+                if self.depth > MAX_GROUP_DEPTH {
+                    return Err(format!("groups nest more than {MAX_GROUP_DEPTH} deep at character {at}"));
+                }
                 let alts = self.alternatives()?;
+                self.depth -= 1;
                 self.space();
                 if !self.eat(")") {
                     return Err(format!("the group at character {at} is not closed"));
@@ -398,43 +416,66 @@ impl Parser<'_> {
     }
 }
 
-/// `name`'s regex with every rule it uses inlined; `stack` is the rules
-/// being inlined, so a rule met again is recursion.
-fn inline(name: &str, rules: &[(String, Alternatives)], stack: &mut Vec<String>) -> Result<String, String> {
-    if stack.iter().any(|n| n == name) {
-        return Err(format!("rule `{name}` is recursive ({} -> {name}): a recursive grammar is not a regular language", stack.join(" -> ")));
-    }
-    let body = &rules.iter().find(|(n, _)| n == name).ok_or_else(|| format!("rule `{name}` is used but not defined"))?.1;
-    stack.push(name.to_string());
-    let out = alternatives_regex(body, rules, stack);
-    stack.pop();
-    out
+/// Inlines rules into one regex: `stack` is the rules being inlined (a rule
+/// met again there is recursion), `done` each rule's regex once made.
+struct Inliner<'a> {
+    rules: &'a std::collections::HashMap<&'a str, &'a Alternatives>,
+    stack: Vec<String>,
+    done: std::collections::HashMap<String, String>,
 }
 
-fn alternatives_regex(alts: &Alternatives, rules: &[(String, Alternatives)], stack: &mut Vec<String>) -> Result<String, String> {
-    let mut parts = Vec::with_capacity(alts.len());
-    for seq in alts {
-        let mut s = String::new();
-        for item in seq {
-            let atom = match &item.atom {
-                Atom::Text(t) => regex_syntax::escape(t),
-                Atom::Class(ranges, negated) => {
-                    let body: String = ranges.iter().map(|&(lo, hi)| format!("\\x{{{:x}}}-\\x{{{:x}}}", lo as u32, hi as u32)).collect();
-                    format!("[{}{body}]", if *negated { "^" } else { "" })
-                }
-                Atom::Any => "(?s:.)".into(),
-                Atom::Rule(r) => inline(r, rules, stack)?,
-                Atom::Group(g) => alternatives_regex(g, rules, stack)?,
-            };
-            let (lo, hi) = item.repeat;
-            let suffix = match (lo, hi) {
-                (1, Some(1)) => String::new(),
-                (lo, Some(hi)) => format!("{{{lo},{hi}}}"),
-                (lo, None) => format!("{{{lo},}}"),
-            };
-            s.push_str(&format!("(?:{atom}){suffix}"));
+impl Inliner<'_> {
+    /// `name`'s regex with every rule it uses inlined.
+    fn inline(&mut self, name: &str) -> Result<String, String> {
+        if self.stack.iter().any(|n| n == name) {
+            return Err(format!("rule `{name}` is recursive ({} -> {name}): a recursive grammar is not a regular language", self.stack.join(" -> ")));
         }
-        parts.push(s);
+        if let Some(done) = self.done.get(name) {
+            return Ok(done.clone());
+        }
+        if self.stack.len() >= MAX_GROUP_DEPTH {
+            return Err(format!("rules nest more than {MAX_GROUP_DEPTH} deep at `{name}`"));
+        }
+        let rules = self.rules;
+        let body = *rules.get(name).ok_or_else(|| format!("rule `{name}` is used but not defined"))?;
+        self.stack.push(name.to_string());
+        let out = self.alternatives(body);
+        self.stack.pop();
+        let out = out?;
+        self.done.insert(name.to_string(), out.clone());
+        Ok(out)
     }
-    Ok(format!("(?:{})", parts.join("|")))
+
+    fn alternatives(&mut self, alts: &Alternatives) -> Result<String, String> {
+        let mut parts = Vec::with_capacity(alts.len());
+        let mut len = 0;
+        for seq in alts {
+            let mut s = String::new();
+            for item in seq {
+                let atom = match &item.atom {
+                    Atom::Text(t) => regex_syntax::escape(t),
+                    Atom::Class(ranges, negated) => {
+                        let body: String = ranges.iter().map(|&(lo, hi)| format!("\\x{{{:x}}}-\\x{{{:x}}}", lo as u32, hi as u32)).collect();
+                        format!("[{}{body}]", if *negated { "^" } else { "" })
+                    }
+                    Atom::Any => "(?s:.)".into(),
+                    Atom::Rule(r) => self.inline(r)?,
+                    Atom::Group(g) => self.alternatives(g)?,
+                };
+                let (lo, hi) = item.repeat;
+                let suffix = match (lo, hi) {
+                    (1, Some(1)) => String::new(),
+                    (lo, Some(hi)) => format!("{{{lo},{hi}}}"),
+                    (lo, None) => format!("{{{lo},}}"),
+                };
+                len += atom.len() + suffix.len() + 4;
+                if len > MAX_INLINED_BYTES {
+                    return Err(format!("the grammar inlines to more than {MAX_INLINED_BYTES} bytes of regex (rules used many times over)"));
+                }
+                s.push_str(&format!("(?:{atom}){suffix}"));
+            }
+            parts.push(s);
+        }
+        Ok(format!("(?:{})", parts.join("|")))
+    }
 }
