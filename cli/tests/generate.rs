@@ -172,6 +172,7 @@ fn every_architecture_checkpoint_generates_from_its_own_tokenizer() {
     let dir = std::env::temp_dir().join(format!("specdec-generate-arch-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let grammar = dir.join("words.gbnf");
+    let mut ended = 0;
     std::fs::write(&grammar, "# a short sentence\nroot ::= word (\" \" word){0,3} \".\"\nword ::= [a-z]{1,8}\n").unwrap();
     for case in ["llama3", "mistral", "qwen2", "qwen3", "phi3"] {
         for backend in ["ndarray", "candle-cpu"] {
@@ -186,10 +187,12 @@ fn every_architecture_checkpoint_generates_from_its_own_tokenizer() {
                 assert_eq!(out["compare"]["identical_tokens"], true, "CONSTRAIN-3: {case} on {backend} {flag:?}: {out}");
                 if out["finish_reason"] == "eos" {
                     assert_eq!(out["constraint"]["matches"], true, "CONSTRAIN-2: {case} on {backend} {flag:?}: {out}");
+                    ended += 1;
                 }
             }
         }
     }
+    assert!(ended > 0, "CONSTRAIN-2: no constrained output ended at eos, so none was checked to match");
     std::fs::write(&grammar, "root ::= \"(\" root \")\" | \"x\"").unwrap();
     let out = specdec(&["generate", "--model", &format!("{root}/qwen3"), "--prompt", "x", "--grammar", grammar.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);

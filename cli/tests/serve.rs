@@ -215,6 +215,12 @@ fn hostile_requests_get_typed_4xx() {
         ("a regex that does not compile", json!({"prompt": [1], "structured_outputs": {"regex": "(Aa"}, "stop_token_ids": [11]}).to_string(), 400, "(Aa"),
         ("a regex no tiny token can start", json!({"prompt": [1], "structured_outputs": {"regex": "xyz"}, "stop_token_ids": [11]}).to_string(), 400, "allows no first token"),
         ("a regex whose DFA explodes", json!({"prompt": [1], "structured_outputs": {"regex": "(A|B)*A(A|B){40}"}, "stop_token_ids": [11]}).to_string(), 400, "size limit"),
+        (
+            "a grammar whose NFA explodes",
+            json!({"prompt": [1], "structured_outputs": {"grammar": "root ::= r{256}\nr ::= s{256}\ns ::= \"Aa\"{256}"}, "stop_token_ids": [11]}).to_string(),
+            400,
+            "exceeded limit",
+        ),
         ("a recursive grammar", json!({"prompt": [1], "structured_outputs": {"grammar": "root ::= \"(\" root \")\" | \"Aa\""}, "stop_token_ids": [11]}).to_string(), 400, "recursive"),
         ("any JSON object, which no tiny token can start", json!({"prompt": [1], "response_format": {"type": "json_object"}, "stop_token_ids": [11]}).to_string(), 400, "allows no first token"),
         ("structured_outputs.json_object not a boolean", json!({"prompt": [1], "structured_outputs": {"json_object": "yes"}}).to_string(), 400, "structured_outputs.json_object"),
@@ -255,7 +261,6 @@ fn hostile_requests_get_typed_4xx() {
     server.idle();
 }
 
-/// `--api-key`: every request but `/health` without it is a 401.
 /// CONSTRAIN-5 over HTTP: vLLM's `structured_outputs.grammar` (GBNF without
 /// recursion) is served as the regex it reads as: the same greedy tokens as
 /// that regex, with speculation on and off, ending at eos.
@@ -277,6 +282,7 @@ fn a_grammar_is_served_as_the_regex_it_reads_as() {
     }
 }
 
+/// `--api-key`: every request but `/health` without it is a 401.
 #[test]
 fn an_api_key_guards_every_endpoint_but_health() {
     let server = Server::start(&["--api-key", "sesame"]);

@@ -142,8 +142,11 @@ fn escape(c: char, special: &[char], out: &mut String) {
 /// output) whose rules do not recurse, every rule inlined where it is used:
 /// a grammar without recursion is a regular language, which is what a
 /// constraint is (CONSTRAIN-5). Strings, character classes (ranges, `^`),
-/// `.`, groups, alternation, `*`, `+`, `?` and `{m}`, `{m,}`, `{m,n}`, and
-/// `#` comments are read; a recursive rule, an undefined or redefined one,
+/// `.`, groups, alternation, `*`, `+`, `?` (whitespace before them allowed)
+/// and `{m}`, `{m,}`, `{m,n}`, and `#` comments are read; a rule's body may
+/// go on over newlines (llama.cpp's reader ends a rule at a newline outside
+/// parentheses, so what it takes is read the same). A recursive rule, one
+/// used from `root` but not defined, a redefined one,
 /// a token reference (`<[id]>`, `<name>`: ids, not text) or anything
 /// unparsable is a [`ConstraintError::Grammar`] naming it.
 pub fn to_regex(grammar: &str) -> Result<String, ConstraintError> {
@@ -153,7 +156,7 @@ pub fn to_regex(grammar: &str) -> Result<String, ConstraintError> {
         return Err(bad("no rule `root`".into()));
     }
     let rules = rules.iter().map(|(n, body)| (n.as_str(), body)).collect();
-    let mut inliner = Inliner { rules: &rules, stack: Vec::new(), done: std::collections::HashMap::new() };
+    let mut inliner = Inliner { rules: &rules, stack: Vec::new(), done: std::collections::HashMap::new(), depth: 0 };
     inliner.inline("root").map_err(bad)
 }
 
@@ -285,6 +288,11 @@ impl Parser<'_> {
                 Some(_) if self.at_definition() => return Ok(items),
                 Some(_) => {
                     let atom = self.atom()?;
+                    // `x *` is `x*`, as llama.cpp reads it; not across a newline,
+                    // where a `*` could only start nothing.
+                    while self.peek().is_some_and(|c| c == ' ' || c == '\t') {
+                        self.at += 1;
+                    }
                     let repeat = self.repeat()?;
                     items.push(Item { atom, repeat });
                 }
@@ -370,7 +378,8 @@ impl Parser<'_> {
         let hex = |p: &mut Self, n: usize| -> Result<char, String> {
             let digits: String = p.chars.get(p.at..p.at + n).map(|d| d.iter().collect()).unwrap_or_default();
             p.at += n;
-            u32::from_str_radix(&digits, 16).ok().and_then(char::from_u32).ok_or_else(|| format!("the escape at character {at} is not a character"))
+            let hex = digits.len() == n && digits.chars().all(|d| d.is_ascii_hexdigit());
+            hex.then(|| u32::from_str_radix(&digits, 16).ok()).flatten().and_then(char::from_u32).ok_or_else(|| format!("the escape at character {at} is not a character"))
         };
         match e {
             'n' => Ok('\n'),
@@ -422,6 +431,8 @@ struct Inliner<'a> {
     rules: &'a std::collections::HashMap<&'a str, &'a Alternatives>,
     stack: Vec<String>,
     done: std::collections::HashMap<String, String>,
+    /// Rules and groups open here together, bounded as the parser's groups are.
+    depth: usize,
 }
 
 impl Inliner<'_> {
@@ -433,17 +444,25 @@ impl Inliner<'_> {
         if let Some(done) = self.done.get(name) {
             return Ok(done.clone());
         }
-        if self.stack.len() >= MAX_GROUP_DEPTH {
-            return Err(format!("rules nest more than {MAX_GROUP_DEPTH} deep at `{name}`"));
-        }
         let rules = self.rules;
         let body = *rules.get(name).ok_or_else(|| format!("rule `{name}` is used but not defined"))?;
         self.stack.push(name.to_string());
-        let out = self.alternatives(body);
+        let out = self.nested(&format!("rule `{name}`"), body);
         self.stack.pop();
         let out = out?;
         self.done.insert(name.to_string(), out.clone());
         Ok(out)
+    }
+
+    /// [`Inliner::alternatives`] one level deeper, refused past the bound.
+    fn nested(&mut self, what: &str, alts: &Alternatives) -> Result<String, String> {
+        if self.depth >= MAX_GROUP_DEPTH {
+            return Err(format!("rules and groups nest more than {MAX_GROUP_DEPTH} deep at {what}"));
+        }
+        self.depth += 1;
+        let out = self.alternatives(alts);
+        self.depth -= 1;
+        out
     }
 
     fn alternatives(&mut self, alts: &Alternatives) -> Result<String, String> {
@@ -460,7 +479,7 @@ impl Inliner<'_> {
                     }
                     Atom::Any => "(?s:.)".into(),
                     Atom::Rule(r) => self.inline(r)?,
-                    Atom::Group(g) => self.alternatives(g)?,
+                    Atom::Group(g) => self.nested("a group", g)?,
                 };
                 let (lo, hi) = item.repeat;
                 let suffix = match (lo, hi) {

@@ -46,18 +46,39 @@ pub const MAX_STATES: usize = 1 << 16;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ConstraintError {
-    #[error("regex {pattern:?}: {reason}")]
+    #[error("regex {}: {reason}", short(pattern))]
     Regex { pattern: String, reason: String },
     #[error("json schema at {path}: {reason}")]
     Schema { path: String, reason: String },
     #[error("grammar: {reason}")]
     Grammar { reason: String },
-    #[error("regex {pattern:?} matches no text at all")]
+    #[error("regex {} matches no text at all", short(pattern))]
     MatchesNothing { pattern: String },
-    #[error("regex {pattern:?} has more than {MAX_STATES} states")]
+    #[error("regex {} has more than {MAX_STATES} states", short(pattern))]
     TooManyStates { pattern: String },
     #[error("vocabulary: {reason}")]
     Vocabulary { reason: String },
+}
+
+/// An error with its causes (regex-automata says "error building NFA" and
+/// puts the exceeded limit in the cause).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    text
+}
+
+/// A pattern as an error quotes it: in full up to 200 characters (one
+/// inlined from a grammar or a schema can be a megabyte).
+fn short(pattern: &str) -> String {
+    match pattern.char_indices().nth(200) {
+        None => format!("{pattern:?}"),
+        Some((at, _)) => format!("{:?} (and {} more bytes)", &pattern[..at], pattern.len() - at),
+    }
 }
 
 /// What a request constrains its output to (CONSTRAIN-1), as a request
@@ -132,7 +153,10 @@ impl Constraint {
         let bad = |reason: String| ConstraintError::Regex { pattern: pattern.to_string(), reason };
         let config =
             dense::Config::new().match_kind(MatchKind::All).start_kind(regex_automata::dfa::StartKind::Anchored).dfa_size_limit(Some(DFA_SIZE_LIMIT)).determinize_size_limit(Some(DFA_SIZE_LIMIT));
-        let dfa = dense::Builder::new().configure(config).build(pattern).map_err(|e| bad(e.to_string()))?;
+        // The NFA the DFA is built from is bounded too: a counted repetition
+        // is written out in full there, so `((a{256}){256}){256}` is small text.
+        let nfa = regex_automata::nfa::thompson::Config::new().nfa_size_limit(Some(DFA_SIZE_LIMIT));
+        let dfa = dense::Builder::new().configure(config).thompson(nfa).build(pattern).map_err(|e| bad(with_causes(&e)))?;
         let start = dfa.start_state(&start::Config::new().anchored(Anchored::Yes)).map_err(|e| bad(e.to_string()))?;
         let live = live_states(&dfa, start).ok_or_else(|| ConstraintError::TooManyStates { pattern: pattern.to_string() })?;
         if !live.contains(&start) {

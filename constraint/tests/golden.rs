@@ -158,6 +158,12 @@ fn refused_inputs_are_typed_errors() {
     // A hostile pattern whose DFA doubles per repetition: refused at a bound, never built whole.
     assert!(matches!(Constraint::regex("(A|B)*A(A|B){40}"), Err(ConstraintError::Regex { reason, .. }) if reason.contains("size limit")), "past the DFA size limit");
     assert!(matches!(Constraint::regex("(A|B)*A(A|B){14}"), Err(ConstraintError::TooManyStates { .. })), "past the state bound");
+    // Small text, a huge NFA (each counted repetition written out): refused at
+    // the NFA's bound, never built; its error quotes at most 200 characters.
+    let huge = Constraint::regex("((a{256}){256}){256}");
+    assert!(matches!(&huge, Err(ConstraintError::Regex { reason, .. }) if reason.contains("exceeded limit")), "past the NFA size limit: {huge:?}");
+    let long = format!("{}(", "a".repeat(5000));
+    assert!(Constraint::regex(&long).unwrap_err().to_string().contains("(and 4801 more bytes)"));
     for (s, at) in [
         (json!({"$ref": "#/x"}), "#"),
         (json!({"type": "string", "pattern": "a+"}), "#"),
@@ -254,7 +260,11 @@ fn deeply_nested_grammars_are_refused_not_overflowed() {
     let n = 100_000;
     let groups = format!("root ::= {}\"a\"{}", "(".repeat(n), ")".repeat(n));
     let chain: String = std::iter::once("root ::= r0\n".to_string()).chain((0..n).map(|i| format!("r{i} ::= r{}\n", i + 1))).chain([format!("r{n} ::= \"a\"\n")]).collect();
-    for (what, gbnf, want) in [("groups", groups, "groups nest more than 64"), ("rules", chain, "rules nest more than 64")] {
+    // 64 rules each wrapping the next in 63 groups: each rule alone is within
+    // the parser's bound, the inlining is not.
+    let wrapped: String =
+        std::iter::once("root ::= w0\n".to_string()).chain((0..64).map(|i| format!("w{i} ::= {}w{}{}\n", "(".repeat(63), i + 1, ")".repeat(63)))).chain(["w64 ::= \"a\"\n".to_string()]).collect();
+    for (what, gbnf, want) in [("groups", groups, "groups nest more than 64"), ("rules", chain, "nest more than 64"), ("rules and groups", wrapped, "nest more than 64")] {
         match ConstraintSpec::grammar(&gbnf) {
             Err(ConstraintError::Grammar { reason }) => assert!(reason.contains(want), "{what}: {reason}"),
             other => panic!("{what}: {other:?}"),

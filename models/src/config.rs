@@ -441,7 +441,11 @@ impl LlamaConfig {
             "default" => Ok(Rope::plain(self.rope_theta)),
             FREQ_FACTORS => {
                 let pairs = self.head_dim() / 2;
-                let factors: Vec<f64> = spec.get("factors").and_then(serde_json::Value::as_array).map(|a| a.iter().filter_map(serde_json::Value::as_f64).collect()).unwrap_or_default();
+                let factors: Vec<f64> = spec
+                    .get("factors")
+                    .and_then(serde_json::Value::as_array)
+                    .and_then(|a| a.iter().map(serde_json::Value::as_f64).collect::<Option<Vec<f64>>>())
+                    .ok_or_else(|| format!("{FREQ_FACTORS} needs `factors`, a list of numbers"))?;
                 if factors.len() != pairs {
                     return Err(format!("{FREQ_FACTORS}: {} factors for {pairs} rotary pairs", factors.len()));
                 }

@@ -4,7 +4,9 @@
 //! Role: one [`Tokenizer`] type over `tokenizers::Tokenizer`, whichever file
 //! it came from, with the special ids and the chat template beside it.
 //!
-//! Invariants: a GGUF tokenizer is rebuilt exactly as llama.cpp tokenizes:
+//! Invariants: a GGUF tokenizer is rebuilt exactly as llama.cpp tokenizes
+//! (but for a character its vocabulary has no byte of: the file's unknown
+//! id, as HF gives, where llama.cpp drops it):
 //! `tokenizer.ggml.model` must be `gpt2` (byte-level BPE) and the
 //! pre-tokenizer must be one we reproduce exactly (`smollm`: single digits
 //! split first, then the GPT-2 regex; `gpt-2`: the GPT-2 regex), under the

@@ -239,6 +239,12 @@ fn check_weights(w: &LlamaWeights) -> Result<()> {
         return Err(ModelError::InvalidInput { arg: "weights", reason }.into());
     }
     let expected: std::collections::HashMap<String, Vec<usize>> = w.config.tensor_shapes().into_iter().collect();
+    // Every tensor the config implies is there: a Qwen layer without its
+    // biases or norms must not run as Llama's.
+    let named: std::collections::HashSet<String> = w.named().into_iter().map(|(n, _)| n).collect();
+    if let Some(missing) = expected.keys().find(|n| !named.contains(*n)) {
+        return Err(ModelError::MissingTensor { file: FILE.to_string(), tensor: missing.clone() }.into());
+    }
     let head_shape = vec![w.config.vocab_size, w.config.hidden_size];
     for (name, m) in w.named() {
         // A tied config may still carry an lm_head: the reference uses it then.

@@ -407,5 +407,16 @@ fn qwen_attention_extras_match_the_reference() {
         let want = reference.forward(&mut reference.new_cache(1, 24).unwrap(), &req).unwrap().logits;
         let err = rel_err(&got, &want, w.config.vocab_size);
         assert!(err > 10.0 * b.model_precision().logit_rel_tolerance, "{case}: doubled extras within the tolerance ({err:e})");
+
+        // A layer missing one of its extras is refused, never run as Llama's.
+        let mut partial = w.clone();
+        let extras = &mut partial.layers[1].attn;
+        if extras.v_bias.is_some() {
+            extras.v_bias = None
+        } else {
+            extras.k_norm = None
+        }
+        let Err(e) = b.load_model(&partial) else { panic!("{case}: a layer without all its extras loaded") };
+        assert!(e.to_string().contains("layers.1"), "{case}: {e}");
     }
 }
