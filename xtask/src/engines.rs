@@ -216,7 +216,7 @@ pub fn run(root: &Path, specdec: &Path, python: &Path, smollm2: &Path, only: Opt
         let version = llama_server_version(binary)?;
         let gguf_end = model.join("tiny-v12-l2-end.gguf");
         let tiny = |flags: &[&str]| Server::llama(binary, &gguf_end, &substitute(flags, &gguf_end), LLAMA_TINY_SLOTS);
-        second.extend(llama_server_runs(&out, &version, &mut servers, &LLAMA_SERVER_PATHS, "", 12, LLAMA_TINY_EPSILON, None, &wanted, tiny)?);
+        second.extend(llama_server_runs(&out, &version, &mut servers, &LLAMA_SERVER_PATHS, &ServedModel { suffix: "", vocab: 12, epsilon: LLAMA_TINY_EPSILON, tokenizer: None }, &wanted, tiny)?);
     }
     // SmolLM2, whose law cannot be enumerated: greedy identity and speculation on
     // against off (`--model`), on specdec's decoder and on llama.cpp.
@@ -241,7 +241,15 @@ pub fn run(root: &Path, specdec: &Path, python: &Path, smollm2: &Path, only: Opt
     if let Some(binary) = llama_server.as_ref().filter(|_| OWN_LLAMA_SERVER.iter().any(|(p, _)| wanted(&format!("llama-server-{p}-smollm2-own")))) {
         let version = llama_server_version(binary)?;
         let big = |flags: &[&str]| Server::llama(binary, smollm2, &substitute(flags, smollm2), OWN_SLOTS);
-        third.extend(llama_server_runs(&out, &version, &mut servers, &OWN_LLAMA_SERVER, "-smollm2-own", SMOLLM2_VOCAB, OWN_LLAMA_EPSILON, Some(smollm2), &wanted, big)?);
+        third.extend(llama_server_runs(
+            &out,
+            &version,
+            &mut servers,
+            &OWN_LLAMA_SERVER,
+            &ServedModel { suffix: "-smollm2-own", vocab: SMOLLM2_VOCAB, epsilon: OWN_LLAMA_EPSILON, tokenizer: Some(smollm2) },
+            &wanted,
+            big,
+        )?);
     }
     let mut serves = Vec::new();
     for backend in OWN_SERVE_BACKENDS {
@@ -267,24 +275,32 @@ fn substitute(flags: &[&str], gguf: &Path) -> Vec<String> {
     flags.iter().map(|f| f.replace("{gguf}", &gguf.display().to_string())).collect()
 }
 
+/// The model a set of llama.cpp server runs serves, as their statements and
+/// names say it.
+struct ServedModel<'a> {
+    /// Appended to each run's slug (`-smollm2-own`).
+    suffix: &'a str,
+    vocab: usize,
+    /// The greedy epsilon the statement claims.
+    epsilon: f64,
+    /// With a tokenizer the runs are ENGINE-10's (`--tokenizer`).
+    tokenizer: Option<&'a Path>,
+}
+
 /// The runs of llama.cpp's server, one per `(path, flags)` wanted: a server per
 /// speculation setting (`start(flags)`, pushed onto `servers`), each paired with the
 /// plain one (started once) for the requests with speculation off, and the statement
-/// the server cannot publish (`--statement`, written into `out`). With `tokenizer`, the
-/// runs are ENGINE-10's (`--tokenizer`).
-#[allow(clippy::too_many_arguments)]
+/// the server cannot publish (`--statement`, written into `out`).
 fn llama_server_runs(
     out: &Path,
     version: &str,
     servers: &mut Vec<Server>,
     paths: &[(&str, &[&str])],
-    suffix: &str,
-    vocab: usize,
-    epsilon: f64,
-    tokenizer: Option<&Path>,
+    model: &ServedModel<'_>,
     wanted: &dyn Fn(&str) -> bool,
     start: impl Fn(&[&str]) -> Result<Server, String>,
 ) -> Result<Vec<Run>, String> {
+    let ServedModel { suffix, vocab, epsilon, tokenizer } = *model;
     let mut runs = Vec::new();
     let mut plain: Option<String> = None;
     for (path, flags) in paths {
