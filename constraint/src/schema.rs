@@ -126,18 +126,24 @@ pub const FREE_FORM_DEPTH: u32 = 5;
 
 /// Any compact JSON object whose containers nest at most `depth` levels.
 fn any_object(depth: u32) -> String {
-    let member = format!("\"{STRING_CHAR}*\":{}", any_value(depth - 1));
+    object_of(&any_value(depth - 1))
+}
+
+/// The object whose member values are `inner`'s.
+fn object_of(inner: &str) -> String {
+    let member = format!("\"{STRING_CHAR}*\":{inner}");
     format!(r"\{{(?:{member}(?:,{member})*)?\}}")
 }
 
-/// Any compact JSON value whose containers nest at most `depth` levels.
+/// Any compact JSON value whose containers nest at most `depth` levels: the
+/// values one level down are written once and used by both containers.
 fn any_value(depth: u32) -> String {
     let scalars = format!("\"{STRING_CHAR}*\"|{NUMBER}|true|false|null");
     if depth == 0 {
         return format!("(?:{scalars})");
     }
-    let item = any_value(depth - 1);
-    format!(r"(?:{scalars}|{}|\[(?:{item}(?:,{item})*)?\])", any_object(depth))
+    let inner = any_value(depth - 1);
+    format!(r"(?:{scalars}|{}|\[(?:{inner}(?:,{inner})*)?\])", object_of(&inner))
 }
 
 /// The members in order, the optional ones possibly absent, comma-separated:
