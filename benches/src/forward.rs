@@ -94,7 +94,8 @@ pub fn bench<B: ModelBackend>(c: &mut Criterion, name: &str, b: &B, w: &LlamaWei
     let mean = |g: &str| crate::mean_ns(criterion_dir, g, name).map(|t| t / 1e9);
     let (decode_s, verify9_s, prefill64_s) = (mean("forward/decode")?, mean("forward/verify9")?, mean("forward/prefill64")?);
     let weight_dtype = b.model_precision().weight_dtype;
-    let weight_bytes = weights_read_per_step(w) as f64 * bytes_per_weight(weight_dtype);
+    // The backend's own count where it has one (a GGUF's Q4_1 blocks read as stored).
+    let weight_bytes = b.weight_bytes(&model).map_or_else(|| weights_read_per_step(w) as f64 * bytes_per_weight(weight_dtype), |n| n as f64);
     Some(ForwardTime {
         backend: name.into(),
         weight_dtype: weight_dtype.into(),

@@ -5,16 +5,31 @@
 //! rotate-half form (a GGUF file's interleaved permutation is undone on load,
 //! MODEL-4); values are f32 whatever the file's dtype (f16/bf16/quantized
 //! are widened or dequantized exactly on load). Shapes agree with the config:
-//! [`LlamaWeights::new`] checks every tensor.
+//! [`LlamaWeights::new`] checks every tensor. A matrix a GGUF stored in
+//! Q8_0 or Q4_1 also keeps those blocks ([`Matrix::stored`]), for a backend
+//! that multiplies them as stored; its values are always the blocks'
+//! decoding, because only the reader attaches blocks and only row moves and
+//! stacking (which move the blocks with the rows) carry them on.
 
 use crate::config::{EXTRA_LAYER_TENSORS, LAYER_TENSORS, LlamaConfig};
 use crate::error::{ModelError, Result};
+use specdec_rowmat::{BLOCK, BlockFormat};
 
 /// A dense f32 matrix or vector with its shape.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Matrix {
     pub shape: Vec<usize>,
     pub data: Vec<f32>,
+    /// The GGUF blocks `data` was decoded from, row-major (module doc).
+    stored: Option<(BlockFormat, Vec<u8>)>,
+}
+
+/// Two matrices are equal when their shapes and values are: the blocks a
+/// matrix was read from are a form of its values, not more.
+impl PartialEq for Matrix {
+    fn eq(&self, other: &Self) -> bool {
+        self.shape == other.shape && self.data == other.data
+    }
 }
 
 impl Matrix {
@@ -24,7 +39,48 @@ impl Matrix {
         if want != Some(data.len()) {
             return Err(ModelError::InvalidInput { arg: "matrix", reason: format!("`{name}`: {} values cannot fill shape {shape:?}", data.len()) });
         }
-        Ok(Matrix { shape, data })
+        Ok(Matrix { shape, data, stored: None })
+    }
+
+    /// A 2-D matrix `[rows, cols]` read from GGUF blocks: its values are
+    /// their decoding ([`BlockFormat::decode`]), and it keeps the blocks.
+    /// `None` when the bytes are not exactly `rows · cols / 32` blocks of
+    /// rows a whole number of blocks long.
+    pub fn from_blocks(rows: usize, cols: usize, format: BlockFormat, blocks: Vec<u8>) -> Option<Matrix> {
+        let want = rows.checked_mul(cols / BLOCK)?.checked_mul(format.block_bytes())?;
+        if !cols.is_multiple_of(BLOCK) || blocks.len() != want {
+            return None;
+        }
+        let mut data = Vec::with_capacity(rows * cols);
+        format.decode_all(&blocks, &mut data);
+        Some(Matrix { shape: vec![rows, cols], data, stored: Some((format, blocks)) })
+    }
+
+    /// The GGUF blocks this matrix's values decode from, when it was read
+    /// from Q8_0 or Q4_1 blocks (module doc).
+    pub fn stored(&self) -> Option<(BlockFormat, &[u8])> {
+        self.stored.as_ref().map(|(f, b)| (*f, b.as_slice()))
+    }
+
+    /// Output row `dst(r)` takes input row `r`, for the `rows` rows of a
+    /// 2-D matrix (a permutation of them), its blocks moving with it.
+    pub(crate) fn move_rows(&self, dst: impl Fn(usize) -> usize) -> Matrix {
+        let (rows, cols) = (self.rows(), self.cols());
+        let mut data = vec![0.0f32; self.data.len()];
+        for r in 0..rows {
+            let d = dst(r);
+            data[d * cols..(d + 1) * cols].copy_from_slice(&self.data[r * cols..(r + 1) * cols]);
+        }
+        let stored = self.stored.as_ref().map(|(format, blocks)| {
+            let per_row = blocks.len() / rows;
+            let mut moved = vec![0u8; blocks.len()];
+            for r in 0..rows {
+                let d = dst(r);
+                moved[d * per_row..(d + 1) * per_row].copy_from_slice(&blocks[r * per_row..(r + 1) * per_row]);
+            }
+            (*format, moved)
+        });
+        Matrix { shape: self.shape.clone(), data, stored }
     }
 
     pub fn rows(&self) -> usize {
@@ -52,7 +108,14 @@ impl Matrix {
         match cols {
             Some(cols) if parts.iter().all(|m| m.shape.len() == 2 && m.cols() == cols) => {
                 let rows = parts.iter().map(|m| m.rows()).sum();
-                Ok(Matrix { shape: vec![rows, cols], data: parts.iter().flat_map(|m| m.data.iter().copied()).collect() })
+                // Blocks stack when every part has them, in one format.
+                let format = parts.iter().map(|m| m.stored()).try_fold(None, |f, s| match (f, s) {
+                    (None, Some((g, _))) => Some(Some(g)),
+                    (Some(f), Some((g, _))) if f == g => Some(Some(f)),
+                    _ => None,
+                });
+                let stored = format.flatten().map(|f| (f, parts.iter().flat_map(|m| m.stored().map_or(&[][..], |(_, b)| b).iter().copied()).collect()));
+                Ok(Matrix { shape: vec![rows, cols], data: parts.iter().flat_map(|m| m.data.iter().copied()).collect(), stored })
             }
             _ => Err(ModelError::InvalidInput { arg: "weights", reason: format!("projections of one input must be 2-D of one width to be stacked, got shapes {widths:?}") }),
         }

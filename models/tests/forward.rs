@@ -214,7 +214,7 @@ fn weights_must_match_the_config() {
     let err = LlamaWeights::from_named(w.config.clone(), "t", |n| Ok(if n.ends_with("q_proj.weight") { None } else { named.get(n).cloned() })).unwrap_err();
     assert_eq!(err.kind(), "MissingTensor", "MODEL-2: every tensor the config implies is present");
     let err = LlamaWeights::from_named(w.config.clone(), "t", |n| {
-        Ok(named.get(n).cloned().map(|m| if n == "model.norm.weight" { specdec_models::Matrix { shape: vec![m.data.len() - 1], data: m.data[1..].to_vec() } } else { m }))
+        Ok(named.get(n).cloned().map(|m| if n == "model.norm.weight" { specdec_models::Matrix::new(vec![m.data.len() - 1], m.data[1..].to_vec(), n).unwrap() } else { m }))
     })
     .unwrap_err();
     assert_eq!(err.kind(), "TensorShape", "MODEL-2: every shape is checked against the config");

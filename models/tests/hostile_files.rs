@@ -341,7 +341,7 @@ fn hostile_hf_dirs() {
         case("unexpected tensor", "InvalidField", &["model.layers.0.self_attn.q_proj.bias"], || {
             let dir = hf_dir("extra");
             let w = load_hf_dir(&dir)?;
-            let bias = specdec_models::Matrix { shape: vec![16], data: vec![0.0; 16] };
+            let bias = specdec_models::Matrix::new(vec![16], vec![0.0; 16], "bias").unwrap();
             let mut named = w.named();
             named.push(("model.layers.0.self_attn.q_proj.bias".into(), &bias));
             specdec_models::hf::write_safetensors(dir.join("model.safetensors"), &named, SaveDtype::F32)?;

@@ -155,7 +155,8 @@ fn write_checks_shapes() {
     assert_eq!(SaveDtype::parse("BF16").unwrap(), SaveDtype::BF16);
     assert_eq!("float16".parse::<SaveDtype>().unwrap(), SaveDtype::F16);
     assert_eq!(SaveDtype::parse("f8").unwrap_err().kind(), "InvalidInput");
-    let bad = Matrix { shape: vec![2, 3], data: vec![0.0; 5] };
+    let mut bad = Matrix::new(vec![2, 3], vec![0.0; 6], "x").unwrap();
+    bad.data.pop();
     let e = write_safetensors(scratch_dir("bad-write").join("x.safetensors"), &[("x".into(), &bad)], SaveDtype::F32).unwrap_err();
     assert_eq!(e.kind(), "InvalidInput");
 }

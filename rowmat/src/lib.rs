@@ -33,32 +33,36 @@
 //!   still takes its elements in increasing order, so the bits are the same.
 //!   Tasks split the weight rows across rayon's threads; a row's result
 //!   does not depend on the split.
-//! - **Q8_0** ([`Weights::q8_0`], GGUF's layout: blocks of 32 inputs, one
-//!   f16 scale `d`, 32 signed bytes `q`): a weight is `d · q`, which f32
-//!   holds exactly (an 11-bit significand times an 8-bit integer), then the
-//!   same dot product. So a Q8_0 product equals the f32 product of the
-//!   dequantized matrix bit for bit, and inherits its batch invariance. The
-//!   quantization loses precision against the f32 weights (stated by the
-//!   backend that uses it), never between windows and decodes.
+//! - **GGUF's blocks** ([`Weights::blocks`], [`Weights::q8_0`]; Q8_0 and
+//!   Q4_1, kept byte for byte as the file stores them, `blocks.rs`): a
+//!   weight is its block's f32 value as ggml's reference dequantizes it
+//!   (`d · q`, `d · q + m`; the products are exact in f32, so each value
+//!   rounds once), then the same dot product. So a block product equals the
+//!   f32 product of the dequantized matrix bit for bit, and inherits its
+//!   batch invariance: a backend multiplying a GGUF's own Q4_1 blocks
+//!   computes what one multiplying the reader's f32 matrix computes, from a
+//!   sixth of the bytes. Quantizing f32 weights to Q8_0 loses precision
+//!   against them (stated by the backend that does it), never between
+//!   windows and decodes.
 //!
 //! Inputs are trusted shapes from the caller (a model whose shapes were
 //! validated when it loaded); a mismatch is a bug there, so it panics with
 //! the shapes named rather than returning an error.
 
-mod q8;
+mod blocks;
 mod simd;
 
 use rayon::prelude::*;
 use simd::{Dest, Isa};
 
-pub use q8::{Q8_0_BLOCK, Q8Matrix};
+pub use blocks::{BLOCK, BlockFormat, BlockMatrix, Q8_0_BLOCK};
 
 /// The lanes of the canonical dot product.
 pub const LANES: usize = 16;
 
 /// Weight rows one task multiplies with every input row: a multiple of
-/// every tile's weight rows (6, 5, 4, 3), and few enough that a Q8_0 task's
-/// dequantized rows stay in L2.
+/// every tile's weight rows (6, 5, 4, 3), and few enough that a block
+/// task's dequantized rows stay in L2.
 const ROWS_PER_TASK: usize = 60;
 
 /// A weight matrix `[out, in]` (one row per output feature) in one of the
@@ -67,8 +71,8 @@ const ROWS_PER_TASK: usize = 60;
 pub enum Weights {
     /// Row-major f32.
     F32 { rows: usize, cols: usize, data: Vec<f32> },
-    /// GGUF Q8_0 rows (see [`Q8Matrix`]).
-    Q8_0(Q8Matrix),
+    /// GGUF blocks, as stored (see [`BlockMatrix`]).
+    Blocks(BlockMatrix),
 }
 
 impl Weights {
@@ -81,14 +85,21 @@ impl Weights {
     /// `data` `[rows, cols]` quantized to Q8_0, or `None` when `cols` is not
     /// a multiple of the 32-value block (such a matrix stays f32).
     pub fn q8_0(rows: usize, cols: usize, data: &[f32]) -> Option<Weights> {
-        Q8Matrix::quantize(rows, cols, data).map(Weights::Q8_0)
+        BlockMatrix::quantize_q8_0(rows, cols, data).map(Weights::Blocks)
+    }
+
+    /// GGUF blocks as a file stores them, `[rows, cols]` row-major, or
+    /// `None` when `cols` is not a multiple of 32 or `blocks` is not exactly
+    /// `rows · cols / 32` blocks.
+    pub fn blocks(format: BlockFormat, rows: usize, cols: usize, blocks: Vec<u8>) -> Option<Weights> {
+        BlockMatrix::new(format, rows, cols, blocks).map(Weights::Blocks)
     }
 
     /// Output features (rows of `W`).
     pub fn rows(&self) -> usize {
         match self {
             Weights::F32 { rows, .. } => *rows,
-            Weights::Q8_0(q) => q.rows(),
+            Weights::Blocks(q) => q.rows(),
         }
     }
 
@@ -96,7 +107,7 @@ impl Weights {
     pub fn cols(&self) -> usize {
         match self {
             Weights::F32 { cols, .. } => *cols,
-            Weights::Q8_0(q) => q.cols(),
+            Weights::Blocks(q) => q.cols(),
         }
     }
 
@@ -104,7 +115,7 @@ impl Weights {
     pub fn bytes(&self) -> usize {
         match self {
             Weights::F32 { data, .. } => data.len() * 4,
-            Weights::Q8_0(q) => q.bytes(),
+            Weights::Blocks(q) => q.bytes(),
         }
     }
 
@@ -112,15 +123,15 @@ impl Weights {
     pub fn dtype(&self) -> &'static str {
         match self {
             Weights::F32 { .. } => "f32",
-            Weights::Q8_0(_) => "q8_0",
+            Weights::Blocks(q) => q.format().name(),
         }
     }
 
-    /// Row `r` as f32 values (Q8_0 dequantized exactly as the product reads it).
+    /// Row `r` as f32 values (blocks dequantized exactly as the product reads them).
     pub fn row(&self, r: usize) -> Vec<f32> {
         match self {
             Weights::F32 { cols, data, .. } => data[r * cols..(r + 1) * cols].to_vec(),
-            Weights::Q8_0(q) => q.dequantize_row(r),
+            Weights::Blocks(q) => q.dequantize_row(r),
         }
     }
 }
@@ -133,7 +144,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// `x · Wᵀ` for `x` `[n, in]` row-major: returns `[n, out]` row-major.
 /// Every value is [`dot`] of an input row and a weight row (dequantized for
-/// Q8_0), whatever `n` is.
+/// blocks), whatever `n` is.
 pub fn matmul(x: &[f32], n: usize, w: &Weights) -> Vec<f32> {
     let mut y = vec![0.0f32; n * w.rows()];
     matmul_on(simd::isa(), x, n, w.view(), &mut y);
@@ -161,14 +172,14 @@ pub fn matmul_f32(x: &[f32], n: usize, w: &[f32], cols: usize) -> Vec<f32> {
 #[derive(Debug, Clone, Copy)]
 enum View<'a> {
     F32 { data: &'a [f32], rows: usize, cols: usize },
-    Q8_0(&'a Q8Matrix),
+    Blocks(&'a BlockMatrix),
 }
 
 impl Weights {
     fn view(&self) -> View<'_> {
         match self {
             Weights::F32 { rows, cols, data } => View::F32 { data, rows: *rows, cols: *cols },
-            Weights::Q8_0(q) => View::Q8_0(q),
+            Weights::Blocks(q) => View::Blocks(q),
         }
     }
 }
@@ -176,7 +187,7 @@ impl Weights {
 fn matmul_on(isa: Isa, x: &[f32], n: usize, w: View<'_>, y: &mut [f32]) {
     let (out, cols) = match w {
         View::F32 { rows, cols, .. } => (rows, cols),
-        View::Q8_0(q) => (q.rows(), q.cols()),
+        View::Blocks(q) => (q.rows(), q.cols()),
     };
     assert_eq!(x.len(), n * cols, "input of {} values for {n} rows of {cols}", x.len());
     assert_eq!(y.len(), n * out, "output of {} values for {n} rows of {out}", y.len());
@@ -194,7 +205,7 @@ fn matmul_on(isa: Isa, x: &[f32], n: usize, w: View<'_>, y: &mut [f32]) {
         let dest = whole.at(first);
         match w {
             View::F32 { data, .. } => simd::block_f32(&data[first * cols..(first + count) * cols], count, cols, x, n, dest, isa),
-            View::Q8_0(q) => simd::block_q8(q, first, count, x, n, dest, isa),
+            View::Blocks(q) => simd::block_quant(q, first, count, x, n, dest, isa),
         }
     });
 }

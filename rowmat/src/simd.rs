@@ -7,7 +7,7 @@
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
-use crate::{LANES, Q8Matrix};
+use crate::{BlockMatrix, LANES};
 
 /// The fixed lane sum: halves added pairwise, `l[i] + l[i + 8]`, then
 /// `+ 4`, `+ 2`, `+ 1` (the order a 16 → 8 → 4 → 2 → 1 register
@@ -55,7 +55,8 @@ pub(crate) fn isa() -> Isa {
             if std::is_x86_feature_detected!("avx512f") {
                 return Isa::Avx512;
             }
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // F16C widens the blocks' f16 scales in registers.
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("f16c") {
                 return Isa::Avx2;
             }
         }
@@ -216,36 +217,65 @@ thread_local! {
     static SPILL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// [`block_f32`] for Q8_0 rows `first .. first + count`: the task's rows
-/// are dequantized (exactly, `d · q`) into a buffer that stays in L2 while
-/// the input rows pass.
-pub(crate) fn block_q8(q: &Q8Matrix, first: usize, count: usize, x: &[f32], n: usize, dest: Dest, isa: Isa) {
+/// [`block_f32`] for block rows `first .. first + count`. For a Q4_1
+/// decode (one or two input rows) on AVX2 the blocks are decoded in
+/// registers inside the product (`avx2::tile_blocks`: the weights stream
+/// from memory in their stored bytes, no f32 copy). Otherwise (more rows
+/// would decode each block again for every tile of input rows, and Q8_0's
+/// in-register tiles decoded SmolLM2 slower than the buffer: 25-31 against
+/// 46-51 tokens/s, measured 2026-11-29), the task's rows
+/// are dequantized once ([`crate::BlockFormat::decode`], exact; on AVX2 by
+/// the same register decoding) into a buffer that stays in L2 while the
+/// input rows pass. Every path multiplies the same f32 values in the
+/// canonical order.
+pub(crate) fn block_quant(q: &BlockMatrix, first: usize, count: usize, x: &[f32], n: usize, dest: Dest, isa: Isa) {
     let cols = q.cols();
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 && n <= AVX2_MAX_X && q.format() == crate::BlockFormat::Q4_1 {
+        let blocks = cols / crate::BLOCK;
+        for r in (0..n).step_by(AVX2_MAX_X) {
+            let nx = AVX2_MAX_X.min(n - r);
+            let mut j = 0;
+            while j < count {
+                let take = if count - j >= AVX2_TILE_W { AVX2_TILE_W } else { 1 };
+                let xr = |i: usize| &x[(r + i) * cols..(r + i + 1) * cols];
+                let wr = |i: usize| q.row_blocks(first + j + i);
+                let at = dest.at(j);
+                macro_rules! shapes {
+                    ($(($a:literal, $b:literal)),*) => {
+                        match (nx, take) {
+                            $(($a, $b) => {
+                                let xs: [&[f32]; $a] = std::array::from_fn(xr);
+                                let ws: [&[u8]; $b] = std::array::from_fn(wr);
+                                // SAFETY: the CPU has AVX2, FMA and F16C (`isa`); every input row
+                                // holds `cols` values and every weight row `cols / 32` blocks.
+                                store(unsafe { avx2::tile_blocks::<$a, $b>(q.format(), ws, xs, blocks) }, at, r)
+                            })*
+                            other => unreachable!("no tile of shape {other:?}"),
+                        }
+                    };
+                }
+                shapes!((1, 1), (1, 3), (2, 1), (2, 3));
+                j += take;
+            }
+        }
+        return;
+    }
     SCRATCH.with(|s| {
         let mut buf = s.borrow_mut();
         buf.resize(count * cols, 0.0);
         for j in 0..count {
             let dst = &mut buf[j * cols..(j + 1) * cols];
             #[cfg(target_arch = "x86_64")]
-            if isa == Isa::Avx512 {
-                let (scales, quants) = q.row_parts(first + j);
-                // SAFETY: the CPU has AVX-512F (the caller's `isa`); the slices are one row's.
-                unsafe { avx512::dequantize(scales, quants, dst) };
+            if isa == Isa::Avx2 {
+                // SAFETY: the CPU has AVX2, FMA and F16C (`isa`); the row holds `cols / 32` blocks.
+                unsafe { avx2::dequantize(q.format(), q.row_blocks(first + j), dst) };
                 continue;
             }
-            dequantize_into(q, first + j, dst);
+            q.dequantize_into(first + j, dst);
         }
         block_f32(&buf[..count * cols], count, cols, x, n, dest, isa);
     });
-}
-
-fn dequantize_into(q: &Q8Matrix, r: usize, dst: &mut [f32]) {
-    let (scales, quants) = q.row_parts(r);
-    for ((d_out, q_in), &d) in dst.chunks_exact_mut(crate::Q8_0_BLOCK).zip(quants.chunks_exact(crate::Q8_0_BLOCK)).zip(scales) {
-        for (o, &v) in d_out.iter_mut().zip(q_in) {
-            *o = d * f32::from(v);
-        }
-    }
 }
 
 /// Expands to a `match` over the listed tile shapes `(NX, NW)`, calling
@@ -286,25 +316,7 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{Span, reduce, tail};
-    use crate::{LANES, Q8_0_BLOCK};
-
-    /// One Q8_0 row into f32: `d · q`, sixteen at a time (the same exact
-    /// products as the portable loop).
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn dequantize(scales: &[f32], quants: &[i8], dst: &mut [f32]) {
-        for (b, &d) in scales.iter().enumerate() {
-            let dv = _mm512_set1_ps(d);
-            for half in 0..Q8_0_BLOCK / LANES {
-                let at = b * Q8_0_BLOCK + half * LANES;
-                // SAFETY: at + 16 <= quants.len() = dst.len() (a whole number of blocks).
-                unsafe {
-                    let q = _mm_loadu_si128(quants.as_ptr().add(at).cast());
-                    let v = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
-                    _mm512_storeu_ps(dst.as_mut_ptr().add(at), v);
-                }
-            }
-        }
-    }
+    use crate::LANES;
 
     /// `out[i][j] = dot(x[i], w[j])` in the canonical order, each lane set
     /// in one 16-lane register.
@@ -443,7 +455,7 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     use super::{Span, reduce, tail};
-    use crate::LANES;
+    use crate::{BLOCK, BlockFormat, LANES};
 
     /// The same tile with each lane set in two 8-lane registers (lanes
     /// 0..8 and 8..16).
@@ -486,5 +498,92 @@ mod avx2 {
             }
         }
         Some(out)
+    }
+
+    /// A tile of block rows (`BlockFormat`), each block's 32 values decoded
+    /// in registers as [`crate::BlockFormat::decode`] computes them (the
+    /// f16 scales widened exactly; `d · q` exact in f32, so `fma(q, d, m)`
+    /// rounds as `d · q + m` does) and accumulated in the canonical order:
+    /// block `b`'s values 0..8 and 16..24 go to lanes 0..8 (the `lo`
+    /// register), 8..16 and 24..32 to lanes 8..16 (`hi`), in that order.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn tile_blocks<const NR: usize, const NW: usize>(format: BlockFormat, w: [&[u8]; NW], x: [&[f32]; NR], blocks: usize) -> [[f32; NW]; NR] {
+        let mut lo = [[_mm256_setzero_ps(); NW]; NR];
+        let mut hi = [[_mm256_setzero_ps(); NW]; NR];
+        let size = format.block_bytes();
+        for b in 0..blocks {
+            for j in 0..NW {
+                debug_assert!((b + 1) * size <= w[j].len());
+                // SAFETY: block b of row j lies in w[j] (the caller's row of `blocks` blocks).
+                let v = unsafe { decode(format, w[j].as_ptr().add(b * size)) };
+                for i in 0..NR {
+                    // SAFETY: b · 32 + 32 <= cols = x[i].len().
+                    let xp = unsafe { x[i].as_ptr().add(b * BLOCK) };
+                    unsafe {
+                        lo[i][j] = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(xp), lo[i][j]);
+                        hi[i][j] = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(xp.add(8)), hi[i][j]);
+                        lo[i][j] = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(xp.add(16)), lo[i][j]);
+                        hi[i][j] = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(xp.add(24)), hi[i][j]);
+                    }
+                }
+            }
+        }
+        let mut out = [[0.0f32; NW]; NR];
+        for i in 0..NR {
+            for j in 0..NW {
+                let mut lanes = [0.0f32; LANES];
+                // SAFETY: `lanes` holds 16 f32, two halves of 8.
+                unsafe {
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), lo[i][j]);
+                    _mm256_storeu_ps(lanes.as_mut_ptr().add(8), hi[i][j]);
+                }
+                out[i][j] = reduce(lanes);
+            }
+        }
+        out
+    }
+
+    /// One block's values 0..8, 8..16, 16..24 and 24..32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn decode(format: BlockFormat, block: *const u8) -> [__m256; 4] {
+        // SAFETY (every read below): `block` starts a whole block of `format`.
+        let scales = unsafe { _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(block.cast::<i32>()))) };
+        let d = _mm256_broadcastss_ps(scales);
+        match format {
+            BlockFormat::Q8_0 => unsafe {
+                let q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(block.add(2).cast())));
+                let q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(block.add(10).cast())));
+                let q2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(block.add(18).cast())));
+                let q3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(block.add(26).cast())));
+                [_mm256_mul_ps(q0, d), _mm256_mul_ps(q1, d), _mm256_mul_ps(q2, d), _mm256_mul_ps(q3, d)]
+            },
+            BlockFormat::Q4_1 => {
+                let m = _mm256_broadcastss_ps(_mm_movehdup_ps(scales));
+                let (first, second) = unsafe { (_mm256_cvtepu8_epi32(_mm_loadl_epi64(block.add(4).cast())), _mm256_cvtepu8_epi32(_mm_loadl_epi64(block.add(12).cast()))) };
+                let nibbles = _mm256_set1_epi32(0x0F);
+                [
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(first, nibbles)), d, m),
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(second, nibbles)), d, m),
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(first)), d, m),
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(second)), d, m),
+                ]
+            }
+        }
+    }
+
+    /// One row of blocks into its f32 values (`dst`, 32 per block), as
+    /// [`decode`] computes them.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dequantize(format: BlockFormat, row: &[u8], dst: &mut [f32]) {
+        for (b, out) in dst.chunks_exact_mut(BLOCK).enumerate() {
+            // SAFETY: block b lies in `row` (one block per 32 values of `dst`); `out` holds 32.
+            unsafe {
+                let v = decode(format, row.as_ptr().add(b * format.block_bytes()));
+                for (k, part) in v.iter().enumerate() {
+                    _mm256_storeu_ps(out.as_mut_ptr().add(8 * k), *part);
+                }
+            }
+        }
     }
 }

@@ -2,7 +2,8 @@
 //! its input row and the weights (not on the row count, the task split or
 //! the instruction set), and Q8_0 equals f32 on the dequantized weights.
 
-use specdec_rowmat::{Q8_0_BLOCK, Weights, dot, matmul, matmul_each_path, matmul_serial};
+use half::f16;
+use specdec_rowmat::{BLOCK, BlockFormat, Q8_0_BLOCK, Weights, dot, matmul, matmul_each_path, matmul_serial};
 
 /// A small deterministic generator (xorshift), values in [-1, 1) with a
 /// spread of magnitudes so that rounding order matters.
@@ -82,6 +83,80 @@ fn q8_0_equals_f32_on_its_dequantized_weights() {
         }
         assert_eq!(q.bytes(), rows * cols / 32 * 34);
     }
+}
+
+/// Blocks as a GGUF stores them, `[rows, cols]`: scales and minimums of
+/// both signs and a spread of magnitudes (f16 subnormals included), every
+/// quant value.
+fn stored_blocks(format: BlockFormat, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    let v = values(seed, rows * cols / BLOCK * format.block_bytes());
+    let mut bytes = Vec::new();
+    for (b, block) in v.chunks_exact(format.block_bytes()).enumerate() {
+        let scale = |x: f32, k: usize| f16::from_f32(x * if (b + k).is_multiple_of(11) { 1e-5 } else { 0.05 }).to_bits().to_le_bytes();
+        bytes.extend(scale(block[0], 0));
+        if format == BlockFormat::Q4_1 {
+            bytes.extend(scale(block[1], 3));
+        }
+        let head = bytes.len() % format.block_bytes();
+        bytes.extend(block[head..].iter().map(|x| (x.to_bits() >> 7) as u8));
+    }
+    bytes
+}
+
+/// A GGUF's own Q8_0 and Q4_1 blocks, multiplied as stored: the product is
+/// the f32 product of their decoded values, bit for bit, on every path and
+/// for every row count (`check`).
+#[test]
+fn stored_blocks_equal_f32_on_their_values() {
+    for format in [BlockFormat::Q8_0, BlockFormat::Q4_1] {
+        for (i, &(rows, cols)) in SHAPES.iter().enumerate().filter(|(_, s)| s.1.is_multiple_of(BLOCK)) {
+            let bytes = stored_blocks(format, rows, cols, 600 + i as u64);
+            let w = Weights::blocks(format, rows, cols, bytes.clone()).expect("whole blocks");
+            assert_eq!((w.dtype(), w.bytes()), (format.name(), bytes.len()));
+            check(&w, 700 + i as u64);
+            let mut decoded = Vec::new();
+            format.decode_all(&bytes, &mut decoded);
+            let x = values(800 + i as u64, 9 * cols);
+            assert_eq!(bits(&matmul(&x, 9, &w)), bits(&matmul(&x, 9, &Weights::f32(rows, cols, decoded))), "{} blocks are f32 on their values", format.name());
+        }
+    }
+}
+
+/// Negative control: a kernel that read Q4_1's nibbles in the other order
+/// (high nibble first) computes other products, which the comparison above
+/// would catch.
+#[test]
+fn a_swapped_nibble_order_is_caught() {
+    let (rows, cols) = (17, 64);
+    let bytes = stored_blocks(BlockFormat::Q4_1, rows, cols, 9);
+    let swapped: Vec<u8> = bytes.chunks_exact(20).flat_map(|b| b[..4].iter().copied().chain(b[4..].iter().map(|q| q.rotate_left(4))).collect::<Vec<_>>()).collect();
+    let x = values(10, cols);
+    let right = matmul(&x, 1, &Weights::blocks(BlockFormat::Q4_1, rows, cols, bytes).unwrap());
+    let wrong = matmul(&x, 1, &Weights::blocks(BlockFormat::Q4_1, rows, cols, swapped).unwrap());
+    assert_ne!(bits(&right), bits(&wrong));
+}
+
+/// Hand-worked blocks: Q8_0 `d · q`; Q4_1 `d · nibble + m`, low nibbles
+/// first (ggml's `dequantize_row_q4_1`).
+#[test]
+fn blocks_decode_as_ggml_defines_them() {
+    let mut q8 = f16::from_f32(0.5).to_bits().to_le_bytes().to_vec();
+    q8.extend((0..32).map(|i| (i as i8 - 16) as u8));
+    let mut out = [0.0f32; 32];
+    BlockFormat::Q8_0.decode(&q8, &mut out);
+    assert_eq!(out[0], -8.0);
+    assert_eq!(out[31], 7.5);
+    let mut q4 = [f16::from_f32(0.25).to_bits().to_le_bytes(), f16::from_f32(-1.0).to_bits().to_le_bytes()].concat();
+    // Byte k: low nibble k, high nibble 15 - k.
+    q4.extend((0..16u8).map(|k| k | ((15 - k) << 4)));
+    BlockFormat::Q4_1.decode(&q4, &mut out);
+    assert_eq!(&out[..3], &[-1.0, -0.75, -0.5]);
+    assert_eq!(&out[16..18], &[2.75, 2.5]);
+    assert_eq!(out[31], -1.0);
+    // Blocks that do not fill the shape are refused.
+    assert!(Weights::blocks(BlockFormat::Q4_1, 1, 32, q4[..19].to_vec()).is_none());
+    assert!(Weights::blocks(BlockFormat::Q4_1, 1, 16, q4.clone()).is_none());
+    assert!(Weights::blocks(BlockFormat::Q4_1, usize::MAX, 64, q4).is_none());
 }
 
 /// More input rows than a tile holds (9, 9 and 2 here): groups of

@@ -85,6 +85,14 @@ pub trait ModelBackend: Backend + 'static {
     /// Uploads host weights once; the model is then shared by any number of caches.
     fn load_model(&self, weights: &LlamaWeights) -> Result<Self::Model>;
 
+    /// Bytes of weights one forward step reads, in the formats the loaded
+    /// model holds them in, where the backend knows them (a report's byte
+    /// roofline); `None` leaves the report to estimate them from the
+    /// parameter count and [`ModelPrecision::weight_dtype`].
+    fn weight_bytes(&self, _model: &Self::Model) -> Option<usize> {
+        None
+    }
+
     /// An empty cache for `batch` sequences of at most `capacity` positions.
     fn new_model_cache(&self, model: &Self::Model, batch: usize, capacity: usize) -> Result<Self::ModelCache>;
 

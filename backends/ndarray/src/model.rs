@@ -27,8 +27,9 @@
 //! of 32 (see [`NdarrayBackend::model_precision`]).
 
 use ndarray::{Array2, Array4, s};
-use specdec_backend::Result;
+use specdec_backend::model::ModelError;
 use specdec_backend::model::{ForwardOutput, ForwardRequest, LlamaConfig, LlamaWeights, LogitRows, ModelBackend, ModelPrecision, check_cache_index};
+use specdec_backend::{BackendError, Result};
 use specdec_models::forward;
 use specdec_models::weights::Matrix;
 use specdec_rowmat::{Weights, dot, matmul, matmul_into, matmul_serial};
@@ -67,6 +68,15 @@ struct NdLayer {
     qk_norm: Option<(Vec<f32>, Vec<f32>)>,
 }
 
+impl NdModel {
+    /// Bytes of projection weights one forward step reads (every layer's
+    /// and the output head's, in the format each is held in): what a decode
+    /// streams from memory, for a roofline.
+    pub fn projection_bytes(&self) -> usize {
+        self.head.bytes() + self.layers.iter().map(|l| l.wqkv.bytes() + l.wo.bytes() + l.w_gate_up.bytes() + l.w_down.bytes()).sum::<usize>()
+    }
+}
+
 /// Every layer's keys and values for a batch of sequences.
 #[derive(Debug, Clone)]
 pub struct NdModelCache {
@@ -89,14 +99,32 @@ impl WeightFormat {
     /// order given. Each output is still the dot product of the input row
     /// and one weight row (and Q8_0 quantizes row by row), so the stacked
     /// product's values are the separate products' bit for bit.
+    ///
+    /// f32 keeps a GGUF's Q8_0 or Q4_1 blocks as stored where the matrix
+    /// has them ([`Matrix::stored`]): a block product is the f32 product of
+    /// the blocks' values bit for bit (`specdec_rowmat`), and those values
+    /// are the matrix's, so the forward computes what it computes on the
+    /// f32 matrix, reading a sixth (Q4_1) or a quarter (Q8_0) of the bytes.
     fn stacked(self, parts: &[&Matrix]) -> Result<Weights> {
         let m = Matrix::stacked_rows(parts)?;
-        let (rows, cols, data) = (m.rows(), m.cols(), m.data);
-        Ok(match self {
-            WeightFormat::F32 => Weights::f32(rows, cols, data),
-            WeightFormat::Q8_0 => Weights::q8_0(rows, cols, &data).unwrap_or_else(|| Weights::f32(rows, cols, data)),
+        let (rows, cols) = (m.rows(), m.cols());
+        Ok(match (self, m.stored()) {
+            (WeightFormat::F32, Some((format, blocks))) => {
+                let w = Weights::blocks(format, rows, cols, blocks.to_vec()).filter(|w| decodes_to(w, &m.data));
+                w.ok_or_else(|| BackendError::from(ModelError::InvalidInput { arg: "weights", reason: format!("a [{rows}, {cols}] matrix's {} blocks do not decode to its values", format.name()) }))?
+            }
+            (WeightFormat::F32, None) => Weights::f32(rows, cols, m.data),
+            (WeightFormat::Q8_0, _) => Weights::q8_0(rows, cols, &m.data).unwrap_or_else(|| Weights::f32(rows, cols, m.data)),
         })
     }
+}
+
+/// Whether block weights decode to `values` bit for bit: a matrix whose
+/// values were changed after it was read would otherwise be multiplied as
+/// the file stored it, a different model.
+fn decodes_to(w: &Weights, values: &[f32]) -> bool {
+    let cols = w.cols();
+    (0..w.rows()).all(|r| w.row(r).iter().zip(&values[r * cols..(r + 1) * cols]).all(|(a, b)| a.to_bits() == b.to_bits()))
 }
 
 /// RMSNorm of each `width`-wide row: `x · (1 / sqrt(dot(x, x) / width + eps)) · w`.
@@ -282,7 +310,10 @@ impl ModelBackend for NdarrayBackend {
     /// and 5.7e-5 on SmolLM2-135M (logits up to about 31, so about 2e-6
     /// relative); hidden states within the same relative bound. The stated
     /// 2e-5 leaves a margin of about 10x; the argmax epsilon covers a flip
-    /// of two logits of magnitude 50 each off by the tolerance.
+    /// of two logits of magnitude 50 each off by the tolerance. A GGUF's
+    /// Q8_0 and Q4_1 matrices are multiplied as their blocks (see
+    /// [`WeightFormat::stacked`]), which computes the f32 values' bits: the
+    /// reference dequantizes the same blocks, so the bound is the same.
     ///
     /// Q8_0 weights ([`WeightFormat::Q8_0`]): every projection whose input
     /// width is a multiple of 32, the tied output head included, in GGUF's
@@ -297,9 +328,14 @@ impl ModelBackend for NdarrayBackend {
     /// exactly, and the model section holds them to that.
     fn model_precision(&self) -> ModelPrecision {
         match self.weights {
-            WeightFormat::F32 => {
-                ModelPrecision { weight_dtype: "f32", compute_dtype: "f32", logit_rel_tolerance: 2e-5, hidden_rel_tolerance: 2e-5, argmax_margin_epsilon: 2e-3, window_margin_epsilon: 0.0 }
-            }
+            WeightFormat::F32 => ModelPrecision {
+                weight_dtype: "f32 (a GGUF's q8_0/q4_1 blocks as stored)",
+                compute_dtype: "f32",
+                logit_rel_tolerance: 2e-5,
+                hidden_rel_tolerance: 2e-5,
+                argmax_margin_epsilon: 2e-3,
+                window_margin_epsilon: 0.0,
+            },
             WeightFormat::Q8_0 => ModelPrecision {
                 weight_dtype: "q8_0",
                 compute_dtype: "f32 (products of the dequantized q8_0 weights)",
@@ -334,6 +370,12 @@ impl ModelBackend for NdarrayBackend {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(NdModel { config: w.config.clone(), embed: w.embed.data.clone(), layers, final_norm: w.final_norm.data.clone(), head: f.weights(w.output_matrix())? })
+    }
+
+    /// Every projection's and the head's bytes as held (a GGUF's blocks as
+    /// stored, f32 otherwise): [`NdModel::projection_bytes`].
+    fn weight_bytes(&self, model: &NdModel) -> Option<usize> {
+        Some(model.projection_bytes())
     }
 
     fn new_model_cache(&self, model: &NdModel, batch: usize, capacity: usize) -> Result<NdModelCache> {

@@ -10,7 +10,7 @@ use memmap2::Mmap;
 use crate::error::{ModelError, Result};
 use crate::weights::Matrix;
 
-use super::dequant::dequantize;
+use super::dequant::{dequantize, stored_format};
 use super::reader::{GgufTensor, Reader, parse_header};
 use super::value::{GgufArray, GgufValue};
 
@@ -231,7 +231,13 @@ impl GgufFile {
         if !t.ggml_type.is_supported() {
             return Err(ModelError::UnsupportedTensorType { file: self.file.clone(), tensor: t.name.clone(), dtype: t.ggml_type.name.to_string() });
         }
-        let data = dequantize(t.ggml_type, self.tensor_bytes(t)?, t.n_elements());
-        Matrix::new(t.shape(), data, name)
+        let bytes = self.tensor_bytes(t)?;
+        if let (Some(format), [rows, cols]) = (stored_format(t.ggml_type), t.shape().as_slice()) {
+            // The blocks fill the shape (checked when the file was opened).
+            if let Some(m) = Matrix::from_blocks(*rows, *cols, format, bytes.to_vec()) {
+                return Ok(m);
+            }
+        }
+        Matrix::new(t.shape(), dequantize(t.ggml_type, bytes, t.n_elements()), name)
     }
 }

@@ -11,7 +11,8 @@ use crate::weights::{LlamaWeights, Matrix};
 
 use super::file::GgufFile;
 
-pub(super) fn check_permutable(w: &Matrix, n_head: usize) -> Result<(usize, usize)> {
+/// The rows of a 2-D matrix whose rows split into `n_head` heads of an even width.
+pub(super) fn check_permutable(w: &Matrix, n_head: usize) -> Result<usize> {
     let (rows, cols) = match w.shape.as_slice() {
         [r, c] => (*r, *c),
         s => return Err(ModelError::InvalidInput { arg: "w", reason: format!("shape {s:?} is not 2-D") }),
@@ -22,17 +23,7 @@ pub(super) fn check_permutable(w: &Matrix, n_head: usize) -> Result<(usize, usiz
     if rows.checked_mul(cols) != Some(w.data.len()) {
         return Err(ModelError::InvalidInput { arg: "w", reason: format!("{} values cannot fill {rows}x{cols}", w.data.len()) });
     }
-    Ok((rows, cols))
-}
-
-/// Moves whole rows: output row `dst(r)` takes input row `r`.
-pub(super) fn move_rows(w: &Matrix, rows: usize, cols: usize, dst: impl Fn(usize) -> usize) -> Matrix {
-    let mut data = vec![0.0f32; w.data.len()];
-    for r in 0..rows {
-        let d = dst(r);
-        data[d * cols..(d + 1) * cols].copy_from_slice(&w.data[r * cols..(r + 1) * cols]);
-    }
-    Matrix { shape: w.shape.clone(), data }
+    Ok(rows)
 }
 
 /// What llama.cpp's HF-to-GGUF converter does to `q_proj`/`k_proj` rows so
@@ -41,10 +32,10 @@ pub(super) fn move_rows(w: &Matrix, rows: usize, cols: usize, dst: impl Fn(usize
 /// `w.reshape(n_head, 2, d/2, in).swapaxes(1, 2).reshape(out, in)`.
 /// Within each head, HF row `t·d/2 + j` becomes GGUF row `2j + t`.
 pub fn permute_qk(w: &Matrix, n_head: usize) -> Result<Matrix> {
-    let (rows, cols) = check_permutable(w, n_head)?;
+    let rows = check_permutable(w, n_head)?;
     let hd = rows / n_head;
     let half = hd / 2;
-    Ok(move_rows(w, rows, cols, |r| {
+    Ok(w.move_rows(|r| {
         let (h, i) = (r / hd, r % hd);
         let (t, j) = (i / half, i % half);
         h * hd + 2 * j + t
@@ -56,10 +47,10 @@ pub fn permute_qk(w: &Matrix, n_head: usize) -> Result<Matrix> {
 /// `w.reshape(n_head, d/2, 2, in).swapaxes(1, 2).reshape(out, in)`.
 /// Within each head, GGUF row `2j + t` goes back to HF row `t·d/2 + j`.
 pub fn unpermute_qk(w: &Matrix, n_head: usize) -> Result<Matrix> {
-    let (rows, cols) = check_permutable(w, n_head)?;
+    let rows = check_permutable(w, n_head)?;
     let hd = rows / n_head;
     let half = hd / 2;
-    Ok(move_rows(w, rows, cols, |r| {
+    Ok(w.move_rows(|r| {
         let (h, i) = (r / hd, r % hd);
         let (j, t) = (i / 2, i % 2);
         h * hd + t * half + j
@@ -261,7 +252,7 @@ mod tests {
     use super::*;
 
     fn ramp(rows: usize, cols: usize) -> Matrix {
-        Matrix { shape: vec![rows, cols], data: (0..rows * cols).map(|i| i as f32).collect() }
+        Matrix::new(vec![rows, cols], (0..rows * cols).map(|i| i as f32).collect(), "ramp").unwrap()
     }
 
     /// MODEL-4: the inverse permutation undoes the converter's permutation,

@@ -89,7 +89,7 @@ pub fn with_end_token(weights: &LlamaWeights) -> LlamaWeights {
     let pad = |m: &Matrix| {
         let mut data = m.data.clone();
         data.extend(std::iter::repeat_n(0.0, m.shape[1]));
-        Matrix { shape: vec![m.shape[0] + 1, m.shape[1]], data }
+        Matrix::new(vec![m.shape[0] + 1, m.shape[1]], data, "padded").expect("one more row of the same width")
     };
     let mut padded = weights.clone();
     padded.config.vocab_size += 1;

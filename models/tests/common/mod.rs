@@ -232,7 +232,7 @@ pub fn random_weights(config: LlamaConfig, seed: u64) -> LlamaWeights {
             let n = shape.iter().product();
             let norm = name.ends_with("norm.weight");
             let data = (0..n).map(|_| if norm { 1.0 + 0.1 * rng.f32() } else { 0.2 * rng.f32() }).collect();
-            (name, Matrix { shape, data })
+            (name.clone(), Matrix::new(shape, data, &name).expect("values fill the shape"))
         })
         .collect();
     LlamaWeights::from_named(config, "random", |n| Ok(tensors.remove(n))).expect("random weights fit their config")
