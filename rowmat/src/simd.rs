@@ -487,17 +487,25 @@ mod avx2 {
         let mut out = [[0.0f32; NW]; NR];
         for i in 0..NR {
             for j in 0..NW {
-                let mut lanes = [0.0f32; LANES];
-                // SAFETY: `lanes` holds 16 f32, two halves of 8.
-                unsafe {
-                    _mm256_storeu_ps(lanes.as_mut_ptr(), lo[i][j]);
-                    _mm256_storeu_ps(lanes.as_mut_ptr().add(8), hi[i][j]);
-                }
+                let mut lanes = lanes_of(lo[i][j], hi[i][j]);
                 tail(&mut lanes, w[j], x[i], chunks * LANES);
                 out[i][j] = reduce(lanes);
             }
         }
         Some(out)
+    }
+
+    /// A lane set held in two registers, lanes 0..8 and 8..16.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn lanes_of(lo: __m256, hi: __m256) -> [f32; LANES] {
+        let mut lanes = [0.0f32; LANES];
+        // SAFETY: `lanes` holds 16 f32, two halves of 8.
+        unsafe {
+            _mm256_storeu_ps(lanes.as_mut_ptr(), lo);
+            _mm256_storeu_ps(lanes.as_mut_ptr().add(8), hi);
+        }
+        lanes
     }
 
     /// A tile of block rows (`BlockFormat`), each block's 32 values decoded
@@ -531,13 +539,7 @@ mod avx2 {
         let mut out = [[0.0f32; NW]; NR];
         for i in 0..NR {
             for j in 0..NW {
-                let mut lanes = [0.0f32; LANES];
-                // SAFETY: `lanes` holds 16 f32, two halves of 8.
-                unsafe {
-                    _mm256_storeu_ps(lanes.as_mut_ptr(), lo[i][j]);
-                    _mm256_storeu_ps(lanes.as_mut_ptr().add(8), hi[i][j]);
-                }
-                out[i][j] = reduce(lanes);
+                out[i][j] = reduce(lanes_of(lo[i][j], hi[i][j]));
             }
         }
         out
