@@ -8,8 +8,10 @@
 //! [`LlamaWeights::new`] checks every tensor. A matrix a GGUF stored in
 //! Q8_0 or Q4_1 also keeps those blocks ([`Matrix::stored`]), for a backend
 //! that multiplies them as stored; its values are always the blocks'
-//! decoding, because only the reader attaches blocks and only row moves and
-//! stacking (which move the blocks with the rows) carry them on.
+//! decoding, because only [`Matrix::from_blocks`] attaches blocks (and
+//! decodes them itself) and only row moves and stacking (which move the
+//! blocks with the rows) carry them on. A backend that multiplies the blocks
+//! still checks that they decode to the values, which are public.
 
 use crate::config::{EXTRA_LAYER_TENSORS, LAYER_TENSORS, LlamaConfig};
 use crate::error::{ModelError, Result};
@@ -72,7 +74,7 @@ impl Matrix {
             data[d * cols..(d + 1) * cols].copy_from_slice(&self.data[r * cols..(r + 1) * cols]);
         }
         let stored = self.stored.as_ref().map(|(format, blocks)| {
-            let per_row = blocks.len() / rows;
+            let per_row = cols / BLOCK * format.block_bytes();
             let mut moved = vec![0u8; blocks.len()];
             for r in 0..rows {
                 let d = dst(r);
@@ -320,5 +322,39 @@ mod tests {
         let err = Matrix::stacked_rows(&[&a, &c]).unwrap_err().to_string();
         assert!(err.contains("[1, 2]") && err.contains("[1, 3]"), "{err}");
         assert!(Matrix::stacked_rows(&[]).is_err());
+    }
+
+    /// Blocks whose values are their decoding: checked after every
+    /// operation that carries blocks on.
+    fn decodes_to_its_values(m: &Matrix) -> bool {
+        let (format, blocks) = m.stored().expect("blocks");
+        let mut values = Vec::new();
+        format.decode_all(blocks, &mut values);
+        values == m.data
+    }
+
+    #[test]
+    fn blocks_move_and_stack_with_their_rows() {
+        // Q4_1 blocks: d = 1, m = row index, nibbles counting up.
+        let q4 = |rows: usize| -> Vec<u8> { (0..rows).flat_map(|r| [half_bits(1.0), half_bits(r as f32)].concat().into_iter().chain((0..16u8).map(|k| k | (15 - k) << 4))).collect() };
+        let a = Matrix::from_blocks(4, 32, BlockFormat::Q4_1, q4(4)).unwrap();
+        let b = Matrix::from_blocks(2, 32, BlockFormat::Q4_1, q4(2)).unwrap();
+        assert!(decodes_to_its_values(&a) && a.data[32] == 1.0, "row 1 starts at m = 1");
+        let moved = a.move_rows(|r| 3 - r);
+        assert!(decodes_to_its_values(&moved) && moved.row(0) == a.row(3));
+        let stacked = Matrix::stacked_rows(&[&a, &b]).unwrap();
+        assert!(decodes_to_its_values(&stacked) && stacked.rows() == 6);
+        // Parts of other formats, or without blocks, stack as values only.
+        let q8 = Matrix::from_blocks(1, 32, BlockFormat::Q8_0, [half_bits(1.0).to_vec(), vec![1u8; 32]].concat()).unwrap();
+        assert!(Matrix::stacked_rows(&[&a, &q8]).unwrap().stored().is_none());
+        let plain = Matrix::new(vec![1, 32], vec![0.0; 32], "plain").unwrap();
+        assert!(Matrix::stacked_rows(&[&plain, &a]).unwrap().stored().is_none());
+        // Bytes that are not whole blocks of the shape are refused.
+        assert!(Matrix::from_blocks(4, 32, BlockFormat::Q4_1, q4(3)).is_none());
+        assert!(Matrix::from_blocks(1, 16, BlockFormat::Q4_1, q4(1)).is_none());
+    }
+
+    fn half_bits(v: f32) -> [u8; 2] {
+        half::f16::from_f32(v).to_bits().to_le_bytes()
     }
 }
