@@ -52,11 +52,14 @@ pub(crate) fn isa() -> Isa {
     *ISA.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::is_x86_feature_detected!("avx512f") {
+            // F16C widens the blocks' f16 scales in registers; the AVX-512
+            // path fills its block buffer with the AVX2 decoding (every CPU
+            // with AVX-512F has AVX2, FMA and F16C; checked all the same).
+            let avx2 = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("f16c");
+            if std::is_x86_feature_detected!("avx512f") && avx2 {
                 return Isa::Avx512;
             }
-            // F16C widens the blocks' f16 scales in registers.
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("f16c") {
+            if avx2 {
                 return Isa::Avx2;
             }
         }
@@ -224,8 +227,8 @@ thread_local! {
 /// would decode each block again for every tile of input rows, and Q8_0's
 /// in-register tiles decoded SmolLM2 slower than the buffer: 25-31 against
 /// 46-51 tokens/s, measured 2026-11-29), the task's rows
-/// are dequantized once ([`crate::BlockFormat::decode`], exact; on AVX2 by
-/// the same register decoding) into a buffer that stays in L2 while the
+/// are dequantized once ([`crate::BlockFormat::decode`], exact; with AVX2 by
+/// the same register decoding, on AVX-512 machines too) into a buffer that stays in L2 while the
 /// input rows pass. Every path multiplies the same f32 values in the
 /// canonical order.
 pub(crate) fn block_quant(q: &BlockMatrix, first: usize, count: usize, x: &[f32], n: usize, dest: Dest, isa: Isa) {
@@ -267,8 +270,8 @@ pub(crate) fn block_quant(q: &BlockMatrix, first: usize, count: usize, x: &[f32]
         for j in 0..count {
             let dst = &mut buf[j * cols..(j + 1) * cols];
             #[cfg(target_arch = "x86_64")]
-            if isa == Isa::Avx2 {
-                // SAFETY: the CPU has AVX2, FMA and F16C (`isa`); the row holds `cols / 32` blocks.
+            if isa != Isa::Portable {
+                // SAFETY: the CPU has AVX2, FMA and F16C (`isa`, either SIMD one); the row holds `cols / 32` blocks.
                 unsafe { avx2::dequantize(q.format(), q.row_blocks(first + j), dst) };
                 continue;
             }
