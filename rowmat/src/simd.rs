@@ -225,7 +225,7 @@ thread_local! {
 /// registers inside the product (`avx2::tile_blocks`: the weights stream
 /// from memory in their stored bytes, no f32 copy). Otherwise (more rows
 /// would decode each block again for every tile of input rows, and Q8_0's
-/// in-register tiles decoded SmolLM2 slower than the buffer: 25-31 against
+/// in-register tiles decoded SmolLM2 slower than the buffer: 23-32 against
 /// 46-51 tokens/s, measured 2026-11-29), the task's rows
 /// are dequantized once ([`crate::BlockFormat::decode`], exact; with AVX2 by
 /// the same register decoding, on AVX-512 machines too) into a buffer that stays in L2 while the
