@@ -7,11 +7,12 @@
 //! are widened or dequantized exactly on load). Shapes agree with the config:
 //! [`LlamaWeights::new`] checks every tensor. A matrix a GGUF stored in
 //! Q8_0 or Q4_1 also keeps those blocks ([`Matrix::stored`]), for a backend
-//! that multiplies them as stored; its values are always the blocks'
-//! decoding, because only [`Matrix::from_blocks`] attaches blocks (and
-//! decodes them itself) and only row moves and stacking (which move the
-//! blocks with the rows) carry them on. A backend that multiplies the blocks
-//! still checks that they decode to the values, which are public.
+//! that multiplies them as stored. Its values are the blocks' decoding
+//! unless `data` is edited afterwards: only [`Matrix::from_blocks`]
+//! attaches blocks (and decodes them itself), and only row moves and
+//! stacking (which move the blocks with the rows) carry them on; every
+//! other way of building a matrix drops them. Because `data` is public, a
+//! backend that multiplies the blocks checks that they decode to the values.
 
 use crate::config::{EXTRA_LAYER_TENSORS, LAYER_TENSORS, LlamaConfig};
 use crate::error::{ModelError, Result};

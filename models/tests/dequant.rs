@@ -33,6 +33,9 @@ fn check(rules: &str, cases: Vec<Case>) {
         assert_eq!(m.shape, c.shape, "{rules}: {}: shape", c.name);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&m.data), bits(&c.values), "{rules}: {}: values {:?} != {:?}", c.name, m.data, c.values);
+        // A 2-D Q8_0 or Q4_1 matrix keeps its blocks as the file stores them.
+        let keeps = c.shape.len() == 2 && (c.ty == Q8_0 || c.ty == Q4_1);
+        assert_eq!(m.stored().map(|(_, b)| b.to_vec()), keeps.then(|| c.bytes.clone()), "{rules}: {}: stored blocks", c.name);
     }
 }
 

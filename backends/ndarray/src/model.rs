@@ -329,7 +329,7 @@ impl ModelBackend for NdarrayBackend {
     fn model_precision(&self) -> ModelPrecision {
         match self.weights {
             WeightFormat::F32 => ModelPrecision {
-                weight_dtype: "f32 (a GGUF's q8_0/q4_1 blocks as stored)",
+                weight_dtype: "f32 (q8_0/q4_1 blocks as stored, where a GGUF stores them)",
                 compute_dtype: "f32",
                 logit_rel_tolerance: 2e-5,
                 hidden_rel_tolerance: 2e-5,
