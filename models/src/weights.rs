@@ -16,7 +16,7 @@
 
 use crate::config::{EXTRA_LAYER_TENSORS, LAYER_TENSORS, LlamaConfig};
 use crate::error::{ModelError, Result};
-use specdec_rowmat::{BLOCK, BlockFormat};
+use specdec_rowmat::BlockFormat;
 
 /// A dense f32 matrix or vector with its shape.
 #[derive(Debug, Clone)]
@@ -25,6 +25,16 @@ pub struct Matrix {
     pub data: Vec<f32>,
     /// The GGUF blocks `data` was decoded from, row-major (module doc).
     stored: Option<(BlockFormat, Vec<u8>)>,
+}
+
+/// `rows` rows of `width` items with row `r` moved to row `dst(r)` (a permutation).
+fn moved_rows<T: Copy + Default>(items: &[T], rows: usize, width: usize, dst: impl Fn(usize) -> usize) -> Vec<T> {
+    let mut out = vec![T::default(); items.len()];
+    for r in 0..rows {
+        let d = dst(r);
+        out[d * width..(d + 1) * width].copy_from_slice(&items[r * width..(r + 1) * width]);
+    }
+    out
 }
 
 /// Two matrices are equal when their shapes and values are: the blocks a
@@ -50,8 +60,7 @@ impl Matrix {
     /// `None` when the bytes are not exactly `rows · cols / 32` blocks of
     /// rows a whole number of blocks long.
     pub fn from_blocks(rows: usize, cols: usize, format: BlockFormat, blocks: Vec<u8>) -> Option<Matrix> {
-        let want = rows.checked_mul(cols / BLOCK)?.checked_mul(format.block_bytes())?;
-        if !cols.is_multiple_of(BLOCK) || blocks.len() != want {
+        if format.bytes_for(rows, cols)? != blocks.len() {
             return None;
         }
         let mut data = Vec::with_capacity(rows * cols);
@@ -69,21 +78,8 @@ impl Matrix {
     /// 2-D matrix (a permutation of them), its blocks moving with it.
     pub(crate) fn move_rows(&self, dst: impl Fn(usize) -> usize) -> Matrix {
         let (rows, cols) = (self.rows(), self.cols());
-        let mut data = vec![0.0f32; self.data.len()];
-        for r in 0..rows {
-            let d = dst(r);
-            data[d * cols..(d + 1) * cols].copy_from_slice(&self.data[r * cols..(r + 1) * cols]);
-        }
-        let stored = self.stored.as_ref().map(|(format, blocks)| {
-            let per_row = cols / BLOCK * format.block_bytes();
-            let mut moved = vec![0u8; blocks.len()];
-            for r in 0..rows {
-                let d = dst(r);
-                moved[d * per_row..(d + 1) * per_row].copy_from_slice(&blocks[r * per_row..(r + 1) * per_row]);
-            }
-            (*format, moved)
-        });
-        Matrix { shape: self.shape.clone(), data, stored }
+        let stored = self.stored.as_ref().map(|(format, blocks)| (*format, moved_rows(blocks, rows, blocks.len() / rows.max(1), &dst)));
+        Matrix { shape: self.shape.clone(), data: moved_rows(&self.data, rows, cols, &dst), stored }
     }
 
     pub fn rows(&self) -> usize {
@@ -112,12 +108,8 @@ impl Matrix {
             Some(cols) if parts.iter().all(|m| m.shape.len() == 2 && m.cols() == cols) => {
                 let rows = parts.iter().map(|m| m.rows()).sum();
                 // Blocks stack when every part has them, in one format.
-                let format = parts.iter().map(|m| m.stored()).try_fold(None, |f, s| match (f, s) {
-                    (None, Some((g, _))) => Some(Some(g)),
-                    (Some(f), Some((g, _))) if f == g => Some(Some(f)),
-                    _ => None,
-                });
-                let stored = format.flatten().map(|f| (f, parts.iter().flat_map(|m| m.stored().map_or(&[][..], |(_, b)| b).iter().copied()).collect()));
+                let blocks: Option<Vec<(BlockFormat, &[u8])>> = parts.iter().map(|m| m.stored()).collect();
+                let stored = blocks.filter(|b| b.iter().all(|(f, _)| *f == b[0].0)).map(|b| (b[0].0, b.iter().flat_map(|(_, bytes)| bytes.iter().copied()).collect()));
                 Ok(Matrix { shape: vec![rows, cols], data: parts.iter().flat_map(|m| m.data.iter().copied()).collect(), stored })
             }
             _ => Err(ModelError::InvalidInput { arg: "weights", reason: format!("projections of one input must be 2-D of one width to be stacked, got shapes {widths:?}") }),

@@ -40,6 +40,13 @@ impl BlockFormat {
         }
     }
 
+    /// Bytes of `rows · cols` values in this format, or `None` when `cols`
+    /// is not a multiple of [`BLOCK`] or the count overflows.
+    pub fn bytes_for(self, rows: usize, cols: usize) -> Option<usize> {
+        cols.is_multiple_of(BLOCK).then_some(())?;
+        rows.checked_mul(cols / BLOCK)?.checked_mul(self.block_bytes())
+    }
+
     /// The format's name, as a backend states its weight dtype.
     pub const fn name(self) -> &'static str {
         match self {
@@ -96,8 +103,7 @@ impl BlockMatrix {
     /// `rows · cols / 32` blocks as stored, or `None` when `cols` is not a
     /// multiple of 32 or `blocks` is not exactly that many blocks long.
     pub fn new(format: BlockFormat, rows: usize, cols: usize, blocks: Vec<u8>) -> Option<BlockMatrix> {
-        let want = rows.checked_mul(cols / BLOCK)?.checked_mul(format.block_bytes())?;
-        (cols.is_multiple_of(BLOCK) && blocks.len() == want).then_some(BlockMatrix { format, rows, cols, blocks })
+        (format.bytes_for(rows, cols)? == blocks.len()).then_some(BlockMatrix { format, rows, cols, blocks })
     }
 
     /// Quantizes `data` `[rows, cols]` to Q8_0 as GGUF's reference quantizer
@@ -140,7 +146,7 @@ impl BlockMatrix {
 
     /// Row `r`'s blocks.
     pub(crate) fn row_blocks(&self, r: usize) -> &[u8] {
-        let per_row = self.cols / BLOCK * self.format.block_bytes();
+        let per_row = self.bytes() / self.rows.max(1);
         &self.blocks[r * per_row..(r + 1) * per_row]
     }
 
