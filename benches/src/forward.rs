@@ -24,6 +24,8 @@ use crate::machine::Machine;
 
 pub const CONTEXT: usize = 32;
 pub const WINDOW: usize = 9;
+/// A window at the decoder's default k = 4.
+pub const SHORT_WINDOW: usize = 5;
 pub const PREFILL: usize = 64;
 
 /// One backend's forward timings.
@@ -32,6 +34,7 @@ pub struct ForwardTime {
     pub backend: String,
     pub weight_dtype: String,
     pub decode_s: f64,
+    pub verify5_s: f64,
     pub verify9_s: f64,
     pub prefill64_s: f64,
     /// Bytes of weights a decode step reads once.
@@ -42,6 +45,8 @@ pub struct ForwardTime {
     /// `decode_s` over the weights' time at the measured read-only
     /// bandwidth; `None` on an accelerator.
     pub decode_times_read_roofline: Option<f64>,
+    /// `verify5_s / decode_s`: what drafting k = 4 costs the target.
+    pub verify5_over_decode: f64,
     /// `verify9_s / decode_s`: what drafting k = 8 costs the target.
     pub verify9_over_decode: f64,
 }
@@ -62,7 +67,7 @@ pub fn bench<B: ModelBackend>(c: &mut Criterion, name: &str, b: &B, w: &LlamaWei
     let model = b.load_model(w).expect("load");
     let mut cache = b.new_model_cache(&model, 1, CONTEXT + PREFILL + WINDOW).expect("cache");
     b.forward(&model, &mut cache, &ForwardRequest::last_logits(&[tokens(CONTEXT, 1)])).expect("prefill");
-    let (one, window, prompt) = ([tokens(1, 2)], [tokens(WINDOW, 3)], [tokens(PREFILL, 4)]);
+    let (one, short, window, prompt) = ([tokens(1, 2)], [tokens(SHORT_WINDOW, 5)], [tokens(WINDOW, 3)], [tokens(PREFILL, 4)]);
     // A step's logits stay on the device for the verify ops that read them;
     // the timing waits for the forward by downloading its last logit row
     // (one row, so a window and a decode pay the same small transfer).
@@ -78,13 +83,15 @@ pub fn bench<B: ModelBackend>(c: &mut Criterion, name: &str, b: &B, w: &LlamaWei
             out
         })
     });
-    c.benchmark_group("forward/verify9").bench_function(name, |bench| {
-        bench.iter(|| {
-            let out = download(b.forward(&model, &mut cache, &ForwardRequest::all_logits(&window)).expect("window"));
-            b.cache_trim(&mut cache, &[WINDOW]).expect("trim");
-            out
-        })
-    });
+    for (group, rows, len) in [("forward/verify5", &short, SHORT_WINDOW), ("forward/verify9", &window, WINDOW)] {
+        c.benchmark_group(group).bench_function(name, |bench| {
+            bench.iter(|| {
+                let out = download(b.forward(&model, &mut cache, &ForwardRequest::all_logits(rows)).expect("window"));
+                b.cache_trim(&mut cache, &[len]).expect("trim");
+                out
+            })
+        });
+    }
     c.benchmark_group("forward/prefill64").bench_function(name, |bench| {
         bench.iter(|| {
             let mut fresh = b.new_model_cache(&model, 1, PREFILL).expect("cache");
@@ -92,7 +99,7 @@ pub fn bench<B: ModelBackend>(c: &mut Criterion, name: &str, b: &B, w: &LlamaWei
         })
     });
     let mean = |g: &str| crate::mean_ns(criterion_dir, g, name).map(|t| t / 1e9);
-    let (decode_s, verify9_s, prefill64_s) = (mean("forward/decode")?, mean("forward/verify9")?, mean("forward/prefill64")?);
+    let (decode_s, verify5_s, verify9_s, prefill64_s) = (mean("forward/decode")?, mean("forward/verify5")?, mean("forward/verify9")?, mean("forward/prefill64")?);
     let weight_dtype = b.model_precision().weight_dtype;
     // The backend's own count where it has one (a GGUF's Q4_1 blocks read as stored).
     let weight_bytes = b.weight_bytes(&model).map_or_else(|| weights_read_per_step(w) as f64 * bytes_per_weight(weight_dtype), |n| n as f64);
@@ -100,11 +107,13 @@ pub fn bench<B: ModelBackend>(c: &mut Criterion, name: &str, b: &B, w: &LlamaWei
         backend: name.into(),
         weight_dtype: weight_dtype.into(),
         decode_s,
+        verify5_s,
         verify9_s,
         prefill64_s,
         weight_bytes,
         decode_times_roofline: crate::on_host(&b.device()).then(|| decode_s / machine.read_limit_s(weight_bytes)),
         decode_times_read_roofline: crate::on_host(&b.device()).then(|| decode_s / machine.read_only_limit_s(weight_bytes)),
+        verify5_over_decode: verify5_s / decode_s,
         verify9_over_decode: verify9_s / decode_s,
     })
 }

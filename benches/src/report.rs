@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::e2e::{E2e, PROMPTS};
-use crate::forward::{CONTEXT, ForwardTime, WINDOW};
+use crate::forward::{CONTEXT, ForwardTime, SHORT_WINDOW, WINDOW};
 use crate::kernels::{KernelTime, OPS, SHAPES};
 use crate::machine::Machine;
 use crate::ngram::NgramTime;
@@ -231,23 +231,24 @@ impl Report {
         let _ = writeln!(md, "## SmolLM2-135M forward\n");
         let _ = writeln!(
             md,
-            "Criterion means. Context {CONTEXT} tokens; `verify9` is a {WINDOW}-token window (k = 8) at that context; `prefill64` a 64-token prompt into an empty cache. Each timing ends by downloading the last logit row (the verify ops read the rest on the device). Rooflines: the weights a decode step reads once (q8_0: 34 bytes per 32 weights) over the copy bandwidth, and over the read bandwidth.\n"
+            "Criterion means. Context {CONTEXT} tokens; `verify5` and `verify9` are windows of {SHORT_WINDOW} and {WINDOW} tokens (k = 4, the decoder's default, and k = 8) at that context; `prefill64` a 64-token prompt into an empty cache. Each timing ends by downloading the last logit row (the verify ops read the rest on the device). Rooflines: the weights a decode step reads once (q8_0: 34 bytes per 32 weights) over the copy bandwidth, and over the read bandwidth.\n"
         );
         let _ = writeln!(
             md,
-            "| backend | weights | decode (ms) | tokens/s | x copy roofline | x read roofline | verify9 (ms) | verify9 / decode | prefill64 (ms) |\n|---|---|---|---|---|---|---|---|---|"
+            "| backend | weights | decode (ms) | tokens/s | x copy roofline | x read roofline | verify5 / decode | verify9 (ms) | verify9 / decode | prefill64 (ms) |\n|---|---|---|---|---|---|---|---|---|---|"
         );
         for f in &self.forward {
             let roofline = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.2}"));
             let (copy, read) = (roofline(f.decode_times_roofline), roofline(f.decode_times_read_roofline));
             let _ = writeln!(
                 md,
-                "| {} | {} ({:.0} MB) | {} | {:.1} | {copy} | {read} | {} | {:.2} | {} |",
+                "| {} | {} ({:.0} MB) | {} | {:.1} | {copy} | {read} | {:.2} | {} | {:.2} | {} |",
                 f.backend,
                 f.weight_dtype,
                 f.weight_bytes / 1e6,
                 ms(f.decode_s),
                 1.0 / f.decode_s,
+                f.verify5_over_decode,
                 ms(f.verify9_s),
                 f.verify9_over_decode,
                 ms(f.prefill64_s)

@@ -203,6 +203,11 @@ const AVX512_MAX_X: usize = 9;
 const AVX2_MAX_X: usize = 2;
 #[cfg(target_arch = "x86_64")]
 const AVX2_TILE_W: usize = 3;
+/// Input rows up to which AVX2 multiplies blocks decoded in registers
+/// (a window of k + 1 = 5 tokens at the decoder's default k), each block
+/// decoded once for all of them ([`block_quant`]).
+#[cfg(target_arch = "x86_64")]
+const AVX2_BLOCK_MAX_X: usize = 5;
 
 /// Weight rows per AVX-512 tile for `nx` input rows: as many as the 32
 /// registers hold beside `nx · nw` accumulators and one input register,
@@ -220,47 +225,53 @@ thread_local! {
     static SPILL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// [`block_f32`] for block rows `first .. first + count`. For a Q4_1
-/// decode (one or two input rows) on AVX2 the blocks are decoded in
-/// registers inside the product (`avx2::tile_blocks`: the weights stream
-/// from memory in their stored bytes, no f32 copy). Otherwise (more rows
-/// would decode each block again for every tile of input rows, and Q8_0's
-/// in-register tiles decoded SmolLM2 slower than the buffer: 23-32 against
-/// 46-51 tokens/s, measured 2026-11-29), the task's rows
-/// are dequantized once ([`crate::BlockFormat::decode`], exact; with AVX2 by
-/// the same register decoding, on AVX-512 machines too) into a buffer that stays in L2 while the
-/// input rows pass. Every path multiplies the same f32 values in the
-/// canonical order.
+/// [`block_f32`] for block rows `first .. first + count`. For up to five
+/// input rows on AVX2 (a decode, or a window at the decoder's default
+/// k = 4) the blocks are decoded in registers inside the product
+/// (`avx2::tile_blocks`: the weights stream from memory in their stored
+/// bytes, no f32 copy, each block decoded once for all the rows).
+/// Otherwise (more rows than the sixteen registers' accumulators hold
+/// would decode each block again for every tile of input rows) the task's
+/// rows are dequantized once ([`crate::BlockFormat::decode`], exact; with
+/// AVX2 by the same register decoding, on AVX-512 machines too) into a
+/// buffer that stays in L2 while the input rows pass. Every path
+/// multiplies the same f32 values in the canonical order.
+///
+/// Measured on SmolLM2 (RESULTS, tenth session): a 5-token window cost
+/// 1.87 decodes in registers against 2.84 through the buffer; Q8_0 (the
+/// head) took the buffer for decodes too until the decoding prefetched the
+/// blocks ahead of it, and without the prefetch its register tiles had
+/// decoded slower than the buffer (23-32 against 46-51 tokens/s).
 pub(crate) fn block_quant(q: &BlockMatrix, first: usize, count: usize, x: &[f32], n: usize, dest: Dest, isa: Isa) {
     let cols = q.cols();
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 && n <= AVX2_MAX_X && q.format() == crate::BlockFormat::Q4_1 {
+    if isa == Isa::Avx2 && n <= AVX2_BLOCK_MAX_X {
         let blocks = cols / crate::BLOCK;
-        for r in (0..n).step_by(AVX2_MAX_X) {
-            let nx = AVX2_MAX_X.min(n - r);
-            let mut j = 0;
-            while j < count {
-                let take = if count - j >= AVX2_TILE_W { AVX2_TILE_W } else { 1 };
-                let xr = |i: usize| &x[(r + i) * cols..(r + i + 1) * cols];
-                let wr = |i: usize| q.row_blocks(first + j + i);
-                let at = dest.at(j);
-                macro_rules! shapes {
-                    ($(($a:literal, $b:literal)),*) => {
-                        match (nx, take) {
-                            $(($a, $b) => {
-                                let xs: [&[f32]; $a] = std::array::from_fn(xr);
-                                let ws: [&[u8]; $b] = std::array::from_fn(wr);
-                                // SAFETY: the CPU has AVX2, FMA and F16C (`isa`); every input row
-                                // holds `cols` values and every weight row `cols / 32` blocks.
-                                store(unsafe { avx2::tile_blocks::<$a, $b>(q.format(), ws, xs, blocks) }, at, r)
-                            })*
-                            other => unreachable!("no tile of shape {other:?}"),
-                        }
-                    };
-                }
-                shapes!((1, 1), (1, 3), (2, 1), (2, 3));
-                j += take;
+        // One pass over the blocks for all the input rows: a decode's one or
+        // two against three weight rows at a time, a window's three to five
+        // against one (five rows' accumulators fill the sixteen registers).
+        let tile_w = if n <= AVX2_MAX_X { AVX2_TILE_W } else { 1 };
+        let xr = |i: usize| &x[i * cols..(i + 1) * cols];
+        let mut j = 0;
+        while j < count {
+            let take = if count - j >= tile_w { tile_w } else { 1 };
+            let wr = |i: usize| q.row_blocks(first + j + i);
+            macro_rules! shapes {
+                ($(($a:literal, $b:literal)),*) => {
+                    match (n, take) {
+                        $(($a, $b) => {
+                            let xs: [&[f32]; $a] = std::array::from_fn(xr);
+                            let ws: [&[u8]; $b] = std::array::from_fn(wr);
+                            // SAFETY: the CPU has AVX2, FMA and F16C (`isa`); every input row
+                            // holds `cols` values and every weight row `cols / 32` blocks.
+                            store(unsafe { avx2::tile_blocks::<$a, $b>(q.format(), ws, xs, blocks) }, dest.at(j), 0)
+                        })*
+                        other => unreachable!("no tile of shape {other:?}"),
+                    }
+                };
             }
+            shapes!((1, 1), (1, 3), (2, 1), (2, 3), (3, 1), (4, 1), (5, 1));
+            j += take;
         }
         return;
     }
@@ -524,6 +535,7 @@ mod avx2 {
         let size = format.block_bytes();
         for b in 0..blocks {
             for j in 0..NW {
+                prefetch_ahead(w[j].as_ptr().wrapping_add(b * size));
                 debug_assert!((b + 1) * size <= w[j].len());
                 // SAFETY: block b of row j lies in w[j] (the caller's row of `blocks` blocks).
                 let v = unsafe { decode(format, w[j].as_ptr().add(b * size)) };
@@ -547,6 +559,21 @@ mod avx2 {
         }
         out
     }
+
+    /// Asks for the blocks [`BLOCKS_AHEAD_BYTES`] past `block`, the one
+    /// being decoded: a task's rows lie one after another, so past a row's
+    /// end these are the rows it decodes next. Decoding is slow enough per
+    /// byte that the hardware prefetcher alone left the weights' stream
+    /// waiting on memory (RESULTS, tenth session). A prefetch never faults,
+    /// so the address may lie past the weights.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn prefetch_ahead(block: *const u8) {
+        _mm_prefetch::<_MM_HINT_T0>(block.wrapping_add(BLOCKS_AHEAD_BYTES).cast());
+    }
+
+    /// How far ahead of the block being decoded the decoding asks for weights.
+    const BLOCKS_AHEAD_BYTES: usize = 1024;
 
     /// One block's values 0..8, 8..16, 16..24 and 24..32.
     #[inline]
@@ -584,6 +611,7 @@ mod avx2 {
         for (b, out) in dst.chunks_exact_mut(BLOCK).enumerate() {
             // SAFETY: block b lies in `row` (one block per 32 values of `dst`); `out` holds 32.
             unsafe {
+                prefetch_ahead(row.as_ptr().add(b * format.block_bytes()));
                 let v = decode(format, row.as_ptr().add(b * format.block_bytes()));
                 for (k, part) in v.iter().enumerate() {
                     _mm256_storeu_ps(out.as_mut_ptr().add(8 * k), *part);

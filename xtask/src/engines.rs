@@ -164,7 +164,7 @@ pub fn run(root: &Path, specdec: &Path, python: &Path, smollm2: &Path, only: Opt
     let builds = {
         let (root, python) = (root.to_path_buf(), python.to_path_buf());
         std::thread::spawn(move || -> Result<(Option<PathBuf>, Option<PathBuf>), String> {
-            Ok((if need_binding { Some(llama_cpp(&root, &python)?) } else { None }, if need_server { Some(llama_server(&root, &python)?) } else { None }))
+            Ok((if need_binding { Some(ensure_llama_cpp(&root, &python)?) } else { None }, if need_server { Some(llama_server(&root, &python)?) } else { None }))
         })
     };
     let mut first: Vec<Run> = Vec::new();
@@ -492,23 +492,16 @@ impl Drop for Server {
     }
 }
 
-/// llama-cpp-python's directory when [`llama_cpp`] has installed it (for
-/// `PYTHONPATH`), without building or installing anything.
-pub fn installed_llama_cpp(root: &Path) -> Option<PathBuf> {
-    let dir = root.join(".cache/engines-llama");
-    dir.join("llama_cpp").is_dir().then_some(dir)
-}
-
 /// llama-cpp-python in `.cache/engines-llama`, from a wheel built once from PyPI's
-/// source into `.cache/wheels/llama` (about 10 minutes on 2 cores alone; no binary wheel
+/// source into `.cache/wheels/llama` (10 to 20 minutes on 2 cores; no binary wheel
 /// for this platform exists), stamped with its pins.
-fn llama_cpp(root: &Path, python: &Path) -> Result<PathBuf, String> {
+pub fn ensure_llama_cpp(root: &Path, python: &Path) -> Result<PathBuf, String> {
     let dir = root.join(".cache/engines-llama");
     let wheels = root.join(".cache/wheels/llama");
     let version = LLAMA_CPP.split("==").nth(1).unwrap_or_default();
     let built = |w: &Path| std::fs::read_dir(w).into_iter().flatten().flatten().any(|e| e.file_name().to_string_lossy().starts_with(&format!("llama_cpp_python-{version}-")));
     if !built(&wheels) {
-        eprintln!("xtask: building {LLAMA_CPP} from source (once; about 30 minutes on 2 cores)");
+        eprintln!("xtask: building {LLAMA_CPP} from source (once; 10 to 20 minutes on 2 cores)");
         let status = Command::new(python)
             .env("CMAKE_ARGS", "-DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF")
             .env("CMAKE_BUILD_PARALLEL_LEVEL", "2")

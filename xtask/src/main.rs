@@ -110,7 +110,8 @@ enum Task {
     /// Opt-in, not in CI: the speedup report (criterion underneath): kernels and SmolLM2
     /// forwards against the machine's measured bandwidth, speculative against plain decoding
     /// per backend and proposer; writes `reports/bench/BENCH.md`, `bench.json` and SVG plots.
-    /// Times HF transformers in the same run when `cargo xtask peers` has installed it.
+    /// Installs and times HF transformers and llama.cpp (its Python binding) in the same run;
+    /// the first run builds llama.cpp from PyPI's source (10 to 20 minutes on 2 cores).
     Bench {
         /// Extra arguments for the criterion harness (e.g. a filter).
         #[arg(last = true)]
@@ -234,13 +235,12 @@ fn run(task: Task) -> Result<(), String> {
         Task::Bench { rest } => {
             let lt = libtorch::ensure_libtorch(&root)?;
             let mut env = smollm2_env(&root)?;
-            if let Some(python) = peers::installed_python(&root) {
-                env.push(("SPECDEC_PEERS_PYTHON".into(), python));
-            }
-            // llama.cpp for the prompt mix, where `cargo xtask engines` installed it.
-            if let Some(dir) = engines::installed_llama_cpp(&root) {
-                env.push(("SPECDEC_LLAMA_CPP_PATH".into(), dir));
-            }
+            // The peers timed in the same run, installed by the report itself (once, cached):
+            // HF transformers in the peers' environment, and llama.cpp's Python binding, built
+            // from PyPI's source on the first run.
+            let python = peers::ensure_peers_venv(&root)?;
+            env.push(("SPECDEC_LLAMA_CPP_PATH".into(), engines::ensure_llama_cpp(&root, &python)?));
+            env.push(("SPECDEC_PEERS_PYTHON".into(), python));
             cargo_with(&root, &["bench", "-p", "specdec-benches", "--features", "libtorch", "--bench", "report"], &rest_after_dashdash(rest), Some(&lt), &env)
         }
         Task::TrainDflash { backend, steps, out } => train_dflash::train(&root, &backend, steps, out),
