@@ -1,6 +1,6 @@
 """Times HF transformers' verify from logits and a torch greedy verify at the
 shapes of the specdec speedup report, for `cargo xtask bench` (which runs it
-with the peers' cached environment when `cargo xtask peers` has made it).
+with the peers' cached environment, installing it on first use).
 
 Verify from logits is what ``_assisted_decoding`` does with sampling at
 temperature 1 and no top-k/top-p (no warper runs): ``_speculative_sampling``

@@ -196,7 +196,7 @@ fn main() -> Result<(), String> {
         }
         peer = match std::env::var_os("SPECDEC_PEERS_PYTHON") {
             Some(py) => peer::measure(Path::new(&py), &SHAPES),
-            None => Err("SPECDEC_PEERS_PYTHON is not set (run `cargo xtask peers` once to install HF transformers)".into()),
+            None => Err("SPECDEC_PEERS_PYTHON is not set (`cargo xtask bench` installs HF transformers and sets it)".into()),
         };
     } else {
         skipped.push("kernels (not in SPECDEC_BENCH_SECTIONS)".into());
@@ -253,7 +253,7 @@ fn main() -> Result<(), String> {
             each_backend(&mut job, false, false);
             (mix_runs, mix_failure) = (job.out, job.failure);
             mix_peers = match std::env::var_os("SPECDEC_PEERS_PYTHON") {
-                None => Err("SPECDEC_PEERS_PYTHON is not set (run `cargo xtask peers` for HF transformers, `cargo xtask engines` for llama.cpp)".into()),
+                None => Err("SPECDEC_PEERS_PYTHON is not set (`cargo xtask bench` installs HF transformers and llama.cpp and sets it)".into()),
                 Some(python) => {
                     let (llama, hf, gguf) = (std::env::var_os("SPECDEC_LLAMA_CPP_PATH"), std::env::var_os("SPECDEC_SMOLLM2_HF"), std::env::var_os("SPECDEC_SMOLLM2_GGUF"));
                     let setup = mix::PeerSetup { python: Path::new(&python), llama_cpp: llama.as_deref().map(Path::new), hf_dir: hf.as_deref().map(Path::new), gguf: gguf.as_deref().map(Path::new) };

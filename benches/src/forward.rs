@@ -1,6 +1,6 @@
 //! SmolLM2 forward speed next to the weight-bandwidth roofline: a one-token
-//! decode step at a 32-token context, a 9-token verify window (k = 8) at
-//! the same context, and a 64-token prefill, under criterion. A decode step
+//! decode step at a 32-token context, verify windows of 5 and 9 tokens
+//! (k = 4 and 8) at the same context, and a 64-token prefill, under criterion. A decode step
 //! must read every weight once, so its limit is the weight bytes over the
 //! machine's bandwidth, given both over the copy bandwidth and over the
 //! measured read bandwidth (the embedding table counts once when it is tied
@@ -62,7 +62,7 @@ fn tokens(n: usize, salt: u32) -> Vec<u32> {
     (0..n as u32).map(|i| (i * 7919 + salt * 104_729) % 49_000 + 100).collect()
 }
 
-/// Times the three forwards of `b` and reads criterion's estimates back.
+/// Times the four forwards of `b` and reads criterion's estimates back.
 pub fn bench<B: ModelBackend>(c: &mut Criterion, name: &str, b: &B, w: &LlamaWeights, machine: &Machine, criterion_dir: &std::path::Path) -> Option<ForwardTime> {
     let model = b.load_model(w).expect("load");
     let mut cache = b.new_model_cache(&model, 1, CONTEXT + PREFILL + WINDOW).expect("cache");

@@ -561,8 +561,9 @@ mod avx2 {
     }
 
     /// Asks for the blocks [`BLOCKS_AHEAD_BYTES`] past `block`, the one
-    /// being decoded: a task's rows lie one after another, so past a row's
-    /// end these are the rows it decodes next. Decoding is slow enough per
+    /// being decoded: a task's rows lie one after another, so near a row's
+    /// end this reaches into the rows after it (for a tile's last row, the
+    /// next tile's). Decoding is slow enough per
     /// byte that the hardware prefetcher alone left the weights' stream
     /// waiting on memory (RESULTS, tenth session). A prefetch never faults,
     /// so the address may lie past the weights.

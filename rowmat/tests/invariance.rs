@@ -34,7 +34,7 @@ fn check(w: &Weights, seed: u64) {
     let cols = w.cols();
     let x = values(seed, 9 * cols);
     let window = matmul(&x, 9, w);
-    // Every path at every row count: some kernels serve only a decode's rows.
+    // Every path at every row count: some kernels serve only up to five rows.
     for n in 1..=9 {
         for (path, y) in matmul_each_path(&x[..n * cols], n, w) {
             assert_eq!(bits(&y), bits(&window[..n * w.rows()]), "the {path} path agrees ({} x {cols}, {n} rows)", w.rows());

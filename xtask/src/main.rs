@@ -235,12 +235,19 @@ fn run(task: Task) -> Result<(), String> {
         Task::Bench { rest } => {
             let lt = libtorch::ensure_libtorch(&root)?;
             let mut env = smollm2_env(&root)?;
-            // The peers timed in the same run, installed by the report itself (once, cached):
-            // HF transformers in the peers' environment, and llama.cpp's Python binding, built
-            // from PyPI's source on the first run.
-            let python = peers::ensure_peers_venv(&root)?;
-            env.push(("SPECDEC_LLAMA_CPP_PATH".into(), engines::ensure_llama_cpp(&root, &python)?));
-            env.push(("SPECDEC_PEERS_PYTHON".into(), python));
+            // The peers timed in the same run, installed by the report itself (once, cached)
+            // when a chosen section times them: HF transformers in the peers' environment
+            // (kernels, mix), and llama.cpp's Python binding, built from PyPI's source on the
+            // first run (mix).
+            let sections = std::env::var("SPECDEC_BENCH_SECTIONS").ok();
+            let chosen = |name: &str| sections.as_deref().is_none_or(|s| s.split(',').any(|x| x.trim() == name));
+            if chosen("kernels") || chosen("mix") {
+                let python = peers::ensure_peers_venv(&root)?;
+                if chosen("mix") {
+                    env.push(("SPECDEC_LLAMA_CPP_PATH".into(), engines::ensure_llama_cpp(&root, &python)?));
+                }
+                env.push(("SPECDEC_PEERS_PYTHON".into(), python));
+            }
             cargo_with(&root, &["bench", "-p", "specdec-benches", "--features", "libtorch", "--bench", "report"], &rest_after_dashdash(rest), Some(&lt), &env)
         }
         Task::TrainDflash { backend, steps, out } => train_dflash::train(&root, &backend, steps, out),
