@@ -1,14 +1,26 @@
 """HF transformers' `generate` as an engine under test (spec section 21, PROTO-9).
 
-    hf_generate.py MODEL_DIR --speculation none|prompt-lookup:K|assistant:self|early-exit:L
+    hf_generate.py MODEL_DIR --speculation none|prompt-lookup:K|assistant:self|early-exit:L|dflash:DRAFT_DIR
 
 MODEL_DIR is an HF-layout Llama (`specdec model tiny --preset tiny-v12-l2 DIR` writes the
 engine checks' model). Each request runs alone (batch size 1, as HF's assisted generation
 requires), seeded with `torch.manual_seed(seed)`, through `model.generate` unchanged:
 greedy or multinomial sampling with HF's own temperature, top-k and top-p warpers, the
 request's eos ids, and with speculation on the candidate generator the flag names
-(`prompt_lookup_num_tokens`, `assistant_model`, `assistant_early_exit`). Only the calling
-convention is translated here; every decision the checks judge is HF's.
+(`prompt_lookup_num_tokens`, `assistant_model`, `assistant_early_exit`, and
+`speculation_type="dflash"` with its block-diffusion assistant). Only the calling convention
+is translated here; every decision the checks judge is HF's.
+
+DFlash: DRAFT_DIR is a DFlash draft checkpoint in the layout seed 000 describes (DRAFT-6:
+`config.json` with `dflash_config`, `model.safetensors` with `fc`, `hidden_norm`, Llama layers
+and `norm`; `specdec model tiny --dflash` writes the section's seeded one), loaded into HF's
+DFlash assistant (`MuseGlimmerAssistantModel`, which `DFlashTokenCandidateGenerator` drives):
+`fc` and `hidden_norm` are its context projection's `encoder.fc` and
+`encoder.output_norm_enc`, the layers and `norm` keep their names, every layer attends in
+full (no sliding window), with the draft's RoPE base. HF's assistant normalizes each head's
+queries and keys (a QK-norm, `q_norm`/`k_norm`), which DRAFT-8 has not: those gains are 1,
+so HF drafts other tokens than specdec's drafter from the same weights. The checks judge the
+target's output only, so any drafts will do; what they judge is HF's DFlash loop.
 
 Stop strings go to HF's own `StopStringCriteria` (`stop_strings` with `tokenizer`), which
 needs a tokenizer: the tiny model's is built here as its ids read (`tiny_text`: id i is the
@@ -113,6 +125,40 @@ def load(path):
     return model
 
 
+def load_dflash(path, target):
+    """HF's DFlash assistant holding the DRAFT-6 checkpoint at `path` (module doc)."""
+    import json
+
+    from safetensors.torch import load_file
+    from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
+
+    with open(f"{path}/config.json") as f:
+        c = json.load(f)
+    d = c["dflash_config"]
+    mask = d.get("mask_token_id", d.get("mask_token"))
+    if not isinstance(mask, int):
+        raise ValueError(f"{path}: the mask must be an id (`mask_token_id`), got {mask!r}")
+    heads = c["num_attention_heads"]
+    config = MuseGlimmerAssistantConfig(
+        hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"], num_hidden_layers=c["num_hidden_layers"],
+        num_attention_heads=heads, num_key_value_heads=c.get("num_key_value_heads", heads),
+        head_dim=c.get("head_dim") or c["hidden_size"] // heads, rms_norm_eps=c["rms_norm_eps"],
+        max_position_embeddings=c["max_position_embeddings"], layer_types=["full_attention"] * c["num_hidden_layers"],
+        rope_parameters={"rope_type": "default", "rope_theta": c.get("rope_theta", 10000.0)},
+        block_size=d["block_size"], mask_token_id=mask, target_layer_ids=d["target_layer_ids"],
+        bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    if config.hidden_size != target.config.hidden_size or max(config.target_layer_ids) >= target.config.num_hidden_layers:
+        raise ValueError(f"{path}: not a draft of this target (hidden size, target layers)")
+    renamed = {"fc.weight": "encoder.fc.weight", "hidden_norm.weight": "encoder.output_norm_enc.weight"}
+    state = {renamed.get(k, k): v.to(torch.float32) for k, v in load_file(f"{path}/model.safetensors").items()}
+    assistant = MuseGlimmerAssistantModel(config)
+    for name, param in assistant.named_parameters():
+        if name.endswith(("q_norm.weight", "k_norm.weight")):
+            state[name] = torch.ones_like(param)
+    assistant.load_state_dict(state, strict=True)
+    return assistant.eval()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -121,13 +167,15 @@ def main():
     torch.set_num_threads(1)
     model = load(args.model)
     kind, _, arg = args.speculation.partition(":")
-    assistant = load(args.model) if args.speculation == "assistant:self" else None
-    if kind not in ("none", "prompt-lookup", "assistant", "early-exit") or (kind == "assistant" and arg != "self"):
+    if kind not in ("none", "prompt-lookup", "assistant", "early-exit", "dflash") or (kind == "assistant" and arg != "self"):
         sys.exit(f"unknown --speculation {args.speculation}")
+    assistant = load(args.model) if kind == "assistant" else load_dflash(arg, model) if kind == "dflash" else None
+    # A draft's directory is named by its checkpoint's folder, never by a path of this machine.
+    label = f"dflash:{arg.rstrip('/').rsplit('/', 1)[-1]}" if kind == "dflash" else args.speculation
     info = {
-        "name": f"hf-transformers/{args.speculation}",
+        "name": f"hf-transformers/{label}",
         "version": transformers.__version__,
-        "speculation": args.speculation,
+        "speculation": label,
         "vocab": model.config.vocab_size,
         # float32 logits: a greedy token may differ from the f64 reference's only near a tie.
         "greedy_epsilon": 1e-4,
@@ -173,6 +221,9 @@ def main():
             extra["assistant_model"] = assistant
         elif r["speculation"] and kind == "early-exit":
             config.assistant_early_exit = int(arg)
+        elif r["speculation"] and kind == "dflash":
+            config.speculation_type = "dflash"
+            extra["assistant_model"] = assistant
         prompt = torch.tensor([r["prompt"]], dtype=torch.long)
         constrained = allowed_tokens(r, prompt.shape[1], model.config.vocab_size)
         if constrained is not None:

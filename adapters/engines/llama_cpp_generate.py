@@ -13,19 +13,67 @@ target at every drafted position and keeps the drafts up to the first mismatch.
 `Llama.generate` leaves stopping to its caller (its own `create_completion` loop checks the
 model's eos and stop strings after each token); this adapter stops the same way with the
 request's eos ids, stop strings and `max_new_tokens`, so the eos, stop and length checks judge
-that loop and llama.cpp's generator together. Penalties are off (1.0), min-p 0 and typical-p
-1, so the chain keeps only what the request asks. Seeds are reduced to llama.cpp's 32 bits
-(below its "random seed" value 0xFFFFFFFF).
+that loop and llama.cpp's generator together. Typical-p is 1 and every processor the request
+does not set is off, so the chain keeps only what the request asks. Seeds are reduced to
+llama.cpp's 32 bits (below its "random seed" value 0xFFFFFFFF).
+
+The processors go where the binding puts them for its own `create_completion`: a logit bias
+as a `logits_processor` adding each bias to its id's logit (the binding's own
+`logit_bias_processor`, which its chain runs first, LOGITS-7's place); min-p, the repetition,
+presence and frequency penalties as `generate`'s arguments, into llama.cpp's penalties and
+min-p samplers. llama.cpp's penalties count the tokens its chain has accepted: every token
+`generate` sampled in this request (its last 64, more than any check generates), never the
+prompt, so the stated scope is `generated` alone (LOGITS-12). Its min-p, like its top-p,
+comes before its temperature (ERRATA E24): the same law as LOGITS-10 at temperature 1, where
+the processor checks set it.
+
+Logprobs (LOGPROB-1, raw) are what the binding's `create_completion` reports: the log-softmax
+(`Llama.logits_to_logprobs`) of the row of `Llama.scores` each generated token was sampled
+from, so both models keep every row's logits (`logits_all`). With prompt lookup those rows
+are the verify window's, kept for the tokens accepted. The binding exposes no distribution
+after its sampler chain, so `processed` is not stated.
 """
 
 import argparse
 import sys
 
 import llama_cpp
-from llama_cpp import Llama
+import numpy as np
+from llama_cpp import Llama, LogitsProcessorList
 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
 from engine_loop import check_fields, serve
+
+
+# The processor fields of a request (PROTO-9) this adapter states.
+PROCESSOR_FIELDS = {"min_p", "logit_bias", "repetition_penalty", "presence_penalty", "frequency_penalty"}
+
+
+def bias_processor(pairs):
+    """The binding's own logit bias processor (`create_completion`'s `logit_bias_processor`) for
+    the request's `[[id, bias], ..]`, or None."""
+    if not pairs:
+        return None
+    bias = {int(i): float(b) for i, b in pairs}
+
+    def apply(_input_ids, scores):
+        out = np.copy(scores)
+        for i, b in bias.items():
+            out[i] = scores[i] + b
+        return out
+
+    return LogitsProcessorList([apply])
+
+
+def entries(rows, tokens, top):
+    """LOGPROB-3's entries of `tokens` from the rows of logits each was sampled from, through
+    the binding's own log-softmax."""
+    out = []
+    for row, token in zip(Llama.logits_to_logprobs(np.asarray(rows)), tokens):
+        values = [float(v) for v in row]
+        order = sorted(range(len(values)), key=lambda i: (-values[i], i))
+        out.append({"id": token, "logprob": values[token], "top": [[i, values[i]] for i in order[:top]]})
+    return out
 
 
 def main():
@@ -36,6 +84,10 @@ def main():
     # What the engine states of its greedy argmax: f32 weights and activations sit near the
     # f64 reference (1e-4); quantized weights with llama.cpp's 8-bit activations do not.
     ap.add_argument("--greedy-epsilon", type=float, default=1e-4)
+    # And of its logprobs: its f32 logits lie within 1e-4 of the reference's on the tiny model,
+    # but its default KV cache is f16, and a log-softmax adds the errors of every logit: on
+    # the tiny model a logprob lay 1.44e-4 from the f64 reference's (2026-11-29), so 1e-3.
+    ap.add_argument("--logprob-epsilon", type=float, default=1e-3)
     args = ap.parse_args()
     kind, _, arg = args.speculation.partition(":")
     if kind not in ("none", "prompt-lookup"):
@@ -43,7 +95,7 @@ def main():
 
     def load(draft):
         return Llama(model_path=args.model, n_ctx=args.n_ctx, n_batch=args.n_ctx, n_threads=1, n_threads_batch=1,
-                     draft_model=draft, verbose=False)
+                     logits_all=True, draft_model=draft, verbose=False)
 
     plain = load(None)
     spec = load(LlamaPromptLookupDecoding(num_pred_tokens=int(arg))) if kind == "prompt-lookup" else plain
@@ -55,18 +107,28 @@ def main():
         "greedy_epsilon": args.greedy_epsilon,
         "batch_invariant": True,
         "stop_strings": True,
+        "processors": ["min_p", "logit_bias", "repetition_penalty", "presence_penalty", "frequency_penalty"],
+        "penalty_scopes": ["generated"],
+        "logprobs": {"modes": ["raw"], "max_top": 20, "epsilon": args.logprob_epsilon},
     }
 
     def text(llm, tokens):
         return llm.detokenize(tokens).decode("utf-8", errors="replace")
 
     def generate(r):
-        check_fields(r)
+        check_fields(r, stated=PROCESSOR_FIELDS | {"penalty_scope", "logprobs"})
+        if r.get("penalty_scope", "generated") != "generated":
+            raise ValueError("llama.cpp's penalties count the generated tokens alone: only the `generated` scope")
+        ask = r.get("logprobs")
+        if ask and ask["mode"] != "raw":
+            raise ValueError(f"logprobs mode {ask['mode']}: only `raw` is stated")
         llm = spec if r["speculation"] else plain
         llm.set_seed(r["seed"] % 0xFFFFFFFF)
         tokens, finish = [], "capacity"
-        gen = llm.generate(r["prompt"], top_k=r["top_k"], top_p=r["top_p"], min_p=0.0, typical_p=1.0, temp=r["temperature"],
-                           repeat_penalty=1.0, reset=True)
+        gen = llm.generate(r["prompt"], top_k=r["top_k"], top_p=r["top_p"], min_p=r.get("min_p", 0.0), typical_p=1.0,
+                           temp=r["temperature"], repeat_penalty=r.get("repetition_penalty", 1.0),
+                           presence_penalty=r.get("presence_penalty", 0.0), frequency_penalty=r.get("frequency_penalty", 0.0),
+                           logits_processor=bias_processor(r.get("logit_bias", [])), reset=True)
         for t in gen:
             tokens.append(int(t))
             if tokens[-1] in r["eos"]:
@@ -81,9 +143,14 @@ def main():
                 continue
             break
         gen.close()
+        reply = {"tokens": tokens, "finish": finish}
+        if ask:
+            # Row n_prompt - 1 + i decided the i-th generated token (read before the reset).
+            first = len(r["prompt"]) - 1
+            reply["logprobs"] = entries(llm.scores[first:first + len(tokens)], tokens, ask["top"])
         # The next request starts from a clean context (no prefix of this one reused).
         llm.reset()
-        return {"tokens": tokens, "finish": finish}
+        return reply
 
     serve(info, generate)
 

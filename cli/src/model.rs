@@ -1,5 +1,6 @@
 //! `specdec model info PATH`, `specdec model export GGUF DIR` (MODEL-5) and
-//! `specdec model tiny --preset NAME DIR` (MODEL-12).
+//! `specdec model tiny --preset NAME DIR` (MODEL-12), with its GGUF files and
+//! its seeded DFlash drafter (DRAFT-6) on request.
 
 use std::path::PathBuf;
 
@@ -37,6 +38,11 @@ pub enum ModelCommand {
         /// `ignore_eos` bans the model's eos.
         #[arg(long)]
         gguf: bool,
+        /// Also writes `DIR/dflash-seeded/`, the end-to-end section's seeded
+        /// DFlash drafter for the model (DRAFT-6's checkpoint layout, f32),
+        /// for engines that drive a DFlash draft of their own.
+        #[arg(long)]
+        dflash: bool,
     },
 }
 
@@ -60,7 +66,7 @@ pub fn run(command: ModelCommand) -> Result<bool, String> {
             println!("wrote {} (config.json, model.safetensors{})", dir.display(), if loaded.tokenizer.is_some() { ", tokenizer files" } else { "" });
             Ok(true)
         }
-        ModelCommand::Tiny { preset, dir, gguf } => {
+        ModelCommand::Tiny { preset, dir, gguf, dflash } => {
             let names: Vec<&str> = specdec_models::tiny::TinySpec::PRESETS.iter().map(|(n, _)| *n).collect();
             let spec = specdec_models::tiny::TinySpec::preset(&preset).ok_or_else(|| format!("unknown preset `{preset}`; known: {}", names.join(", ")))?;
             let weights = spec.weights().map_err(|e| e.to_string())?;
@@ -83,6 +89,12 @@ pub fn run(command: ModelCommand) -> Result<bool, String> {
                 let path = dir.join(format!("{preset}-end.gguf"));
                 specdec_models::gguf::write_llama_gguf(&path, &padded, &preset, &vocab).map_err(|e| e.to_string())?;
                 println!("wrote {}", path.display());
+            }
+            if dflash {
+                let draft = specdec_conformance::e2e_section::seeded_dflash(&weights)?;
+                let path = dir.join("dflash-seeded");
+                specdec_models::export_dflash(&draft, &path, specdec_models::hf::SaveDtype::F32).map_err(|e| e.to_string())?;
+                println!("wrote {} (DFlash drafter: config.json, model.safetensors)", path.display());
             }
             Ok(true)
         }

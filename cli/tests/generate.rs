@@ -235,15 +235,21 @@ fn info_and_export() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// MODEL-12: a tiny preset written in HF layout loads back to the generator's weights.
+/// MODEL-12: a tiny preset written in HF layout loads back to the generator's weights,
+/// and its seeded DFlash drafter (DRAFT-6) to the section's.
 #[test]
 fn tiny_models_are_written_in_hf_layout() {
     let dir = std::env::temp_dir().join(format!("specdec-tiny-test-{}", std::process::id()));
-    let out = specdec(&["model", "tiny", "--preset", "tiny-v12-l2", dir.to_str().unwrap()]);
+    let out = specdec(&["model", "tiny", "--preset", "tiny-v12-l2", dir.to_str().unwrap(), "--dflash"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let loaded = specdec_models::load(&dir).expect("the written directory loads");
     let want = specdec_models::tiny::TinySpec::preset("tiny-v12-l2").unwrap().weights().unwrap();
     assert_eq!(loaded.weights.named(), want.named(), "bit-identical f32 weights");
+    // DRAFT-6: `--dflash` writes the end-to-end section's seeded drafter, which loads back bit for bit.
+    let draft = specdec_models::load_dflash(dir.join("dflash-seeded"), &want.config).expect("the drafter loads against its target");
+    let seeded = specdec_conformance::e2e_section::seeded_dflash(&want).unwrap();
+    assert_eq!(draft.config(), seeded.config());
+    assert_eq!(draft.weights().named(), seeded.weights().named(), "bit-identical f32 drafter");
     let out = specdec(&["model", "tiny", "--preset", "tiny-v99", dir.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("tiny-v16-l1"), "the error lists the presets");
