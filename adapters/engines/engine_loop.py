@@ -18,6 +18,19 @@ def check_fields(request, stated=()):
         raise ValueError(f"unknown request fields {sorted(unknown)}")
 
 
+def logprob_entries(rows, tokens, top):
+    """LOGPROB-3's entries of `tokens`, one per token, from the log-probability row (floats,
+    `-inf` for an id outside the kept set) each was drawn with: the chosen id's value (a
+    chosen `-inf` written -9999.0) and the `top` finite ids by value, ties to the lower id."""
+    out = []
+    for row, token in zip(rows, tokens):
+        values = [float(v) for v in row]
+        finite = sorted((i for i, v in enumerate(values) if v != float("-inf")), key=lambda i: (-values[i], i))
+        chosen = values[token]
+        out.append({"id": token, "logprob": chosen if chosen != float("-inf") else -9999.0, "top": [[i, values[i]] for i in finite[:top]]})
+    return out
+
+
 def serve(info, generate, refuse=None):
     """Answers the protocol on stdin/stdout: `generate(request) -> {"tokens", "finish"}` per
     request; `refuse(requests) -> (index, message) or None` names a request the engine does

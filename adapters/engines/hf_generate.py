@@ -17,10 +17,13 @@ and `norm`; `specdec model tiny --dflash` writes the section's seeded one), load
 DFlash assistant (`MuseGlimmerAssistantModel`, which `DFlashTokenCandidateGenerator` drives):
 `fc` and `hidden_norm` are its context projection's `encoder.fc` and
 `encoder.output_norm_enc`, the layers and `norm` keep their names, every layer attends in
-full (no sliding window), with the draft's RoPE base. HF's assistant normalizes each head's
-queries and keys (a QK-norm, `q_norm`/`k_norm`), which DRAFT-8 has not: those gains are 1,
-so HF drafts other tokens than specdec's drafter from the same weights. The checks judge the
-target's output only, so any drafts will do; what they judge is HF's DFlash loop.
+full (no sliding window), with the draft's RoPE base. HF drafts other tokens than specdec's
+drafter from the same weights, for two reasons: its assistant normalizes each head's queries
+and keys (a QK-norm, `q_norm`/`k_norm`, here at gain 1), which DRAFT-8 has not; and the
+hidden states it hands the drafter for the target's last layer are after the final norm,
+where DRAFT-7 takes them before it (the seeded drafter reads both layers of the tiny model).
+The checks judge the target's output only, so any drafts will do; what they judge is HF's
+DFlash loop.
 
 Stop strings go to HF's own `StopStringCriteria` (`stop_strings` with `tokenizer`), which
 needs a tokenizer: the tiny model's is built here as its ids read (`tiny_text`: id i is the
@@ -49,6 +52,7 @@ output's text matches. HF has no JSON-schema path; a schema is not stated, so no
 """
 
 import argparse
+import json
 import sys
 
 import regex
@@ -56,7 +60,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from engine_loop import check_fields, serve
+from engine_loop import check_fields, logprob_entries, serve
 
 
 def tiny_tokenizer(vocab_size):
@@ -102,18 +106,6 @@ def allowed_tokens(request, prompt_len, vocab_size):
     return allowed
 
 
-def entries(rows, tokens, top):
-    """LOGPROB-3's entries of `tokens` from HF's per-token rows (logits or scores)."""
-    out = []
-    for row, token in zip(rows, tokens):
-        lp = torch.log_softmax(row[0].to(torch.float64), dim=-1)
-        finite = [(i, v) for i, v in enumerate(lp.tolist()) if v != float("-inf")]
-        finite.sort(key=lambda e: (-e[1], e[0]))
-        chosen = lp[token].item()
-        out.append({"id": token, "logprob": chosen if chosen != float("-inf") else -9999.0, "top": [[i, v] for i, v in finite[:top]]})
-    return out
-
-
 def load(path):
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -127,17 +119,22 @@ def load(path):
 
 def load_dflash(path, target):
     """HF's DFlash assistant holding the DRAFT-6 checkpoint at `path` (module doc)."""
-    import json
-
     from safetensors.torch import load_file
     from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
 
     with open(f"{path}/config.json") as f:
         c = json.load(f)
     d = c["dflash_config"]
-    mask = d.get("mask_token_id", d.get("mask_token"))
-    if not isinstance(mask, int):
-        raise ValueError(f"{path}: the mask must be an id (`mask_token_id`), got {mask!r}")
+    mask, layers, block = d.get("mask_token_id", d.get("mask_token")), d["target_layer_ids"], d["block_size"]
+    # DRAFT-6's bounds, on the fields this loader reads.
+    if type(mask) is not int or not 0 <= mask < target.config.vocab_size:
+        raise ValueError(f"{path}: the mask must be an id below the vocabulary (`mask_token_id`), got {mask!r}")
+    if not layers or len(set(layers)) != len(layers) or not all(0 <= i < target.config.num_hidden_layers for i in layers):
+        raise ValueError(f"{path}: target_layer_ids {layers}: non-empty, distinct, each a layer of the target")
+    if not 2 <= block <= 64:
+        raise ValueError(f"{path}: block_size {block} outside [2, 64]")
+    if c.get("rope_scaling") or "rope_parameters" in c:
+        raise ValueError(f"{path}: only a plain RoPE (`rope_theta`) is read here")
     heads = c["num_attention_heads"]
     config = MuseGlimmerAssistantConfig(
         hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"], num_hidden_layers=c["num_hidden_layers"],
@@ -145,10 +142,10 @@ def load_dflash(path, target):
         head_dim=c.get("head_dim") or c["hidden_size"] // heads, rms_norm_eps=c["rms_norm_eps"],
         max_position_embeddings=c["max_position_embeddings"], layer_types=["full_attention"] * c["num_hidden_layers"],
         rope_parameters={"rope_type": "default", "rope_theta": c.get("rope_theta", 10000.0)},
-        block_size=d["block_size"], mask_token_id=mask, target_layer_ids=d["target_layer_ids"],
+        block_size=block, mask_token_id=mask, target_layer_ids=layers,
         bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    if config.hidden_size != target.config.hidden_size or max(config.target_layer_ids) >= target.config.num_hidden_layers:
-        raise ValueError(f"{path}: not a draft of this target (hidden size, target layers)")
+    if config.hidden_size != target.config.hidden_size:
+        raise ValueError(f"{path}: hidden size {config.hidden_size}, the target's {target.config.hidden_size}")
     renamed = {"fc.weight": "encoder.fc.weight", "hidden_norm.weight": "encoder.output_norm_enc.weight"}
     state = {renamed.get(k, k): v.to(torch.float32) for k, v in load_file(f"{path}/model.safetensors").items()}
     assistant = MuseGlimmerAssistantModel(config)
@@ -244,7 +241,9 @@ def main():
         reply = {"tokens": tokens, "finish": finish}
         if ask:
             rows = out.logits if ask["mode"] == "raw" else out.scores
-            reply["logprobs"] = entries(rows, tokens, ask["top"])
+            # f64 log-softmax of each row HF returns for an emitted token.
+            lp = [torch.log_softmax(row[0].to(torch.float64), dim=-1).tolist() for row in rows]
+            reply["logprobs"] = logprob_entries(lp, tokens, ask["top"])
         return reply
 
     serve(info, generate)

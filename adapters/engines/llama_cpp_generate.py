@@ -18,23 +18,31 @@ does not set is off, so the chain keeps only what the request asks. Seeds are re
 llama.cpp's 32 bits (below its "random seed" value 0xFFFFFFFF).
 
 The processors go where the binding puts them for its own `create_completion`: a logit bias
-as a `logits_processor` adding each bias to its id's logit (the binding's own
-`logit_bias_processor`, which its chain runs first, LOGITS-7's place); min-p, the repetition,
-presence and frequency penalties as `generate`'s arguments, into llama.cpp's penalties and
-min-p samplers. llama.cpp's penalties count the tokens its chain has accepted: every token
-`generate` sampled in this request (its last 64, more than any check generates), never the
-prompt, so the stated scope is `generated` alone (LOGITS-12). Its min-p, like its top-p,
-comes before its temperature (ERRATA E24): the same law as LOGITS-10 at temperature 1, where
-the processor checks set it.
+as a `logits_processor` adding each bias to its id's logit (as the binding's
+`logit_bias_processor` does, which its chain runs first, LOGITS-7's place); min-p, the
+repetition, presence and frequency penalties as `generate`'s arguments, into llama.cpp's
+penalties and min-p samplers. llama.cpp's penalties count the tokens its chain has accepted:
+every token `generate` sampled in this request (the window, `last_n_tokens_size`, is the
+context's length, so none drops out), never the prompt, so the stated scope is `generated`
+alone (LOGITS-12); a penalised request in another scope, a bias the spec refuses or a
+logprobs request it cannot answer is refused by index. Its min-p, like its top-p, comes
+before its temperature (ERRATA E24): the same law as LOGITS-10 at temperature 1, where the
+processor checks set it.
 
 Logprobs (LOGPROB-1, raw) are what the binding's `create_completion` reports: the log-softmax
 (`Llama.logits_to_logprobs`) of the row of `Llama.scores` each generated token was sampled
 from, so both models keep every row's logits (`logits_all`). With prompt lookup those rows
 are the verify window's, kept for the tokens accepted. The binding exposes no distribution
 after its sampler chain, so `processed` is not stated.
+
+The KV cache is f32 (`type_k`, `type_v`), so on the tiny model's f32 GGUF the logits lie
+within about 2e-6 of the f64 reference's and the stated epsilons are 1e-4. With llama.cpp's
+default f16 cache they lie up to 1.5e-3 away (measured 2026-11-29), which would blunt every
+check judged against the reference.
 """
 
 import argparse
+import math
 import sys
 
 import llama_cpp
@@ -42,16 +50,18 @@ import numpy as np
 from llama_cpp import Llama, LogitsProcessorList
 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-from engine_loop import check_fields, serve
+from engine_loop import check_fields, logprob_entries, serve
 
 
 # The processor fields of a request (PROTO-9) this adapter states.
 PROCESSOR_FIELDS = {"min_p", "logit_bias", "repetition_penalty", "presence_penalty", "frequency_penalty"}
+# The largest `top` of a logprobs request (LOGPROB-3).
+MAX_TOP = 20
 
 
 def bias_processor(pairs):
-    """The binding's own logit bias processor (`create_completion`'s `logit_bias_processor`) for
-    the request's `[[id, bias], ..]`, or None."""
+    """A logits processor adding the request's `[[id, bias], ..]` to the logits (what the
+    binding's `create_completion` builds for its `logit_bias`), or None."""
     if not pairs:
         return None
     bias = {int(i): float(b) for i, b in pairs}
@@ -65,15 +75,21 @@ def bias_processor(pairs):
     return LogitsProcessorList([apply])
 
 
-def entries(rows, tokens, top):
-    """LOGPROB-3's entries of `tokens` from the rows of logits each was sampled from, through
-    the binding's own log-softmax."""
-    out = []
-    for row, token in zip(Llama.logits_to_logprobs(np.asarray(rows)), tokens):
-        values = [float(v) for v in row]
-        order = sorted(range(len(values)), key=lambda i: (-values[i], i))
-        out.append({"id": token, "logprob": values[token], "top": [[i, values[i]] for i in order[:top]]})
-    return out
+def refusal(r, vocab):
+    """Why this adapter cannot run request `r` as asked (module doc), or None."""
+    penalised = r.get("repetition_penalty", 1.0) != 1.0 or r.get("presence_penalty", 0.0) != 0.0 or r.get("frequency_penalty", 0.0) != 0.0
+    # An absent scope is `context` (PROTO-9).
+    if penalised and r.get("penalty_scope", "context") != "generated":
+        return "llama.cpp's penalties count the generated tokens alone: only the `generated` scope"
+    ids = [i for i, _ in r.get("logit_bias", [])]
+    if any(not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < vocab for i in ids) or len(set(ids)) != len(ids):
+        return f"logit_bias ids {ids}: each in [0, {vocab}), none twice (LOGITS-7)"
+    if not all(math.isfinite(b) for _, b in r.get("logit_bias", [])):
+        return "logit_bias: every bias finite (LOGITS-7)"
+    ask = r.get("logprobs")
+    if ask and (ask["mode"] != "raw" or not 0 <= ask["top"] <= MAX_TOP):
+        return f"logprobs {ask}: only `raw`, top at most {MAX_TOP}"
+    return None
 
 
 def main():
@@ -81,13 +97,11 @@ def main():
     ap.add_argument("model")
     ap.add_argument("--speculation", default="none")
     ap.add_argument("--n-ctx", type=int, default=64)
-    # What the engine states of its greedy argmax: f32 weights and activations sit near the
-    # f64 reference (1e-4); quantized weights with llama.cpp's 8-bit activations do not.
+    # What the engine states of its greedy argmax and its logprobs: f32 weights, activations
+    # and KV cache sit near the f64 reference (module doc); quantized weights with
+    # llama.cpp's 8-bit activations do not.
     ap.add_argument("--greedy-epsilon", type=float, default=1e-4)
-    # And of its logprobs: its f32 logits lie within 1e-4 of the reference's on the tiny model,
-    # but its default KV cache is f16, and a log-softmax adds the errors of every logit: on
-    # the tiny model a logprob lay 1.44e-4 from the f64 reference's (2026-11-29), so 1e-3.
-    ap.add_argument("--logprob-epsilon", type=float, default=1e-3)
+    ap.add_argument("--logprob-epsilon", type=float, default=1e-4)
     args = ap.parse_args()
     kind, _, arg = args.speculation.partition(":")
     if kind not in ("none", "prompt-lookup"):
@@ -95,7 +109,8 @@ def main():
 
     def load(draft):
         return Llama(model_path=args.model, n_ctx=args.n_ctx, n_batch=args.n_ctx, n_threads=1, n_threads_batch=1,
-                     logits_all=True, draft_model=draft, verbose=False)
+                     logits_all=True, last_n_tokens_size=args.n_ctx, type_k=llama_cpp.GGML_TYPE_F32,
+                     type_v=llama_cpp.GGML_TYPE_F32, draft_model=draft, verbose=False)
 
     plain = load(None)
     spec = load(LlamaPromptLookupDecoding(num_pred_tokens=int(arg))) if kind == "prompt-lookup" else plain
@@ -107,28 +122,32 @@ def main():
         "greedy_epsilon": args.greedy_epsilon,
         "batch_invariant": True,
         "stop_strings": True,
-        "processors": ["min_p", "logit_bias", "repetition_penalty", "presence_penalty", "frequency_penalty"],
+        "processors": sorted(PROCESSOR_FIELDS),
         "penalty_scopes": ["generated"],
-        "logprobs": {"modes": ["raw"], "max_top": 20, "epsilon": args.logprob_epsilon},
+        "logprobs": {"modes": ["raw"], "max_top": MAX_TOP, "epsilon": args.logprob_epsilon},
     }
 
     def text(llm, tokens):
         return llm.detokenize(tokens).decode("utf-8", errors="replace")
 
     def generate(r):
-        check_fields(r, stated=PROCESSOR_FIELDS | {"penalty_scope", "logprobs"})
-        if r.get("penalty_scope", "generated") != "generated":
-            raise ValueError("llama.cpp's penalties count the generated tokens alone: only the `generated` scope")
         ask = r.get("logprobs")
-        if ask and ask["mode"] != "raw":
-            raise ValueError(f"logprobs mode {ask['mode']}: only `raw` is stated")
         llm = spec if r["speculation"] else plain
         llm.set_seed(r["seed"] % 0xFFFFFFFF)
-        tokens, finish = [], "capacity"
         gen = llm.generate(r["prompt"], top_k=r["top_k"], top_p=r["top_p"], min_p=r.get("min_p", 0.0), typical_p=1.0,
                            temp=r["temperature"], repeat_penalty=r.get("repetition_penalty", 1.0),
                            presence_penalty=r.get("presence_penalty", 0.0), frequency_penalty=r.get("frequency_penalty", 0.0),
                            logits_processor=bias_processor(r.get("logit_bias", [])), reset=True)
+        try:
+            reply = collect(llm, gen, r, ask)
+        finally:
+            # The next request starts from a clean context (no prefix of this one reused).
+            llm.reset()
+        return reply
+
+    def collect(llm, gen, r, ask):
+        """Draws `gen` until the request's eos, stop string, cap or the context ends it."""
+        tokens, finish = [], "capacity"
         for t in gen:
             tokens.append(int(t))
             if tokens[-1] in r["eos"]:
@@ -145,14 +164,19 @@ def main():
         gen.close()
         reply = {"tokens": tokens, "finish": finish}
         if ask:
-            # Row n_prompt - 1 + i decided the i-th generated token (read before the reset).
+            # Row n_prompt - 1 + i decided the i-th generated token.
             first = len(r["prompt"]) - 1
-            reply["logprobs"] = entries(llm.scores[first:first + len(tokens)], tokens, ask["top"])
-        # The next request starts from a clean context (no prefix of this one reused).
-        llm.reset()
+            reply["logprobs"] = logprob_entries(Llama.logits_to_logprobs(llm.scores[first:first + len(tokens)]), tokens, ask["top"])
         return reply
 
-    serve(info, generate)
+    def refuse(requests):
+        for i, r in enumerate(requests):
+            check_fields(r, stated=PROCESSOR_FIELDS | {"penalty_scope", "logprobs"})
+            if (why := refusal(r, plain.n_vocab())) is not None:
+                return i, why
+        return None
+
+    serve(info, generate, refuse)
 
 if __name__ == "__main__":
     main()
