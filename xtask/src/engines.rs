@@ -33,6 +33,10 @@
 //! Servers are started on 127.0.0.1 and stopped here. Two checks run at once (each mostly
 //! one thread), and llama.cpp builds in the background while the first engines run.
 //! `--only TEXT` runs the runs whose name contains it, building only what they need.
+//! `--resume` reuses each run an earlier invocation finished at the same commit on a clean
+//! tree (recorded in `<run>.done.json` beside its report): the whole table takes longer
+//! than a working sitting on two cores (transformers' runs alone take 45-75 min each),
+//! so it may be finished in two, and says which runs it reused.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -152,15 +156,64 @@ struct Done {
     slug: String,
     json: PathBuf,
     seconds: f64,
+    /// Taken from an earlier invocation at the same commit (`--resume`).
+    reused: bool,
+}
+
+/// Where the table's runs are recorded, and which earlier ones `--resume` may reuse.
+struct Record<'a> {
+    out: &'a Path,
+    /// The commit of a clean tree; `None` (uncommitted changes, or no git) records nothing
+    /// as reusable, since the code a report came from could not be named.
+    commit: Option<String>,
+    resume: bool,
+}
+
+impl Record<'_> {
+    fn done_path(&self, slug: &str) -> PathBuf {
+        self.out.join(format!("{slug}.done.json"))
+    }
+
+    /// The earlier run of `slug` at this commit and seed, if `--resume` and there is one.
+    fn reusable(&self, slug: &str) -> Option<Done> {
+        let commit = self.commit.as_deref().filter(|_| self.resume)?;
+        let record: Value = serde_json::from_str(&std::fs::read_to_string(self.done_path(slug)).ok()?).ok()?;
+        let json = self.out.join(format!("{slug}.json"));
+        (record["commit"] == commit && record["seed"] == ENGINES_SEED && json.exists()).then(|| Done { slug: slug.to_string(), json, seconds: record["seconds"].as_f64().unwrap_or(f64::NAN), reused: true })
+    }
+
+    /// Records a finished run as reusable at this commit (nothing on a dirty tree).
+    fn finished(&self, done: &Done) -> Result<(), String> {
+        let path = self.done_path(&done.slug);
+        match &self.commit {
+            Some(commit) => {
+                let record = serde_json::json!({"commit": commit, "seed": ENGINES_SEED, "seconds": done.seconds});
+                std::fs::write(&path, record.to_string()).map_err(|e| format!("cannot write {}: {e}", path.display()))
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+/// HEAD's commit if the tree has no changes (ignored files aside), else `None`.
+fn clean_commit(root: &Path) -> Option<String> {
+    let git = |args: &[&str]| Command::new("git").current_dir(root).args(args).output().ok().filter(|o| o.status.success()).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    git(&["status", "--porcelain"]).filter(String::is_empty)?;
+    git(&["rev-parse", "HEAD"])
 }
 
 /// Runs every engine (or, with `only`, the runs whose slug contains it) and returns the
 /// table. llama.cpp is built (once) in the background while specdec's decoder and
 /// transformers run; then llama.cpp's engines on the tiny model, the SmolLM2 runs, and
 /// the checks whose oracle is each engine's own plain decoding (ENGINE-10) on SmolLM2.
-pub fn run(root: &Path, specdec: &Path, python: &Path, smollm2: &Path, only: Option<&str>) -> Result<String, String> {
+pub fn run(root: &Path, specdec: &Path, python: &Path, smollm2: &Path, only: Option<&str>, resume: bool) -> Result<String, String> {
     let out = root.join("reports/engines");
     std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    let commit = clean_commit(root);
+    if resume && commit.is_none() {
+        return Err("--resume reuses runs of a commit: this tree has uncommitted changes (or is not a git checkout)".into());
+    }
+    let record = Record { out: &out, commit, resume };
     let wanted = |slug: &str| only.is_none_or(|o| slug.contains(o));
     let model = root.join(".cache/models/tiny-v12-l2-hf");
     let status = Command::new(specdec).args(["model", "tiny", "--preset", "tiny-v12-l2", "--gguf", "--dflash"]).arg(&model).status().map_err(|e| e.to_string())?;
@@ -177,11 +230,6 @@ pub fn run(root: &Path, specdec: &Path, python: &Path, smollm2: &Path, only: Opt
         })
     };
     let mut first: Vec<Run> = Vec::new();
-    for b in BACKENDS {
-        for p in PROPOSERS {
-            first.push(Run::new(format!("specdec-{b}-{}", p.replace(':', "-")), format!("decoder:{b}:{p}")));
-        }
-    }
     // Engines run from the repository root, so their commands (and the table's repro
     // lines) name repository paths.
     let rel = |p: &Path| p.strip_prefix(root).unwrap_or(p).display().to_string();
@@ -195,6 +243,13 @@ pub fn run(root: &Path, specdec: &Path, python: &Path, smollm2: &Path, only: Opt
             first.push(Run::new(format!("hf-transformers-{version}-prompt-lookup-3"), format!("exec:PYTHONPATH={} {hf} --speculation prompt-lookup:3", rel(&dir))));
         }
     }
+    // specdec's decoder after transformers' runs, the phase's longest (45-75 min each
+    // against 1-15 for the decoder's): two workers then end the phase nearly together.
+    for b in BACKENDS {
+        for p in PROPOSERS {
+            first.push(Run::new(format!("specdec-{b}-{}", p.replace(':', "-")), format!("decoder:{b}:{p}")));
+        }
+    }
     // specdec serve over HTTP: started here on a free port, stopped after its check.
     let serve_slug = "specdec-serve-http-ndarray-ngram";
     let mut server = if wanted(serve_slug) { Some(Server::specdec(specdec, root, "tiny:tiny-v12-l2", "ndarray")?) } else { None };
@@ -202,7 +257,7 @@ pub fn run(root: &Path, specdec: &Path, python: &Path, smollm2: &Path, only: Opt
         first.push(Run::new(serve_slug, format!("http://{}", s.addr)));
     }
     first.retain(|r| wanted(&r.slug));
-    let mut done = run_all(root, specdec, &out, &first)?;
+    let mut done = run_all(root, specdec, &record, &first)?;
     server.iter_mut().for_each(Server::stop);
 
     let (llama, llama_server) = builds.join().map_err(|_| "the llama.cpp build thread panicked".to_string())??;
@@ -242,7 +297,7 @@ pub fn run(root: &Path, specdec: &Path, python: &Path, smollm2: &Path, only: Opt
         });
     }
     second.retain(|r| wanted(&r.slug));
-    done.extend(run_all(root, specdec, &out, &second)?);
+    done.extend(run_all(root, specdec, &record, &second)?);
     servers.iter_mut().for_each(Server::stop);
     servers.clear();
 
@@ -271,7 +326,7 @@ pub fn run(root: &Path, specdec: &Path, python: &Path, smollm2: &Path, only: Opt
             serves.push(s);
         }
     }
-    done.extend(run_all(root, specdec, &out, &third)?);
+    done.extend(run_all(root, specdec, &record, &third)?);
     servers.iter_mut().chain(serves.iter_mut()).for_each(Server::stop);
 
     let text = table(&done, only)?;
@@ -366,9 +421,16 @@ fn llama_server_statement(path: &str, version: &str, vocab: usize, epsilon: f64,
 
 /// Runs `runs` on [`WORKERS`] workers, each run's output in `out/<slug>.log`; the
 /// reports in the order of `runs`.
-fn run_all(root: &Path, specdec: &Path, out: &Path, runs: &[Run]) -> Result<Vec<Done>, String> {
+fn run_all(root: &Path, specdec: &Path, record: &Record, runs: &[Run]) -> Result<Vec<Done>, String> {
     let rel = |p: &Path| p.strip_prefix(root).unwrap_or(p).display().to_string();
+    let out = record.out;
     let one = |r: &Run| -> Result<Done, String> {
+        if let Some(done) = record.reusable(&r.slug) {
+            eprintln!("xtask: engine {}: reused (finished at this commit in {:.0} s)", r.slug, done.seconds);
+            return Ok(done);
+        }
+        // A run that does not finish leaves no record to reuse.
+        let _ = std::fs::remove_file(record.done_path(&r.slug));
         let json = out.join(format!("{}.json", r.slug));
         let log_path = out.join(format!("{}.log", r.slug));
         let log = std::fs::File::create(&log_path).map_err(|e| format!("cannot create {}: {e}", log_path.display()))?;
@@ -397,7 +459,9 @@ fn run_all(root: &Path, specdec: &Path, out: &Path, runs: &[Run]) -> Result<Vec<
         if !json.exists() {
             return Err(format!("engine {} wrote no report ({status}; see {})", r.slug, rel(&log_path)));
         }
-        Ok(Done { slug: r.slug.clone(), json, seconds })
+        let done = Done { slug: r.slug.clone(), json, seconds, reused: false };
+        record.finished(&done)?;
+        Ok(done)
     };
     let next = std::sync::atomic::AtomicUsize::new(0);
     let results: Vec<std::sync::Mutex<Option<Result<Done, String>>>> = runs.iter().map(|_| std::sync::Mutex::new(None)).collect();
@@ -660,13 +724,13 @@ fn historical(root: &Path, python: &Path, version: &str) -> Result<PathBuf, Stri
 fn table(reports: &[Done], only: Option<&str>) -> Result<String, String> {
     let mut summary = String::from("| engine | version | pass | fail | not supported | seconds |\n|---|---|---|---|---|---|\n");
     let mut failures = String::from("| engine | check | status | rules | evidence | repro |\n|---|---|---|---|---|---|\n");
-    for Done { slug, json, seconds } in reports {
+    for Done { slug, json, seconds, reused } in reports {
         let text = std::fs::read_to_string(json).map_err(|e| format!("cannot read {}: {e}", json.display()))?;
         let report: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", json.display()))?;
         let results = report["results"].as_array().ok_or_else(|| format!("{}: no results", json.display()))?;
         let count = |s: &str| results.iter().filter(|r| r["status"] == s).count();
         let version = format!("{} {}", report["backend"].as_str().unwrap_or(slug), report["engine_version"].as_str().unwrap_or("?"));
-        summary.push_str(&format!("| {slug} | {version} | {} | {} | {} | {seconds:.0} |\n", count("Pass"), count("Fail"), count("NotSupported")));
+        summary.push_str(&format!("| {slug} | {version} | {} | {} | {} | {seconds:.0}{} |\n", count("Pass"), count("Fail"), count("NotSupported"), if *reused { " (reused)" } else { "" }));
         for r in results.iter().filter(|r| r["status"] != "Pass" && r["status"] != "Skipped") {
             let rules = r["rules"].as_array().map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(", ")).unwrap_or_default();
             let evidence = r["message"].as_str().unwrap_or("").replace('|', "\\|");
@@ -684,5 +748,44 @@ fn table(reports: &[Done], only: Option<&str>) -> Result<String, String> {
     let listed = |checks: &[&str]| if checks.is_empty() { "nothing".to_string() } else { checks.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(", ") };
     expected.extend(LLAMA_EXPECTED.iter().map(|(slug, checks)| format!("  - {slug}: {}\n", listed(checks))));
     let command = only.map_or("`cargo xtask engines`".to_string(), |o| format!("`cargo xtask engines --only {o}` (only the runs whose name contains it)"));
+    let reused = reports.iter().filter(|d| d.reused).count();
+    let command = match reused {
+        0 => command,
+        n => format!("{command}; {n} of its {} runs reused, as finished by an earlier invocation at the same commit (`--resume`)", reports.len()),
+    };
     Ok(format!("# Engines under test\n\nSeed {ENGINES_SEED}; {command}. Expected of the third-party engines:\n\n{expected}\n{summary}\nEvery check that did not pass:\n\n{failures}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resume_reuses_only_a_finished_run_of_the_same_commit() {
+        let out = std::env::temp_dir().join(format!("specdec-engines-record-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        std::fs::create_dir_all(&out).expect("scratch dir");
+        let at = |commit: Option<&str>, resume: bool| Record { out: &out, commit: commit.map(String::from), resume };
+        let finish = |record: &Record, slug: &str| {
+            std::fs::write(out.join(format!("{slug}.json")), "{}").expect("report");
+            record.finished(&Done { slug: slug.into(), json: out.join(format!("{slug}.json")), seconds: 12.0, reused: false }).expect("record");
+        };
+        finish(&at(Some("abc"), false), "a");
+        let reused = at(Some("abc"), true).reusable("a").expect("same commit and seed");
+        assert!(reused.reused && reused.seconds == 12.0);
+        assert!(at(Some("abc"), false).reusable("a").is_none(), "only with --resume");
+        assert!(at(Some("def"), true).reusable("a").is_none(), "another commit");
+        assert!(at(Some("abc"), true).reusable("b").is_none(), "a run never finished");
+        // A finished run on a dirty tree records nothing to reuse.
+        finish(&at(None, false), "c");
+        assert!(at(Some("abc"), true).reusable("c").is_none());
+        // Nor is a record of another seed reused.
+        std::fs::write(out.join("a.done.json"), r#"{"commit": "abc", "seed": "1", "seconds": 1.0}"#).expect("record");
+        assert!(at(Some("abc"), true).reusable("a").is_none(), "another seed");
+        // Nor one whose report is gone.
+        finish(&at(Some("abc"), false), "d");
+        std::fs::remove_file(out.join("d.json")).expect("remove");
+        assert!(at(Some("abc"), true).reusable("d").is_none(), "no report");
+        let _ = std::fs::remove_dir_all(&out);
+    }
 }

@@ -106,6 +106,11 @@ enum Task {
         /// builds and servers the others need are skipped.
         #[arg(long)]
         only: Option<String>,
+        /// Reuses each run an earlier invocation finished at the same commit with a clean
+        /// tree (its report and `<run>.done.json`), so a table longer than a sitting can be
+        /// finished in two; the table says which runs were reused.
+        #[arg(long)]
+        resume: bool,
     },
     /// Opt-in, not in CI: the speedup report (criterion underneath): kernels and SmolLM2
     /// forwards against the machine's measured bandwidth, speculative against plain decoding
@@ -211,10 +216,10 @@ fn run(task: Task) -> Result<(), String> {
             args.extend(rest);
             cargo_with(&root, &["run", "--release", "--quiet", "-p", "specdec-cli", "--features", "tch", "--"], &args, Some(&lt), &models)
         }
-        Task::Engines { only } => {
+        Task::Engines { only, resume } => {
             let (specdec, python) = peers_and_release_binary(&root)?;
             let smollm2 = smollm2::ensure_smollm2(&root)?;
-            print!("{}", engines::run(&root, &specdec, &python, &smollm2, only.as_deref())?);
+            print!("{}", engines::run(&root, &specdec, &python, &smollm2, only.as_deref(), resume)?);
             Ok(())
         }
         Task::Architectures => {
