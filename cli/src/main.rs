@@ -145,7 +145,7 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         json_schema: Option<PathBuf>,
         /// Constrain the output text to this GBNF grammar file (llama.cpp's
-        /// format, rule `root`, no recursion: a regular language).
+        /// format, rule `root`; a recursive one is a context-free language).
         #[arg(long, value_name = "FILE")]
         grammar: Option<PathBuf>,
     },

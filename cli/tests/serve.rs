@@ -221,7 +221,18 @@ fn hostile_requests_get_typed_4xx() {
             400,
             "exceeded limit",
         ),
-        ("a recursive grammar", json!({"prompt": [1], "structured_outputs": {"grammar": "root ::= \"(\" root \")\" | \"Aa\""}, "stop_token_ids": [11]}).to_string(), 400, "recursive"),
+        (
+            "a recursive grammar no tiny token can start",
+            json!({"prompt": [1], "structured_outputs": {"grammar": "root ::= \"(\" root \")\" | \"x\""}, "stop_token_ids": [11]}).to_string(),
+            400,
+            "allows no first token",
+        ),
+        (
+            "a recursive grammar that never ends",
+            json!({"prompt": [1], "structured_outputs": {"grammar": "root ::= \"Aa\" root"}, "stop_token_ids": [11]}).to_string(),
+            400,
+            "no text matches rule `root`",
+        ),
         ("any JSON object, which no tiny token can start", json!({"prompt": [1], "response_format": {"type": "json_object"}, "stop_token_ids": [11]}).to_string(), 400, "allows no first token"),
         ("structured_outputs.json_object not a boolean", json!({"prompt": [1], "structured_outputs": {"json_object": "yes"}}).to_string(), 400, "structured_outputs.json_object"),
         ("a schema outside the subset", json!({"prompt": [1], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/a"}}}}).to_string(), 400, "$ref"),
@@ -263,9 +274,12 @@ fn hostile_requests_get_typed_4xx() {
 
 /// CONSTRAIN-5 over HTTP: vLLM's `structured_outputs.grammar` (GBNF without
 /// recursion) is served as the regex it reads as: the same greedy tokens as
-/// that regex, with speculation on and off, ending at eos.
+/// that regex, with speculation on and off, ending at eos. A recursive one
+/// is served as a context-free constraint: the same greedy tokens with
+/// speculation on and off, each output a prefix of the language (a whole
+/// match where it ends at eos).
 #[test]
-fn a_grammar_is_served_as_the_regex_it_reads_as() {
+fn a_grammar_is_served_as_the_regex_it_reads_as_or_as_context_free() {
     let server = Server::start(&["--proposer", "ngram", "--k", "3"]);
     let ask = |key: &str, value: &str, speculation: bool| {
         let body = json!({"prompt": [1, 2, 3], "max_tokens": 16, "temperature": 0, "stop_token_ids": [11], "return_token_ids": true, "speculation": speculation, "structured_outputs": {key: value}});
@@ -279,6 +293,21 @@ fn a_grammar_is_served_as_the_regex_it_reads_as() {
         let (g, r) = (ask("grammar", grammar, speculation), ask("regex", "(CcDd|EeFf){2,6}", speculation));
         assert!(ids(&g) == ids(&r) && !ids(&g).is_empty(), "CONSTRAIN-5: {g} against {r}");
         assert_eq!(g["choices"][0]["finish_reason"], "stop", "{g}");
+    }
+    // n openers (Aa, Cc), one Ff, n closers (Dd, Ee): counted, as no regex can.
+    let nested = r#"root ::= ("Aa" | "Cc") root ("Dd" | "Ee") | "Ff""#;
+    let (on, off) = (ask("grammar", nested, true), ask("grammar", nested, false));
+    assert!(ids(&on) == ids(&off) && !ids(&on).is_empty(), "CONSTRAIN-3: {on} against {off}");
+    let tokens = ids(&on);
+    let middle = tokens.iter().position(|&t| t == 5);
+    let opened = middle.unwrap_or(tokens.len());
+    assert!(tokens[..opened].iter().all(|t| [0, 2].contains(t)), "CONSTRAIN-4: {on}");
+    if let Some(m) = middle {
+        let closers = tokens[m + 1..].iter().take_while(|t| [3, 4].contains(t)).count();
+        assert!(closers <= opened && tokens[m + 1 + closers..].iter().all(|&t| t == 11), "CONSTRAIN-4: {on}");
+        if on["choices"][0]["finish_reason"] == "stop" {
+            assert_eq!(closers, opened, "CONSTRAIN-2: ended before every opener closed: {on}");
+        }
     }
 }
 

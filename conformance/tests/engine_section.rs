@@ -147,6 +147,7 @@ fn an_engine_that_skips_min_p_on_verified_rows_fails_the_min_p_check() {
 fn an_engine_whose_constraint_state_is_not_rolled_back_fails_the_constrained_checks() {
     let r = section("ngram", with_fault(Fault::ConstraintNotRolledBack), Some("/constrained/"));
     assert!(failed(&r).iter().any(|n| n.ends_with("/greedy")), "{r:#?}");
+    assert!(failed(&r).iter().any(|n| n.contains("/nested/")), "the recursive grammar's chart too: {r:#?}");
 }
 
 /// ENGINE-9, CONSTRAIN-3: the mask on a window's first row only.
@@ -155,6 +156,7 @@ fn an_engine_that_masks_the_first_window_row_only_fails_the_constrained_checks()
     let r = section("ngram", with_fault(Fault::MaskFirstRowOnly), Some("/constrained/"));
     let failed = failed(&r);
     assert!(failed.iter().any(|n| n.ends_with("/greedy")), "{r:#?}");
+    assert!(failed.iter().any(|n| n.contains("/nested/")), "the recursive grammar too: {r:#?}");
     assert!(failed.iter().all(|n| !n.ends_with("/off")), "speculation off is plain decoding and passes: {r:#?}");
 }
 
@@ -181,6 +183,7 @@ fn an_engine_whose_draft_q_lacks_the_mask_fails_the_constrained_law() {
 fn an_engine_that_allows_eos_outside_a_match_fails_the_constrained_checks() {
     let r = section("ngram", with_fault(Fault::EosOutsideAccept), Some("/constrained/"));
     assert!(failed(&r).iter().any(|n| n.ends_with("/greedy")), "{r:#?}");
+    assert!(failed(&r).iter().any(|n| n.contains("/nested/")), "the recursive grammar too: {r:#?}");
 }
 
 /// An engine that answers every request with `max_new_tokens` copies of id 0.

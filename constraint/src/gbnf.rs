@@ -138,6 +138,100 @@ fn escape(c: char, special: &[char], out: &mut String) {
     }
 }
 
+/// `grammar` (GBNF, rule `root` the whole output, recursive or not) with
+/// `end` after the whole output: its rules written again, `root` renamed to
+/// a name no rule has, and a new `root` of the old one then `end` (a GBNF
+/// expression: an engine's end-of-sequence token, `<[2]>`, so the output
+/// can end exactly where it matches). Strings and classes are written with
+/// [`escape`], so the text read back is the same language.
+pub fn with_end(grammar: &str, end: &str) -> Result<String, ConstraintError> {
+    let rules = parse_rules(grammar).map_err(|reason| ConstraintError::Grammar { reason })?;
+    if !rules.iter().any(|(n, _)| n == "root") {
+        return Err(ConstraintError::Grammar { reason: "no rule `root`".into() });
+    }
+    all_defined(&rules).map_err(|reason| ConstraintError::Grammar { reason })?;
+    let body = (0..).map(|i| format!("root-body{i}")).find(|n| !rules.iter().any(|(r, _)| r == n)).expect("a free name");
+    let rename = |n: &str| if n == "root" { body.clone() } else { n.to_string() };
+    let mut out = format!("root ::= {body} ({end})\n");
+    for (name, alts) in &rules {
+        out.push_str(&format!("{} ::= ", rename(name)));
+        write_alternatives(alts, &rename, &mut out);
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+/// Every rule used is defined: the first that is not, by name.
+pub(crate) fn all_defined(rules: &[(String, Alternatives)]) -> Result<(), String> {
+    fn used<'a>(alts: &'a Alternatives, out: &mut Vec<&'a str>) {
+        for item in alts.iter().flatten() {
+            match &item.atom {
+                Atom::Rule(r) => out.push(r),
+                Atom::Group(g) => used(g, out),
+                _ => {}
+            }
+        }
+    }
+    let mut names = Vec::new();
+    rules.iter().for_each(|(_, alts)| used(alts, &mut names));
+    match names.into_iter().filter(|n| !rules.iter().any(|(d, _)| d == n)).min() {
+        Some(name) => Err(format!("rule `{name}` is used but not defined")),
+        None => Ok(()),
+    }
+}
+
+fn write_alternatives(alts: &Alternatives, rename: &dyn Fn(&str) -> String, out: &mut String) {
+    for (i, seq) in alts.iter().enumerate() {
+        if i > 0 {
+            out.push_str(" | ");
+        }
+        if seq.is_empty() {
+            out.push_str("\"\"");
+        }
+        for (j, item) in seq.iter().enumerate() {
+            if j > 0 {
+                out.push(' ');
+            }
+            match &item.atom {
+                Atom::Text(t) => {
+                    out.push('"');
+                    t.chars().for_each(|c| escape(c, &['"', '\\'], out));
+                    out.push('"');
+                }
+                Atom::Class(ranges, negated) => {
+                    out.push('[');
+                    if *negated {
+                        out.push('^');
+                    }
+                    for &(lo, hi) in ranges {
+                        escape(lo, &[']', '\\', '-', '^', '['], out);
+                        if hi != lo {
+                            out.push('-');
+                            escape(hi, &[']', '\\', '-', '^', '['], out);
+                        }
+                    }
+                    out.push(']');
+                }
+                Atom::Any => out.push('.'),
+                Atom::Rule(r) => out.push_str(&rename(r)),
+                Atom::Group(g) => {
+                    out.push('(');
+                    write_alternatives(g, rename, out);
+                    out.push(')');
+                }
+            }
+            match item.repeat {
+                (1, Some(1)) => {}
+                (0, None) => out.push('*'),
+                (1, None) => out.push('+'),
+                (0, Some(1)) => out.push('?'),
+                (m, None) => out.push_str(&format!("{{{m},}}")),
+                (m, Some(n)) => out.push_str(&format!("{{{m},{n}}}")),
+            }
+        }
+    }
+}
+
 /// The regex of a GBNF grammar (llama.cpp's format, rule `root` the whole
 /// output) whose rules do not recurse, every rule inlined where it is used:
 /// a grammar without recursion is a regular language, which is what a
@@ -150,14 +244,32 @@ fn escape(c: char, special: &[char], out: &mut String) {
 /// a token reference (`<[id]>`, `<name>`: ids, not text) or anything
 /// unparsable is a [`ConstraintError::Grammar`] naming it.
 pub fn to_regex(grammar: &str) -> Result<String, ConstraintError> {
+    match read(grammar)? {
+        Read::Regular(regex) => Ok(regex),
+        Read::Recursive { why, .. } => Err(ConstraintError::Grammar { reason: why }),
+    }
+}
+
+/// A GBNF grammar as read: the regex of one without recursion, or the
+/// rules of a recursive one (a context-free language, [`crate::cfg`]).
+pub(crate) enum Read {
+    Regular(String),
+    Recursive { rules: Vec<(String, Alternatives)>, why: String },
+}
+
+pub(crate) fn read(grammar: &str) -> Result<Read, ConstraintError> {
     let bad = |reason: String| ConstraintError::Grammar { reason };
     let rules = parse_rules(grammar).map_err(bad)?;
     if !rules.iter().any(|(n, _)| n == "root") {
         return Err(bad("no rule `root`".into()));
     }
-    let rules = rules.iter().map(|(n, body)| (n.as_str(), body)).collect();
-    let mut inliner = Inliner { rules: &rules, stack: Vec::new(), done: std::collections::HashMap::new(), depth: 0 };
-    inliner.inline("root").map_err(bad)
+    let named = rules.iter().map(|(n, body)| (n.as_str(), body)).collect();
+    let mut inliner = Inliner { rules: &named, stack: Vec::new(), done: std::collections::HashMap::new(), depth: 0, recursive: false };
+    match inliner.inline("root") {
+        Ok(regex) => Ok(Read::Regular(regex)),
+        Err(why) if inliner.recursive => Ok(Read::Recursive { rules, why }),
+        Err(why) => Err(bad(why)),
+    }
 }
 
 /// The longest regex a grammar may inline to: each rule used twice by the
@@ -166,10 +278,10 @@ pub fn to_regex(grammar: &str) -> Result<String, ConstraintError> {
 pub const MAX_INLINED_BYTES: usize = 1 << 20;
 
 /// One rule's body as parsed: a list of alternatives, each a sequence.
-type Alternatives = Vec<Vec<Item>>;
+pub(crate) type Alternatives = Vec<Vec<Item>>;
 
 #[derive(Debug, Clone)]
-enum Atom {
+pub(crate) enum Atom {
     /// Text, matched exactly.
     Text(String),
     /// A character class: its ranges, negated or not.
@@ -181,16 +293,16 @@ enum Atom {
 }
 
 #[derive(Debug, Clone)]
-struct Item {
-    atom: Atom,
+pub(crate) struct Item {
+    pub(crate) atom: Atom,
     /// `{lo,hi}` (`None`: unbounded); `{1,Some(1)}` for none.
-    repeat: (u32, Option<u32>),
+    pub(crate) repeat: (u32, Option<u32>),
 }
 
 /// The most repetitions a `{m,n}` may ask for (as a schema's bounds).
 const MAX_REPEAT: u32 = 256;
 
-fn parse_rules(text: &str) -> Result<Vec<(String, Alternatives)>, String> {
+pub(crate) fn parse_rules(text: &str) -> Result<Vec<(String, Alternatives)>, String> {
     let chars: Vec<char> = text.chars().collect();
     let mut p = Parser { chars: &chars, at: 0, depth: 0 };
     let mut rules: Vec<(String, Alternatives)> = Vec::new();
@@ -433,12 +545,16 @@ struct Inliner<'a> {
     done: std::collections::HashMap<String, String>,
     /// Rules and groups open here together, bounded as the parser's groups are.
     depth: usize,
+    /// Set where the error is a recursive rule, or a regex too long: a
+    /// context-free grammar holds either.
+    recursive: bool,
 }
 
 impl Inliner<'_> {
     /// `name`'s regex with every rule it uses inlined.
     fn inline(&mut self, name: &str) -> Result<String, String> {
         if self.stack.iter().any(|n| n == name) {
+            self.recursive = true;
             return Err(format!("rule `{name}` is recursive ({} -> {name}): a recursive grammar is not a regular language", self.stack.join(" -> ")));
         }
         if let Some(done) = self.done.get(name) {
@@ -489,6 +605,7 @@ impl Inliner<'_> {
                 };
                 len += atom.len() + suffix.len() + 4;
                 if len > MAX_INLINED_BYTES {
+                    self.recursive = true;
                     return Err(format!("the grammar inlines to more than {MAX_INLINED_BYTES} bytes of regex (rules used many times over)"));
                 }
                 s.push_str(&format!("(?:{atom}){suffix}"));

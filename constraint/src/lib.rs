@@ -2,9 +2,10 @@
 //! (CONSTRAIN-1 .. CONSTRAIN-4): the plain definition every fast mask is
 //! checked against.
 //!
-//! A constraint is a regular language over the bytes of the output text: a
-//! regex, or a JSON schema of the stated subset translated to one
-//! ([`schema`]). It is compiled once into a byte DFA (regex-automata's dense
+//! A constraint is a language over the bytes of the output text. A regular
+//! one (a regex, a JSON schema of the stated subset translated to one,
+//! [`schema`], a GBNF grammar whose rules do not recurse) is compiled once
+//! into a byte DFA (regex-automata's dense
 //! DFA, anchored at the output's start, every match kept), and the states
 //! from which a match is still reachable are found by a plain backward
 //! search: those are *live*. A token is allowed in a state iff it has text
@@ -14,19 +15,27 @@
 //! cache, no cleverness, so that a fast mask (the decoder's) can be checked
 //! against it token by token.
 //!
+//! A recursive GBNF grammar is context-free ([`cfg`]): its state is the
+//! Earley chart of the output's bytes, live while its last set is not
+//! empty, accepting with a finished `root` item; the same two questions,
+//! answered by the plainest recognizer there is.
+//!
 //! Invariants: every input is validated (a pattern the DFA builder refuses,
 //! a schema outside the subset, a language that matches nothing, a DFA past
 //! its size limit: typed [`ConstraintError`]s, never a panic); a
 //! [`State`] is only made by this crate, from a live DFA state.
 //!
 //! [`gbnf`] writes a regex as the grammar an engine that takes no regexes
-//! (llama.cpp's server) is asked for instead, and reads a GBNF grammar
-//! whose rules do not recurse as the regex it is.
+//! (llama.cpp's server) is asked for instead, reads a GBNF grammar whose
+//! rules do not recurse as the regex it is, and writes any grammar again
+//! with an end token after it.
 
+pub mod cfg;
 pub mod gbnf;
 pub mod schema;
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
 
 use regex_automata::dfa::{Automaton, dense};
 use regex_automata::util::primitives::StateID;
@@ -91,6 +100,9 @@ pub enum ConstraintSpec {
     /// The whole output text is a compact JSON value valid under this schema
     /// (the subset of [`schema`]).
     JsonSchema(serde_json::Value),
+    /// The whole output text is in the language of this GBNF grammar (rule
+    /// `root`), whose rules may recurse ([`gbnf`], [`cfg`]).
+    Grammar(String),
 }
 
 impl ConstraintSpec {
@@ -99,6 +111,7 @@ impl ConstraintSpec {
         match self {
             ConstraintSpec::Regex(_) => "regex",
             ConstraintSpec::JsonSchema(_) => "json_schema",
+            ConstraintSpec::Grammar(_) => "grammar",
         }
     }
 
@@ -108,44 +121,101 @@ impl ConstraintSpec {
         ConstraintSpec::Regex(choices.iter().map(|c| regex_syntax::escape(c)).collect::<Vec<_>>().join("|"))
     }
 
-    /// The constraint of a GBNF grammar without recursion (rule `root` the
-    /// whole output), as the regex it is ([`gbnf::to_regex`]).
+    /// The constraint of a GBNF grammar (rule `root` the whole output): the
+    /// regex it is where no rule recurses ([`gbnf::to_regex`]), so that an
+    /// engine taking regexes gets one; else the grammar, checked to compile.
     pub fn grammar(gbnf: &str) -> Result<Self, ConstraintError> {
-        gbnf::to_regex(gbnf).map(ConstraintSpec::Regex)
+        match gbnf::read(gbnf)? {
+            gbnf::Read::Regular(regex) => Ok(ConstraintSpec::Regex(regex)),
+            gbnf::Read::Recursive { .. } => Constraint::grammar(gbnf).map(|_| ConstraintSpec::Grammar(gbnf.to_string())),
+        }
     }
 
-    /// The regex this constraint is.
+    /// The regex this constraint is; a recursive grammar is none (a
+    /// [`ConstraintError::Grammar`] saying why).
     pub fn pattern(&self) -> Result<String, ConstraintError> {
         match self {
             ConstraintSpec::Regex(r) => Ok(r.clone()),
             ConstraintSpec::JsonSchema(s) => schema::to_regex(s),
+            ConstraintSpec::Grammar(g) => gbnf::to_regex(g),
         }
     }
 }
 
-/// A state of a constraint's DFA from which a match is still reachable.
+/// A state of a constraint from which a match is still reachable: of its
+/// DFA, or (context-free) the Earley chart of the output that led to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct State(StateID);
+pub struct State(usize);
 
 impl State {
     /// A number naming this state (stable for one compiled constraint).
     pub fn id(self) -> usize {
-        self.0.as_usize()
+        self.0
     }
 }
 
-/// A compiled constraint: its DFA, start state and live states.
+/// A compiled constraint: the whole output text is a match of a regex (a
+/// byte DFA) or of a recursive grammar (Earley, [`cfg`]).
 #[derive(Debug, Clone)]
 pub struct Constraint {
+    /// The regex, or the grammar's text.
     pattern: String,
-    dfa: dense::DFA<Vec<u32>>,
-    start: StateID,
-    live: HashSet<StateID>,
+    kind: Kind,
+}
+
+#[derive(Debug, Clone)]
+enum Kind {
+    Regular {
+        dfa: Box<dense::DFA<Vec<u32>>>,
+        start: StateID,
+        live: HashSet<StateID>,
+    },
+    /// Each [`State`] names a chart met so far (the first, the empty output's);
+    /// kept for the constraint's life, one set per byte past its parent.
+    ContextFree {
+        grammar: Arc<cfg::Grammar>,
+        charts: Arc<Mutex<Vec<Arc<cfg::Chart>>>>,
+    },
+}
+
+/// One step of a walk that can step back ([`Cursor`]).
+enum Step {
+    Dfa(StateID),
+    Chart(Arc<cfg::Chart>),
+}
+
+/// A walk from one state a byte at a time that steps back as well (a fast
+/// mask's walk of a vocabulary trie): nothing is kept once it is dropped.
+pub struct Cursor<'a> {
+    constraint: &'a Constraint,
+    steps: Vec<Step>,
+}
+
+impl Cursor<'_> {
+    /// Walks `byte`: `false` (and no step) where no match extends the text.
+    pub fn push(&mut self, byte: u8) -> bool {
+        let next = match (&self.constraint.kind, self.steps.last().expect("a cursor holds its first state")) {
+            (Kind::Regular { dfa, live, .. }, Step::Dfa(s)) => Some(dfa.next_state(*s, byte)).filter(|t| live.contains(t)).map(Step::Dfa),
+            (Kind::ContextFree { grammar, .. }, Step::Chart(c)) => grammar.step(c, byte).map(Step::Chart),
+            _ => unreachable!("a cursor's steps are of its constraint's kind"),
+        };
+        next.map(|n| self.steps.push(n)).is_some()
+    }
+
+    /// Steps back over the last byte walked (never past the first state).
+    pub fn pop(&mut self) {
+        if self.steps.len() > 1 {
+            self.steps.pop();
+        }
+    }
 }
 
 impl Constraint {
     pub fn new(spec: &ConstraintSpec) -> Result<Self, ConstraintError> {
-        Constraint::regex(&spec.pattern()?)
+        match spec {
+            ConstraintSpec::Grammar(g) => Constraint::grammar(g),
+            other => Constraint::regex(&other.pattern()?),
+        }
     }
 
     /// The constraint "the whole output text matches `pattern`".
@@ -162,39 +232,93 @@ impl Constraint {
         if !live.contains(&start) {
             return Err(ConstraintError::MatchesNothing { pattern: pattern.to_string() });
         }
-        Ok(Constraint { pattern: pattern.to_string(), dfa, start, live })
+        Ok(Constraint { pattern: pattern.to_string(), kind: Kind::Regular { dfa: Box::new(dfa), start, live } })
     }
 
+    /// The constraint "the whole output text is in the language of the GBNF
+    /// `grammar`" (rule `root`): its regex's DFA where no rule recurses,
+    /// else the context-free constraint of [`cfg`].
+    pub fn grammar(grammar: &str) -> Result<Self, ConstraintError> {
+        match gbnf::read(grammar)? {
+            gbnf::Read::Regular(regex) => Constraint::regex(&regex),
+            gbnf::Read::Recursive { rules, .. } => {
+                let g = cfg::Grammar::new(&rules)?;
+                if !g.matches_something() {
+                    return Err(ConstraintError::Grammar { reason: "no text matches rule `root` (each of its alternatives recurses without end)".into() });
+                }
+                let charts = Arc::new(Mutex::new(vec![g.start()]));
+                Ok(Constraint { pattern: grammar.to_string(), kind: Kind::ContextFree { grammar: Arc::new(g), charts } })
+            }
+        }
+    }
+
+    /// The regex, or a recursive grammar's text.
     pub fn pattern(&self) -> &str {
         &self.pattern
     }
 
-    /// The state of the empty output.
-    pub fn start(&self) -> State {
-        State(self.start)
+    /// Whether this is a recursive grammar's constraint (its states are
+    /// charts, one per output met, not a DFA's finite set).
+    pub fn is_context_free(&self) -> bool {
+        matches!(self.kind, Kind::ContextFree { .. })
     }
 
-    /// Live states (the size of any per-state mask cache).
-    pub fn live_states(&self) -> usize {
-        self.live.len()
+    /// The state of the empty output.
+    pub fn start(&self) -> State {
+        match &self.kind {
+            Kind::Regular { start, .. } => State(start.as_usize()),
+            Kind::ContextFree { .. } => State(0),
+        }
+    }
+
+    fn chart(&self, state: State) -> Arc<cfg::Chart> {
+        match &self.kind {
+            Kind::ContextFree { charts, .. } => Arc::clone(&charts.lock().unwrap_or_else(|e| e.into_inner())[state.0]),
+            Kind::Regular { .. } => unreachable!("a chart of a context-free constraint only"),
+        }
+    }
+
+    /// A walk from `state` that steps back ([`Cursor`]).
+    pub fn cursor(&self, state: State) -> Cursor<'_> {
+        let first = match &self.kind {
+            Kind::Regular { .. } => Step::Dfa(StateID::new(state.0).expect("a state of this DFA")),
+            Kind::ContextFree { .. } => Step::Chart(self.chart(state)),
+        };
+        Cursor { constraint: self, steps: vec![first] }
+    }
+
+    /// Whether walking `bytes` from `state` meets only live states
+    /// (CONSTRAIN-2), without keeping the state it ends in.
+    pub fn extends(&self, state: State, bytes: &[u8]) -> bool {
+        let mut cursor = self.cursor(state);
+        bytes.iter().all(|&b| cursor.push(b))
     }
 
     /// The state after `bytes` from `state`, or `None` once no match is
     /// reachable (CONSTRAIN-2: one byte at a time, nothing skipped).
     pub fn walk(&self, state: State, bytes: &[u8]) -> Option<State> {
-        let mut s = state.0;
-        for &b in bytes {
-            s = self.dfa.next_state(s, b);
-            if !self.live.contains(&s) {
-                return None;
-            }
+        let mut cursor = self.cursor(state);
+        if !bytes.iter().all(|&b| cursor.push(b)) {
+            return None;
         }
-        Some(State(s))
+        match (cursor.steps.pop().expect("a cursor holds its first state"), &self.kind) {
+            (Step::Dfa(s), _) => Some(State(s.as_usize())),
+            (Step::Chart(_), _) if bytes.is_empty() => Some(state),
+            (Step::Chart(c), Kind::ContextFree { charts, .. }) => {
+                let mut charts = charts.lock().unwrap_or_else(|e| e.into_inner());
+                charts.push(c);
+                Some(State(charts.len() - 1))
+            }
+            (Step::Chart(_), Kind::Regular { .. }) => unreachable!("a cursor's steps are of its constraint's kind"),
+        }
     }
 
     /// Whether the output that led to `state` is a match (eos may end it).
     pub fn accepts(&self, state: State) -> bool {
-        self.dfa.is_match_state(self.dfa.next_eoi_state(state.0))
+        match &self.kind {
+            Kind::Regular { dfa, .. } => dfa.is_match_state(dfa.next_eoi_state(StateID::new(state.0).expect("a state of this DFA"))),
+            Kind::ContextFree { grammar, .. } => grammar.accepts(&self.chart(state)),
+        }
     }
 
     /// Whether the whole of `text` matches.
@@ -286,7 +410,7 @@ impl Vocabulary {
 /// ids where the state accepts.
 pub fn allowed(c: &Constraint, state: State, vocab: &Vocabulary, eos: &[u32]) -> Vec<bool> {
     let accepts = c.accepts(state);
-    (0..vocab.len() as u32).map(|id| if eos.contains(&id) { accepts } else { vocab.bytes(id).is_some_and(|b| c.walk(state, b).is_some()) }).collect()
+    (0..vocab.len() as u32).map(|id| if eos.contains(&id) { accepts } else { vocab.bytes(id).is_some_and(|b| c.extends(state, b)) }).collect()
 }
 
 /// The state after `token` from `state` (CONSTRAIN-4): an eos leaves it

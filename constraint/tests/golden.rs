@@ -24,7 +24,11 @@ fn ids(v: &Value) -> Vec<u32> {
 /// hand-worked ones; every listed bad output is refused.
 fn check(case: &Value) {
     let id = case["id"].as_str().unwrap();
-    let c = Constraint::regex(case["regex"].as_str().unwrap()).unwrap();
+    let c = match (case.get("regex"), case.get("gbnf")) {
+        (Some(r), None) => Constraint::regex(r.as_str().unwrap()).unwrap(),
+        (None, Some(g)) => Constraint::grammar(g.as_str().unwrap()).unwrap(),
+        _ => panic!("{id}: a case gives a regex or a grammar"),
+    };
     let vocab = vocabulary(case);
     let eos = ids(&case["eos"]);
     let steps = case["steps"].as_array().unwrap();
@@ -46,7 +50,8 @@ fn check(case: &Value) {
 fn hand_worked_masks() {
     let file: Value = serde_json::from_str(MASKS).unwrap();
     let cases = file["cases"].as_array().unwrap();
-    assert!(cases.len() >= 6, "CONSTRAIN-2: the fixture lost cases");
+    assert!(cases.len() >= 9, "CONSTRAIN-2: the fixture lost cases");
+    assert!(cases.iter().filter(|c| c.get("gbnf").is_some()).count() >= 3, "CONSTRAIN-2: the fixture lost its context-free cases");
     for case in cases {
         check(case);
     }
@@ -230,11 +235,13 @@ fn check_grammar(case: &Value) {
             let c = Constraint::new(&spec).unwrap_or_else(|e| panic!("{id}: {e}"));
             let (yes, no) = (texts("matches"), texts("rejects"));
             assert!(!yes.is_empty() && !no.is_empty(), "{id}: a case must list texts both ways");
+            // A grammar that recurses is context-free; one that does not stays a DFA.
+            assert_eq!(c.is_context_free(), case.get("context_free").is_some_and(|v| v == true), "{id}: read as the wrong kind");
             for t in &yes {
-                assert!(c.matches(t.as_bytes()), "{id}: the grammar should match {t:?} (regex {})", c.pattern());
+                assert!(c.matches(t.as_bytes()), "{id}: the grammar should match {t:?} (read as {})", c.pattern());
             }
             for t in &no {
-                assert!(!c.matches(t.as_bytes()), "{id}: the grammar should not match {t:?} (regex {})", c.pattern());
+                assert!(!c.matches(t.as_bytes()), "{id}: the grammar should not match {t:?} (read as {})", c.pattern());
             }
         }
         (Err(e), Some(want)) => {
@@ -246,10 +253,10 @@ fn check_grammar(case: &Value) {
 }
 
 #[test]
-fn grammars_without_recursion_are_read_as_regexes() {
+fn grammars_are_read_as_regexes_or_as_context_free_constraints() {
     let file: Value = serde_json::from_str(GRAMMARS).unwrap();
     let (cases, refused) = (file["cases"].as_array().unwrap(), file["refused"].as_array().unwrap());
-    assert!(cases.len() >= 7 && refused.len() >= 10, "the grammar fixture lost cases");
+    assert!(cases.len() >= 12 && refused.len() >= 10, "the grammar fixture lost cases");
     cases.iter().chain(refused).for_each(check_grammar);
 }
 
@@ -319,4 +326,108 @@ fn a_regex_written_as_gbnf_reads_back_as_the_same_language() {
     }
     let (x, y) = (Constraint::regex("(ab)+c?").unwrap(), Constraint::new(&ConstraintSpec::grammar("root ::= (\"ab\")* \"c\"?").unwrap()).unwrap());
     assert!(!same_language(&x, &y), "the product search missed the empty text");
+}
+
+/// The grammar `gbnf` forced onto the context-free path with its language
+/// unchanged: a rule that recurses without end derives no text, so it is
+/// dropped, but its recursion sends the grammar to Earley.
+fn as_context_free(gbnf: &str) -> Constraint {
+    let renamed = gbnf.replace("root ::=", "root0 ::=");
+    let c = Constraint::grammar(&format!("{renamed}\nroot ::= root0 | never\nnever ::= \"z\" never\n")).unwrap();
+    assert!(c.is_context_free());
+    c
+}
+
+/// CONSTRAIN-2 on both paths: every regular grammar of the fixture, as its
+/// DFA and through Earley, agrees on every byte string up to five bytes long
+/// over the bytes of its texts, one byte no text has, and the halves of a
+/// two-byte character: live or dead, accepting or not.
+#[test]
+fn earley_and_the_dfa_agree_on_every_short_text() {
+    let file: Value = serde_json::from_str(GRAMMARS).unwrap();
+    let mut compared = 0;
+    for case in file["cases"].as_array().unwrap().iter().filter(|c| c.get("context_free").is_none()) {
+        let (id, gbnf) = (case["id"].as_str().unwrap(), case["gbnf"].as_str().unwrap());
+        let (dfa, earley) = (Constraint::grammar(gbnf).unwrap(), as_context_free(gbnf));
+        assert!(!dfa.is_context_free(), "{id}");
+        let mut alphabet: Vec<u8> = case["matches"].as_array().unwrap().iter().flat_map(|t| t.as_str().unwrap().bytes()).chain([b'#', 0xc3, 0xa9]).collect();
+        alphabet.sort_unstable();
+        alphabet.dedup();
+        alphabet.truncate(7);
+        let mut texts: Vec<Vec<u8>> = vec![vec![]];
+        for _ in 0..5 {
+            let longer: Vec<Vec<u8>> = texts.iter().filter(|t| t.len() == texts.last().unwrap().len()).flat_map(|t| alphabet.iter().map(move |&b| [t.as_slice(), &[b]].concat())).collect();
+            texts.extend(longer);
+        }
+        for t in &texts {
+            let (a, b) = (dfa.walk(dfa.start(), t), earley.walk(earley.start(), t));
+            assert_eq!(a.is_some(), b.is_some(), "{id}: live after {t:?}");
+            if let (Some(a), Some(b)) = (a, b) {
+                assert_eq!(dfa.accepts(a), earley.accepts(b), "{id}: accepts after {t:?}");
+                assert_eq!(dfa.extends(a, b"x"), earley.extends(b, b"x"), "{id}: extends {t:?} by x");
+            }
+            compared += 1;
+        }
+    }
+    assert!(compared > 10_000, "compared only {compared} texts");
+}
+
+/// The negative control of the comparison: a grammar one character off is
+/// told apart on the texts it compares.
+#[test]
+fn earley_and_the_dfa_differ_where_the_languages_do() {
+    let (dfa, earley) = (Constraint::grammar("root ::= \"ab\"+").unwrap(), as_context_free("root ::= \"ab\"* \"a\""));
+    assert!(["", "a", "ab", "aba", "abab"].iter().any(|t| dfa.matches(t.as_bytes()) != earley.matches(t.as_bytes())));
+}
+
+#[test]
+fn a_recursive_grammar_is_a_grammar_spec_and_a_regular_one_a_regex() {
+    let spec = ConstraintSpec::grammar("root ::= \"(\" root \")\" | \"x\"").unwrap();
+    assert!(matches!(&spec, ConstraintSpec::Grammar(_)) && spec.kind() == "grammar");
+    assert_eq!(serde_json::to_value(&spec).unwrap(), json!({"grammar": "root ::= \"(\" root \")\" | \"x\""}), "PROTO-9 carries it as `grammar`");
+    assert!(matches!(spec.pattern(), Err(ConstraintError::Grammar { reason }) if reason.contains("recursive")), "a recursive grammar has no regex");
+    assert!(matches!(ConstraintSpec::grammar("root ::= \"x\"+").unwrap(), ConstraintSpec::Regex(_)));
+    // A regular grammar sent as `grammar` over the protocol compiles to its DFA.
+    assert!(!Constraint::new(&ConstraintSpec::Grammar("root ::= \"x\"+".into())).unwrap().is_context_free());
+}
+
+/// A grammar whose inlined regex would pass a megabyte (each rule used twice
+/// by the one above: one text of 2^31 bytes) is context-free instead, small.
+#[test]
+fn a_grammar_too_long_to_inline_is_context_free() {
+    let gbnf: String = (1..30).map(|i| format!("r{i} ::= r{} r{}\n", i + 1, i + 1)).chain(["root ::= r1 r1\nr30 ::= \"ab\"\n".to_string()]).collect();
+    let c = Constraint::grammar(&gbnf).unwrap();
+    assert!(c.is_context_free());
+    let s = c.walk(c.start(), b"abababab").expect("a prefix of the one match");
+    assert!(!c.accepts(s) && !c.extends(s, b"b"));
+}
+
+/// A hostile grammar is refused before its symbols take all memory.
+#[test]
+fn a_grammar_past_the_symbol_bound_is_refused() {
+    let gbnf = format!("root ::= \"{}\" root | \"b\"", "a".repeat(specdec_constraint::cfg::MAX_GRAMMAR_SYMBOLS));
+    match Constraint::grammar(&gbnf) {
+        Err(ConstraintError::Grammar { reason }) => assert!(reason.contains("symbols"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// `gbnf::with_end` (llama.cpp's grammar with its end token after the
+/// output) writes every fixture grammar again as the same language: read
+/// back with a text end, each listed match ends there and nothing else does.
+#[test]
+fn a_grammar_written_again_with_an_end_is_the_same_language() {
+    let file: Value = serde_json::from_str(GRAMMARS).unwrap();
+    for case in file["cases"].as_array().unwrap() {
+        let (id, gbnf) = (case["id"].as_str().unwrap(), case["gbnf"].as_str().unwrap());
+        let written = specdec_constraint::gbnf::with_end(gbnf, "\"#END\"").unwrap();
+        let c = Constraint::grammar(&written).unwrap_or_else(|e| panic!("{id}: {e}\n{written}"));
+        for (key, want) in [("matches", true), ("rejects", false)] {
+            for t in case[key].as_array().unwrap() {
+                let t = t.as_str().unwrap();
+                assert_eq!(c.matches(format!("{t}#END").as_bytes()), want, "{id}: {t:?}#END\n{written}");
+                assert!(!c.matches(t.as_bytes()) || t.ends_with("#END"), "{id}: {t:?} without the end\n{written}");
+            }
+        }
+    }
 }

@@ -3,7 +3,9 @@
 //!
 //! The mask of a state is computed once by walking a byte trie of the
 //! vocabulary from the state (each shared prefix walked once, a dead branch
-//! cut at its first byte) and cached per state; it equals the plain
+//! cut at its first byte, a step back over a byte undone by the constraint's
+//! [`Cursor`](specdec_constraint::Cursor): a DFA state, or a recursive
+//! grammar's Earley set) and cached per state; it equals the plain
 //! definition, [`specdec_constraint::allowed`], token for token
 //! (`tests/constrained.rs`).
 
@@ -72,18 +74,28 @@ impl TokenTable {
         &self.vocab
     }
 
-    /// The text tokens the constraint allows from `state` (eos aside).
+    /// The text tokens the constraint allows from `state` (eos aside): a
+    /// depth-first walk of the trie, the cursor one byte deep per level.
     fn walk(&self, c: &Constraint, state: State) -> Vec<bool> {
         let mut allowed = vec![false; self.vocab.len()];
-        let mut stack = vec![(0usize, state)];
-        while let Some((node, s)) = stack.pop() {
-            for &(b, child) in &self.nodes[node].children {
-                if let Some(next) = c.walk(s, &[b]) {
-                    for &t in &self.nodes[child as usize].tokens {
-                        allowed[t as usize] = true;
-                    }
-                    stack.push((child as usize, next));
+        let mut cursor = c.cursor(state);
+        // (node, its next child to try); the cursor has walked the bytes to
+        // every node on the stack but the root.
+        let mut stack = vec![(0usize, 0usize)];
+        while let Some((node, next)) = stack.last_mut() {
+            let Some(&(b, child)) = self.nodes[*node].children.get(*next) else {
+                stack.pop();
+                if !stack.is_empty() {
+                    cursor.pop();
                 }
+                continue;
+            };
+            *next += 1;
+            if cursor.push(b) {
+                for &t in &self.nodes[child as usize].tokens {
+                    allowed[t as usize] = true;
+                }
+                stack.push((child as usize, 0));
             }
         }
         allowed
@@ -173,6 +185,9 @@ impl ConstraintCache {
     }
 
     /// `spec` compiled over the table: the kept one, or compiled now and kept.
+    /// A recursive grammar's is compiled for each request and never kept:
+    /// its states are the charts of the outputs it met, which would grow
+    /// for the server's life.
     pub fn get(&self, spec: &ConstraintSpec) -> Result<Constrained, ConstraintError> {
         let lock = || self.compiled.lock().unwrap_or_else(|e| e.into_inner());
         {
@@ -185,6 +200,9 @@ impl ConstraintCache {
         }
         // Compiled outside the lock: a slow pattern holds no other request.
         let c = Constrained::new(spec.clone(), Arc::clone(&self.table))?;
+        if c.constraint().is_context_free() {
+            return Ok(c);
+        }
         let mut kept = lock();
         kept.push_front(c.clone());
         kept.truncate(self.capacity);

@@ -99,7 +99,7 @@ pub use request::{Acceptance, FinishReason, Output, Request, RunOutput, Timings}
 pub use seq::noise_streams;
 pub use session::Session;
 pub use sink::{NoSink, Sink};
-pub use specdec_constraint::gbnf::from_regex as gbnf_from_regex;
+pub use specdec_constraint::gbnf::{from_regex as gbnf_from_regex, with_end as gbnf_with_end};
 pub use specdec_constraint::{ConstraintError, ConstraintSpec, Vocabulary};
 pub use specdec_reference::{LogprobMode, LogprobRequest, MAX_TOP_LOGPROBS, TokenLogprob};
 pub use stop::Detokenize;

@@ -25,6 +25,27 @@ const EOS: u32 = 11;
 /// forced middle and a bounded tail.
 const PATTERNS: [&str; 3] = ["([A-F][a-f])+", "A(a[BC]|b[AC]|c[AB])*[abc]", "(AaBb|CcDd|Ee)*Ff(Gg|Hh){2,4}"];
 
+/// A recursive grammar over the tiny text (context-free, CONSTRAIN-5): n
+/// openers (`Aa`, `Bb` or `Cc`), one `Ff`, then exactly n closers (`Dd` or
+/// `Ee`); eos only once every opener is closed. Greedy decoding of the tiny
+/// model nests it five deep (`Cc`x5 `Ff` `Ee`x5), which no DFA counts.
+const GRAMMAR: &str = r#"root ::= ("Aa" | "Bb" | "Cc") root ("Dd" | "Ee") | "Ff""#;
+
+/// Every constraint the checks run: the regexes, then the grammar.
+fn specs() -> Vec<ConstraintSpec> {
+    let grammar = ConstraintSpec::grammar(GRAMMAR).unwrap();
+    assert!(matches!(grammar, ConstraintSpec::Grammar(_)), "the grammar recurses");
+    PATTERNS.iter().map(|p| ConstraintSpec::Regex(p.to_string())).chain([grammar]).collect()
+}
+
+/// A spec as a check names it.
+fn label(spec: &ConstraintSpec) -> String {
+    match spec {
+        ConstraintSpec::Regex(r) => r.clone(),
+        other => format!("{} {other:?}", other.kind()),
+    }
+}
+
 fn tiny() -> LlamaWeights {
     TinySpec::preset("tiny-v12-l2").unwrap().weights().unwrap()
 }
@@ -34,7 +55,11 @@ fn table(vocab: usize) -> Arc<TokenTable> {
 }
 
 fn constrained(pattern: &str, table: &Arc<TokenTable>) -> Constrained {
-    Constrained::new(ConstraintSpec::Regex(pattern.into()), table.clone()).unwrap()
+    compiled(&ConstraintSpec::Regex(pattern.into()), table)
+}
+
+fn compiled(spec: &ConstraintSpec, table: &Arc<TokenTable>) -> Constrained {
+    Constrained::new(spec.clone(), table.clone()).unwrap()
 }
 
 fn proposer(name: &str, w: &LlamaWeights) -> Box<dyn Proposer<ReferenceBackend>> {
@@ -67,8 +92,8 @@ fn logits(w: &LlamaWeights, context: &[u32]) -> Vec<f64> {
 /// Plain constrained greedy decoding written independently of the engine:
 /// the plain mask of `specdec_constraint`, argmax of the masked logits with
 /// ties to the lowest id, one token at a time, until eos or `n`.
-fn plain_constrained_greedy(w: &LlamaWeights, prompt: &[u32], n: usize, pattern: &str) -> Vec<u32> {
-    let c = Constraint::regex(pattern).unwrap();
+fn plain_constrained_greedy(w: &LlamaWeights, prompt: &[u32], n: usize, spec: &ConstraintSpec) -> Vec<u32> {
+    let c = Constraint::new(spec).unwrap();
     let vocab = table(w.config.vocab_size).vocabulary().clone();
     let mut out: Vec<u32> = Vec::new();
     while out.len() < n {
@@ -95,13 +120,13 @@ fn request(prompt: &[u32], max_tokens: usize, c: &Constrained) -> Request {
 /// The first greedy check that fails, over every pattern, proposer, k and
 /// prompt, or `None`: the outputs equal plain constrained greedy decoding
 /// (DECODE-2 with CONSTRAIN-3) and each finished output matches.
-fn greedy_failure(fault: Option<Fault>, proposers: &[&str]) -> Option<String> {
+fn greedy_failure(fault: Option<Fault>, proposers: &[&str], specs: &[ConstraintSpec]) -> Option<String> {
     let w = tiny();
     let t = table(w.config.vocab_size);
-    for pattern in PATTERNS {
-        let c = constrained(pattern, &t);
+    for spec in specs {
+        let (c, pattern) = (compiled(spec, &t), label(spec));
         let reqs: Vec<Request> = PROMPTS.iter().map(|p| request(p, 14, &c)).collect();
-        let want: Vec<Vec<u32>> = PROMPTS.iter().map(|p| plain_constrained_greedy(&w, p, 14, pattern)).collect();
+        let want: Vec<Vec<u32>> = PROMPTS.iter().map(|p| plain_constrained_greedy(&w, p, 14, spec)).collect();
         for name in proposers {
             for k in [1, 3, 5] {
                 let out = generate(&w, EngineConfig { k, fault, ..EngineConfig::default() }, &reqs, proposer(name, &w).as_mut());
@@ -130,10 +155,16 @@ fn constrained_greedy_equals_plain_constrained_greedy_for_every_proposer() {
         let engine = Engine::new(&B, &model, &w.config, EngineConfig::default()).unwrap();
         engine.generate(&[Request::greedy(p.to_vec(), 14)], &mut NoProposer, None, &mut NoSink).unwrap().outputs[0].tokens.clone()
     };
-    let ended = PATTERNS.iter().flat_map(|pat| PROMPTS.iter().map(|p| plain_constrained_greedy(&w, p, 14, pat)).collect::<Vec<_>>()).filter(|o| o.last() == Some(&EOS)).count();
+    let ended = specs().iter().flat_map(|spec| PROMPTS.iter().map(|p| plain_constrained_greedy(&w, p, 14, spec)).collect::<Vec<_>>()).filter(|o| o.last() == Some(&EOS)).count();
     assert!(ended > 0, "some constrained output ends at eos");
-    assert!(PROMPTS.iter().any(|p| free(p) != plain_constrained_greedy(&w, p, 14, PATTERNS[1])), "the constraint changes the output");
-    if let Some(failure) = greedy_failure(None, &PROPOSERS) {
+    for spec in [ConstraintSpec::Regex(PATTERNS[1].into()), ConstraintSpec::grammar(GRAMMAR).unwrap()] {
+        assert!(PROMPTS.iter().any(|p| free(p) != plain_constrained_greedy(&w, p, 14, &spec)), "the constraint changes the output: {}", label(&spec));
+    }
+    // The grammar's outputs nest: some greedy output opens a bracket.
+    let grammar = ConstraintSpec::grammar(GRAMMAR).unwrap();
+    let nested = PROMPTS.iter().map(|p| plain_constrained_greedy(&w, p, 14, &grammar)).filter(|o| o.len() > 6 && o.last() == Some(&EOS)).count();
+    assert!(nested > 0, "no greedy output nests the grammar three deep and closes it");
+    if let Some(failure) = greedy_failure(None, &PROPOSERS, &specs()) {
         panic!("CONSTRAIN-3: {failure}");
     }
 }
@@ -160,6 +191,20 @@ fn the_fast_mask_equals_the_plain_definition() {
         }
         assert!(seen > 10, "{pattern}: only {seen} outputs walked");
     }
+    // The recursive grammar: its states are its own (charts), so walked on it.
+    let c = compiled(&ConstraintSpec::grammar(GRAMMAR).unwrap(), &t);
+    let mut frontier = vec![Vec::<u32>::new()];
+    let mut seen = 0;
+    while let Some(out) = frontier.pop() {
+        let state = state_after(c.constraint(), &out, t.vocabulary(), &[EOS]).unwrap();
+        let mask = c.allowed(state, &[EOS]);
+        assert_eq!(mask, allowed(c.constraint(), state, t.vocabulary(), &[EOS]), "CONSTRAIN-2: {GRAMMAR} after {out:?}");
+        seen += 1;
+        if out.len() < 6 {
+            frontier.extend((0..12u32).filter(|&i| mask[i as usize] && i != EOS).map(|i| [out.clone(), vec![i]].concat()));
+        }
+    }
+    assert!(seen > 100, "the grammar: only {seen} outputs walked");
     // Bytes: every single byte, and pieces that straddle JSON tokens and UTF-8.
     let mut pieces: Vec<Option<Vec<u8>>> = (0..=255u8).map(|b| Some(vec![b])).collect();
     for p in ["{\"", "\":", "\",\"", "\"}", "true", "fal", "se", "nu", "ll", "12", "-0", "é", "\u{e9}\"", "\\u00"] {
@@ -179,7 +224,30 @@ fn the_fast_mask_equals_the_plain_definition() {
         }
         assert!(plain.accepts(state) && c.allowed(state, &eos)[eos[0] as usize], "{text}");
     }
+    // A recursive grammar (Earley sets, stepped back by the cursor): JSON
+    // of any depth, on the same byte-level vocabulary.
+    let c = compiled(&ConstraintSpec::grammar(JSON_GRAMMAR).unwrap(), &t);
+    let cfg = c.constraint();
+    assert!(cfg.is_context_free());
+    for text in [r#"{"a":[1,{"b":null}],"c":"é\u00e9"}"#, "[[[[]],-0.5e3],true]"] {
+        let mut state = cfg.start();
+        for &b in text.as_bytes() {
+            assert_eq!(c.allowed(state, &eos), allowed(cfg, state, t.vocabulary(), &eos), "{text} at byte {b}");
+            state = cfg.walk(state, &[b]).unwrap_or_else(|| panic!("{text}: byte {b} refused"));
+        }
+        assert!(cfg.accepts(state) && c.allowed(state, &eos)[eos[0] as usize], "{text}");
+    }
 }
+
+/// JSON as a recursive GBNF grammar (compact: no whitespace).
+const JSON_GRAMMAR: &str = r#"
+root ::= value
+value ::= object | array | string | number | "true" | "false" | "null"
+object ::= "{" (string ":" value ("," string ":" value)*)? "}"
+array ::= "[" (value ("," value)*)? "]"
+string ::= "\"" ([^"\\\x00-\x1f] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}))* "\""
+number ::= "-"? ("0" | [1-9] [0-9]*) ("." [0-9]+)? ([eE] [-+]? [0-9]+)?
+"#;
 
 /// The exact law of the first two tokens of constrained plain sampling:
 /// each row masked with the state after the tokens before it (CONSTRAIN-1),
@@ -206,11 +274,10 @@ fn exact_two_token_law(w: &LlamaWeights, prompt: &[u32], c: &Constraint, vocab: 
 
 /// The p-value of the first two tokens of `n` seeded runs against the
 /// exact constrained law.
-fn two_token_p_value(fault: Option<Fault>, name: &str, n: u64) -> f64 {
+fn two_token_p_value(fault: Option<Fault>, name: &str, n: u64, spec: &ConstraintSpec) -> f64 {
     let w = tiny();
     let t = table(w.config.vocab_size);
-    let pattern = PATTERNS[1];
-    let c = constrained(pattern, &t);
+    let c = compiled(spec, &t);
     let p = SamplingParams::new(1.0, 0, 1.0);
     let prompt = [0u32, 1, 0, 1];
     let law = exact_two_token_law(&w, &prompt, c.constraint(), t.vocabulary(), p);
@@ -227,8 +294,9 @@ fn two_token_p_value(fault: Option<Fault>, name: &str, n: u64) -> f64 {
     specdec_stats::chi_squared_gof(&observed, &expected).unwrap().p_value().unwrap()
 }
 
-/// Level of each law test: the suite runs 3 (two proposers, one control),
-/// so a clean run fails with probability at most 3e-3, by no retry.
+/// Level of each law test: the suite runs 4 (two proposers on a regex, a
+/// draft model on the grammar, one control), so a clean run fails with
+/// probability at most 4e-3, by no retry.
 const ALPHA: f64 = 1e-3;
 
 /// Draws enough runs that a law at total variation 0.1 from the exact one
@@ -243,10 +311,11 @@ fn planned_runs() -> u64 {
 #[test]
 fn constrained_sampling_has_the_exact_law_with_speculation() {
     let n = planned_runs();
-    for name in ["draft", "ngram"] {
-        let p = two_token_p_value(None, name, n);
-        eprintln!("{name}: p = {p:.3e} over {n} runs");
-        assert!(p >= ALPHA, "CONSTRAIN-1, CONSTRAIN-3: {name}: p = {p:.2e} over {n} runs");
+    let regex = ConstraintSpec::Regex(PATTERNS[1].into());
+    for (name, spec) in [("draft", &regex), ("ngram", &regex), ("draft", &ConstraintSpec::grammar(GRAMMAR).unwrap())] {
+        let p = two_token_p_value(None, name, n, spec);
+        eprintln!("{name} {}: p = {p:.3e} over {n} runs", label(spec));
+        assert!(p >= ALPHA, "CONSTRAIN-1, CONSTRAIN-3: {name} {}: p = {p:.2e} over {n} runs", label(spec));
     }
 }
 
@@ -255,8 +324,8 @@ fn constrained_sampling_has_the_exact_law_with_speculation() {
 fn sampled_outputs_keep_the_constraint_on_every_proposer() {
     let w = tiny();
     let t = table(w.config.vocab_size);
-    for pattern in PATTERNS {
-        let c = constrained(pattern, &t);
+    for spec in specs() {
+        let (c, pattern) = (compiled(&spec, &t), label(&spec));
         let reqs: Vec<Request> = (0..12u64).map(|seed| Request { sampling: SamplingParams::new(0.9, 0, 0.95), seed, ..request(PROMPTS[(seed % 3) as usize], 16, &c) }).collect();
         for name in PROPOSERS {
             for o in generate(&w, EngineConfig { k: 4, ..EngineConfig::default() }, &reqs, proposer(name, &w).as_mut()) {
@@ -320,31 +389,41 @@ fn a_dead_end_fails_a_request_where_plain_decoding_fails_it() {
 mod faults {
     use super::*;
 
+    /// The first failure `fault` causes, which it must cause on the regexes
+    /// and on the recursive grammar alike.
+    fn caught(fault: Fault, proposers: &[&str]) -> Option<String> {
+        let all = specs();
+        let (regexes, grammar) = all.split_at(PATTERNS.len());
+        let on_grammar = greedy_failure(Some(fault), proposers, grammar);
+        assert!(on_grammar.is_some(), "{fault:?} passes on the grammar");
+        greedy_failure(Some(fault), proposers, regexes).map(|f| format!("{f}; on the grammar: {}", on_grammar.unwrap_or_default()))
+    }
+
     /// vLLM #56077's class: the state fed the drafts and not rolled back.
     #[test]
     fn a_state_not_rolled_back_is_caught() {
-        let failure = greedy_failure(Some(Fault::ConstraintNotRolledBack), &["ngram"]);
+        let failure = caught(Fault::ConstraintNotRolledBack, &["ngram"]);
         eprintln!("ConstraintNotRolledBack: {failure:?}");
         assert!(failure.is_some());
     }
 
     #[test]
     fn a_mask_on_the_first_row_only_is_caught() {
-        let failure = greedy_failure(Some(Fault::MaskFirstRowOnly), &["ngram"]);
+        let failure = caught(Fault::MaskFirstRowOnly, &["ngram"]);
         eprintln!("MaskFirstRowOnly: {failure:?}");
         assert!(failure.is_some());
     }
 
     #[test]
     fn a_mask_from_the_committed_state_is_caught() {
-        let failure = greedy_failure(Some(Fault::MaskFromCommittedState), &["ngram"]);
+        let failure = caught(Fault::MaskFromCommittedState, &["ngram"]);
         eprintln!("MaskFromCommittedState: {failure:?}");
         assert!(failure.is_some());
     }
 
     #[test]
     fn eos_outside_an_accepting_state_is_caught() {
-        let failure = greedy_failure(Some(Fault::EosOutsideAccept), &["none"]);
+        let failure = caught(Fault::EosOutsideAccept, &["none"]);
         eprintln!("EosOutsideAccept: {failure:?}");
         assert!(failure.is_some());
     }
@@ -352,7 +431,7 @@ mod faults {
     /// HF #47932's class for constraints: drafts drawn under the mask, `q` reported without it.
     #[test]
     fn a_draft_q_without_the_mask_is_caught() {
-        let p = two_token_p_value(Some(Fault::DraftQWithoutMask), "draft", planned_runs());
+        let p = two_token_p_value(Some(Fault::DraftQWithoutMask), "draft", planned_runs(), &ConstraintSpec::Regex(PATTERNS[1].into()));
         eprintln!("DraftQWithoutMask: p = {p:.3e}");
         assert!(p < ALPHA, "the law check missed a q without the mask: p = {p:.2e}");
     }

@@ -52,7 +52,7 @@ pub struct GenerationRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<LogprobRequest>,
     /// The constraint the output text must match (CONSTRAIN-1 .. CONSTRAIN-5):
-    /// `{"regex": R}` or `{"json_schema": S}`; absent means none.
+    /// `{"regex": R}`, `{"json_schema": S}` or `{"grammar": G}` (GBNF); absent means none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub constraint: Option<ConstraintSpec>,
 }
@@ -243,16 +243,19 @@ pub struct EngineInfo {
 pub enum ConstraintKind {
     Regex,
     JsonSchema,
+    /// A GBNF grammar, recursive or not (CONSTRAIN-5).
+    Grammar,
 }
 
 impl ConstraintKind {
-    pub const ALL: [ConstraintKind; 2] = [ConstraintKind::Regex, ConstraintKind::JsonSchema];
+    pub const ALL: [ConstraintKind; 3] = [ConstraintKind::Regex, ConstraintKind::JsonSchema, ConstraintKind::Grammar];
 
     /// The kind of `spec`.
     pub fn of(spec: &ConstraintSpec) -> Self {
         match spec {
             ConstraintSpec::Regex(_) => ConstraintKind::Regex,
             ConstraintSpec::JsonSchema(_) => ConstraintKind::JsonSchema,
+            ConstraintSpec::Grammar(_) => ConstraintKind::Grammar,
         }
     }
 
@@ -261,6 +264,7 @@ impl ConstraintKind {
         match self {
             ConstraintKind::Regex => "regex",
             ConstraintKind::JsonSchema => "json_schema",
+            ConstraintKind::Grammar => "grammar",
         }
     }
 }

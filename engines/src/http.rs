@@ -24,8 +24,8 @@
 //!   alternative is an id, never a string two ids may share) and our
 //!   `logprobs_mode` (`raw` or `processed`; vLLM fixes it at start);
 //! - a constraint (CONSTRAIN-1): a regex as vLLM's `structured_outputs:
-//!   {"regex": R}`, a JSON schema as OpenAI's `response_format` of type
-//!   `json_schema`.
+//!   {"regex": R}`, a GBNF grammar as its `{"grammar": G}`, a JSON schema as
+//!   OpenAI's `response_format` of type `json_schema`.
 //!
 //! **llama.cpp's native endpoint** (`llama-cpp+http://HOST:PORT`): one
 //! `POST /completion` on token ids with `return_tokens` (ids back in
@@ -36,8 +36,9 @@
 //! `repeat_last_n` the prompt's length plus the cap, so a penalty over the generated tokens alone is
 //! refused; logprobs through `n_probs`, raw from `top_logprobs` or
 //! processed from `post_sampling_probs`' `top_probs`; a JSON schema as its
-//! `json_schema`, a regex as its `grammar`: the pattern's GBNF followed by
-//! an eos id as a token; either lets the model's own end through, which
+//! `json_schema`, a regex as its `grammar` (the pattern's GBNF) and a GBNF
+//! grammar as itself (its `root` renamed), either followed by an eos id as
+//! a token; each lets the model's own end through, which
 //! only a finished grammar allows), `stop_type` for the finish reason and
 //! `timings.draft_n` / `draft_n_accepted` for the draft counts. What is lost:
 //! the server takes no eos ids per request, only its model's own, so the
@@ -220,9 +221,10 @@ fn openai_body(r: &GenerationRequest) -> Value {
         body["logprobs_mode"] = json!(ask.mode.name());
         body["return_tokens_as_token_ids"] = json!(true);
     }
-    // A regex as vLLM's `structured_outputs`, a schema as OpenAI's `response_format`.
+    // A regex or a grammar as vLLM's `structured_outputs`, a schema as OpenAI's `response_format`.
     match &r.constraint {
         Some(ConstraintSpec::Regex(re)) => body["structured_outputs"] = json!({"regex": re}),
+        Some(ConstraintSpec::Grammar(g)) => body["structured_outputs"] = json!({"grammar": g}),
         Some(ConstraintSpec::JsonSchema(s)) => body["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "specdec", "schema": s, "strict": true}}),
         None => {}
     }
@@ -257,7 +259,11 @@ fn llama_cpp_body(r: &GenerationRequest) -> Result<Value, EngineError> {
             body["ignore_eos"] = json!(false);
         }
         Some(ConstraintSpec::Regex(pattern)) => {
-            body["grammar"] = json!(llama_cpp_grammar(pattern, &r.eos)?);
+            body["grammar"] = json!(llama_cpp_grammar(&Constrained::Regex(pattern), &r.eos)?);
+            body["ignore_eos"] = json!(false);
+        }
+        Some(ConstraintSpec::Grammar(g)) => {
+            body["grammar"] = json!(llama_cpp_grammar(&Constrained::Grammar(g), &r.eos)?);
             body["ignore_eos"] = json!(false);
         }
         None => {}
@@ -270,19 +276,31 @@ fn llama_cpp_body(r: &GenerationRequest) -> Result<Value, EngineError> {
     Ok(body)
 }
 
-/// A regex constraint as llama.cpp's grammar (its server takes no regexes):
-/// the pattern's GBNF, then one of the request's eos ids as a token (`<[id]>`,
+/// A constraint llama.cpp's server takes as a grammar.
+enum Constrained<'a> {
+    Regex(&'a str),
+    Grammar(&'a str),
+}
+
+/// A regex or grammar constraint as llama.cpp's grammar (its server takes no
+/// regexes): the pattern's GBNF (a grammar's rules written again, its `root`
+/// renamed), then one of the request's eos ids as a token (`<[id]>`,
 /// matched by id, never by its text), so an eos is allowed exactly where the
 /// output matches (CONSTRAIN-2). With no eos id the output could not end
 /// where it matches, so the request is refused.
-fn llama_cpp_grammar(pattern: &str, eos: &[u32]) -> Result<String, EngineError> {
+fn llama_cpp_grammar(c: &Constrained, eos: &[u32]) -> Result<String, EngineError> {
     let refuse = |reason: String| EngineError::Request { index: 0, reason };
     if eos.is_empty() {
-        return Err(refuse("a regex constraint asked of llama.cpp's server needs an eos id to end where the output matches".into()));
+        return Err(refuse("a regex or grammar constraint asked of llama.cpp's server needs an eos id to end where the output matches".into()));
     }
-    let expression = specdec_decoder::gbnf_from_regex(pattern).map_err(|e| refuse(e.to_string()))?;
-    let ends: Vec<String> = eos.iter().map(|id| format!("<[{id}]>")).collect();
-    Ok(format!("root ::= ({expression}) ({})", ends.join(" | ")))
+    let ends = eos.iter().map(|id| format!("<[{id}]>")).collect::<Vec<_>>().join(" | ");
+    match c {
+        Constrained::Regex(pattern) => {
+            let expression = specdec_decoder::gbnf_from_regex(pattern).map_err(|e| refuse(e.to_string()))?;
+            Ok(format!("root ::= ({expression}) ({ends})"))
+        }
+        Constrained::Grammar(g) => specdec_decoder::gbnf_with_end(g, &ends).map_err(|e| refuse(e.to_string())),
+    }
 }
 
 /// One `/completion` reply as a [`Generation`], cut after the first of the

@@ -164,7 +164,8 @@ fn processors_and_logprobs_are_carried_and_read() {
 }
 
 /// CONSTRAIN-1 over llama.cpp's endpoint: a regex goes out as its GBNF
-/// with the request's eos ids as tokens after it, a JSON schema as
+/// with the request's eos ids as tokens after it, a recursive grammar as
+/// itself (its `root` renamed) with them after it, a JSON schema as
 /// `json_schema`, both letting the model's own end through (a finished
 /// grammar allows nothing else); a regex with no eos, or one GBNF cannot
 /// say, is refused by index and never sent.
@@ -177,17 +178,28 @@ fn constraints_go_out_as_grammars_ending_at_an_eos() {
     assert_eq!((&out[0].tokens, out[0].finish), (&vec![1, 5], Finish::Eos), "cut after the eos the grammar ended on");
     let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]});
     engine.generate(&[GenerationRequest { constraint: Some(ConstraintSpec::JsonSchema(schema.clone())), ..request(true) }]).unwrap();
+    let nested = r#"root ::= "(" root ")" | [a-c]"#;
+    engine.generate(&[GenerationRequest { constraint: Some(ConstraintSpec::Grammar(nested.into())), eos: vec![5], ..request(true) }]).unwrap();
     let bodies = server.bodies();
     assert_eq!(bodies[0]["grammar"], json!(r#"root ::= ("A" [a-b]+) (<[5]> | <[7]>)"#));
+    assert_eq!(bodies[2]["grammar"], json!("root ::= root-body0 (<[5]>)\nroot-body0 ::= \"(\" root-body0 \")\" | [a-c]\n"));
+    assert_eq!(bodies[2]["ignore_eos"], json!(false));
     assert_eq!((&bodies[0]["ignore_eos"], bodies[0].get("json_schema")), (&json!(false), None));
     assert_eq!((&bodies[1]["json_schema"], &bodies[1]["ignore_eos"], bodies[1].get("grammar")), (&schema, &json!(false), None));
-    for (bad, names) in [(regex("a+", Vec::new()), "needs an eos id"), (regex("^a", vec![5]), "assertion"), (regex("(a", vec![5]), "unclosed group")] {
+    let grammar = |g: &str, eos: Vec<u32>| GenerationRequest { constraint: Some(ConstraintSpec::Grammar(g.into())), eos, ..request(true) };
+    for (bad, names) in [
+        (regex("a+", Vec::new()), "needs an eos id"),
+        (regex("^a", vec![5]), "assertion"),
+        (regex("(a", vec![5]), "unclosed group"),
+        (grammar(nested, Vec::new()), "needs an eos id"),
+        (grammar("root ::= x", vec![5]), "not defined"),
+    ] {
         match engine.generate(&[request(true), bad]) {
             Err(EngineError::Request { index: 1, reason }) => assert!(reason.contains(names), "{reason}"),
             other => panic!("{names}: {other:?}"),
         }
     }
-    assert_eq!(server.bodies().len(), 2, "a call with a refused request sends none of its requests");
+    assert_eq!(server.bodies().len(), 3, "a call with a refused request sends none of its requests");
 }
 
 #[test]

@@ -383,7 +383,7 @@ fn constraint(c: &Common) -> Result<(Option<specdec_decoder::ConstraintSpec>, &'
                 ),
                 ("json_object", Value::Bool(true)) => any_json_object(),
                 ("json_object", Value::Bool(false)) => continue,
-                // A GBNF grammar without recursion, read as its regex (CONSTRAIN-5).
+                // A GBNF grammar: its regex where no rule recurses, else context-free (CONSTRAIN-5).
                 ("grammar", Value::String(g)) => ConstraintSpec::grammar(g).map_err(|e| ApiError::bad("structured_outputs", format!("structured_outputs.grammar: {e}")))?,
                 ("structural_tag", _) => {
                     return Err(ApiError::bad("structured_outputs", "structured_outputs.structural_tag is not supported: give a regex, a json schema, json_object, a grammar or a choice"));

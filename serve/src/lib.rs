@@ -220,7 +220,7 @@ fn statement(ready: &Ready, proposer: &ProposerChoice, vocab: usize, constraints
         "logprobs": {"modes": ["raw", "processed"], "max_top": specdec_decoder::MAX_TOP_LOGPROBS, "epsilon": ready.greedy_epsilon.max(1e-9)},
     });
     if constraints {
-        statement["constraints"] = json!(["regex", "json_schema"]);
+        statement["constraints"] = json!(["regex", "json_schema", "grammar"]);
     }
     statement
 }

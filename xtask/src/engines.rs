@@ -179,7 +179,12 @@ impl Record<'_> {
         let commit = self.commit.as_deref().filter(|_| self.resume)?;
         let record: Value = serde_json::from_str(&std::fs::read_to_string(self.done_path(slug)).ok()?).ok()?;
         let json = self.out.join(format!("{slug}.json"));
-        (record["commit"] == commit && record["seed"] == ENGINES_SEED && json.exists()).then(|| Done { slug: slug.to_string(), json, seconds: record["seconds"].as_f64().unwrap_or(f64::NAN), reused: true })
+        (record["commit"] == commit && record["seed"] == ENGINES_SEED && json.exists()).then(|| Done {
+            slug: slug.to_string(),
+            json,
+            seconds: record["seconds"].as_f64().unwrap_or(f64::NAN),
+            reused: true,
+        })
     }
 
     /// Records a finished run as reusable at this commit (nothing on a dirty tree).
@@ -411,7 +416,7 @@ fn llama_server_statement(path: &str, version: &str, vocab: usize, epsilon: f64,
         "greedy_epsilon": epsilon, "batch_invariant": false, "stop_strings": true, "eos_ids": false,
         "processors": ["min_p", "logit_bias", "repetition_penalty", "presence_penalty", "frequency_penalty"],
         "penalty_scopes": ["context"],
-        "constraints": ["json_schema", "regex"],
+        "constraints": ["json_schema", "regex", "grammar"],
     });
     if logprobs {
         statement["logprobs"] = serde_json::json!({"modes": ["raw", "processed"], "max_top": 10, "epsilon": epsilon});

@@ -1,5 +1,5 @@
 //! `engine/<label>/constrained/<setting>/{greedy,on,off}` (ENGINE-9): a
-//! regex constraint carried through the engine contract, lossless under
+//! regex constraint, or a recursive grammar, carried through the engine contract, lossless under
 //! speculation (CONSTRAIN-1 .. CONSTRAIN-4). `greedy`: at temperature 0,
 //! speculation on and off equal the reference's constrained greedy output
 //! (each row masked by the plain definition, CONSTRAIN-2, margins excused as
@@ -13,8 +13,10 @@
 //!
 //! The patterns are over the tiny models' text (`Aa`, `Bb`, ..): tokens
 //! straddle their elements, and they refuse what a repeating prompt's
-//! n-gram drafts propose. The eos is `Ll` (id 11), which no pattern uses,
-//! so it is allowed only where the output matches.
+//! n-gram drafts propose; the grammar counts (n openers, `Ff`, n closers),
+//! which no regex can, so its state is a chart the engine must keep with
+//! its KV cache. The eos is `Ll` (id 11), which no pattern uses, so it is
+//! allowed only where the output matches.
 
 use specdec_backend::SamplingParams;
 use specdec_backend::model::{ForwardRequest, LlamaWeights, RefModel};
@@ -28,17 +30,22 @@ use super::{Expect, GreedyRun, greedy_pick, judge_all, law_check};
 use crate::compare::Verdict;
 use crate::e2e_section::{RefConstraint, Setting, TINY_TOKENS, exact_law_with, sampled_setup, tiny_prompts};
 
-/// One setting of the check: its name and its regex over tiny text.
+/// One setting of the check: its name and its regex, or GBNF grammar, over tiny text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConstraintSetting {
     pub name: &'static str,
     pub pattern: &'static str,
+    /// `pattern` is a GBNF grammar (CONSTRAIN-5), not a regex.
+    pub grammar: bool,
 }
 
 /// The settings: tokens that straddle the pattern's elements and may not
-/// repeat; a forced stretch with a bounded tail.
-pub const CONSTRAINT_SETTINGS: [ConstraintSetting; 2] =
-    [ConstraintSetting { name: "alternation", pattern: "A(a[BC]|b[AC]|c[AB])*[abc]" }, ConstraintSetting { name: "bounded", pattern: "(AaBb|CcDd|Ee)*Ff(Gg|Hh){2,4}" }];
+/// repeat; a forced stretch with a bounded tail; a recursive grammar.
+pub const CONSTRAINT_SETTINGS: [ConstraintSetting; 3] = [
+    ConstraintSetting { name: "alternation", pattern: "A(a[BC]|b[AC]|c[AB])*[abc]", grammar: false },
+    ConstraintSetting { name: "bounded", pattern: "(AaBb|CcDd|Ee)*Ff(Gg|Hh){2,4}", grammar: false },
+    ConstraintSetting { name: "nested", pattern: r#"root ::= ("Aa" | "Bb" | "Cc") root ("Dd" | "Ee") | "Ff""#, grammar: true },
+];
 
 /// The eos of every constrained request (`Ll`).
 pub const CONSTRAINED_EOS: u32 = 11;
@@ -48,7 +55,7 @@ pub const CONSTRAINED_TOKENS: usize = 2;
 
 impl ConstraintSetting {
     pub fn spec(&self) -> ConstraintSpec {
-        ConstraintSpec::Regex(self.pattern.into())
+        if self.grammar { ConstraintSpec::Grammar(self.pattern.into()) } else { ConstraintSpec::Regex(self.pattern.into()) }
     }
 
     fn request(&self, prompt: Vec<u32>, params: SamplingParams, seed: u64, max_new_tokens: usize, on: bool) -> GenerationRequest {

@@ -1,0 +1,343 @@
+//! A context-free constraint (CONSTRAIN-2, CONSTRAIN-5): a GBNF grammar
+//! whose rules recurse (nested JSON, balanced brackets, a tool-call
+//! language), which no DFA can hold, recognized by Earley's algorithm over
+//! the bytes of the output.
+//!
+//! The grammar is first written as a plain byte-level BNF: a string is its
+//! UTF-8 bytes in sequence, a character class (and `.`) one production per
+//! UTF-8 byte-range sequence of its characters (regex-syntax's
+//! `Utf8Sequences`), a group a fresh rule, `x{m,n}` m copies of `x` then a
+//! chain of n - m optional ones, `x*` a left-recursive rule (`s -> s x |`,
+//! so a long run costs Earley a constant number of items per byte). Rules that
+//! derive no text at all are dropped with every production using them, so
+//! that every symbol left derives some text; then Earley's algorithm has the
+//! correct-prefix property the mask needs: the set after a prefix is empty
+//! exactly when no match extends the prefix (the state is dead), and it
+//! holds a finished `root` item from the start exactly when the prefix is a
+//! match (the state accepts). Nullable rules are handled as Aycock and
+//! Horspool do: predicting a nullable rule also steps over it.
+//!
+//! A chart is a chain of Earley sets shared between the states that extend
+//! it (a walk adds one set per byte and copies nothing), so a state costs
+//! one set per byte past its parent.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use regex_syntax::hir::{ClassUnicode, ClassUnicodeRange};
+use regex_syntax::utf8::Utf8Sequences;
+
+use crate::ConstraintError;
+use crate::gbnf::{Alternatives, Atom, Item as GbnfItem};
+
+/// The most symbols a grammar's byte-level form may hold (its productions'
+/// lengths summed): a server compiles its clients' grammars, so a hostile
+/// one must fail fast; a JSON grammar takes a few thousand.
+pub const MAX_GRAMMAR_SYMBOLS: usize = 1 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Symbol {
+    Rule(u32),
+    /// One byte in `lo ..= hi`.
+    Bytes(u8, u8),
+}
+
+#[derive(Debug)]
+struct Production {
+    lhs: u32,
+    rhs: Vec<Symbol>,
+}
+
+/// A grammar as byte-level BNF, every rule deriving some text.
+#[derive(Debug)]
+pub struct Grammar {
+    productions: Vec<Production>,
+    /// The productions of each rule.
+    of_rule: Vec<Vec<u32>>,
+    nullable: Vec<bool>,
+    root: u32,
+}
+
+/// An Earley item: production, dot, origin (the position it was predicted at).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct Item {
+    production: u32,
+    dot: u32,
+    origin: u32,
+}
+
+/// One Earley set after `position` bytes, and the chart before it.
+#[derive(Debug)]
+pub struct Chart {
+    items: Vec<Item>,
+    position: u32,
+    parent: Option<Arc<Chart>>,
+}
+
+impl Grammar {
+    /// The byte-level form of a GBNF grammar's rules (rule `root` the whole
+    /// output), as [`crate::gbnf`] parses them.
+    pub(crate) fn new(rules: &[(String, Alternatives)]) -> Result<Grammar, ConstraintError> {
+        let bad = |reason: String| ConstraintError::Grammar { reason };
+        crate::gbnf::all_defined(rules).map_err(bad)?;
+        let mut b = Builder { names: HashMap::new(), productions: Vec::new(), rules: 0, symbols: 0 };
+        for (name, _) in rules {
+            b.named(name);
+        }
+        for (name, alts) in rules {
+            let lhs = b.names[name.as_str()];
+            b.alternatives(lhs, alts).map_err(bad)?;
+        }
+        let root = *b.names.get("root").ok_or_else(|| bad("no rule `root`".into()))?;
+        Ok(Grammar::reduced(b.productions, b.rules as usize, root))
+    }
+
+    /// The grammar without the rules that derive no text (and every
+    /// production using one), with its nullable rules found.
+    fn reduced(all: Vec<Production>, rules: usize, root: u32) -> Grammar {
+        let derives = |s: &Symbol, set: &[bool]| match s {
+            Symbol::Rule(r) => set[*r as usize],
+            Symbol::Bytes(..) => true,
+        };
+        let mut productive = vec![false; rules];
+        let mut changed = true;
+        while changed {
+            changed = false;
+            for p in &all {
+                if !productive[p.lhs as usize] && p.rhs.iter().all(|s| derives(s, &productive)) {
+                    productive[p.lhs as usize] = true;
+                    changed = true;
+                }
+            }
+        }
+        let productions: Vec<Production> = all.into_iter().filter(|p| productive[p.lhs as usize] && p.rhs.iter().all(|s| derives(s, &productive))).collect();
+        let mut nullable = vec![false; rules];
+        changed = true;
+        while changed {
+            changed = false;
+            for p in &productions {
+                if !nullable[p.lhs as usize] && p.rhs.iter().all(|s| matches!(s, Symbol::Rule(r) if nullable[*r as usize])) {
+                    nullable[p.lhs as usize] = true;
+                    changed = true;
+                }
+            }
+        }
+        let mut of_rule = vec![Vec::new(); rules];
+        for (i, p) in productions.iter().enumerate() {
+            of_rule[p.lhs as usize].push(i as u32);
+        }
+        Grammar { productions, of_rule, nullable, root }
+    }
+
+    /// Whether any text matches (`root` derives some text).
+    pub fn matches_something(&self) -> bool {
+        !self.of_rule[self.root as usize].is_empty()
+    }
+
+    /// The chart of the empty output.
+    pub fn start(&self) -> Arc<Chart> {
+        let seeds: Vec<Item> = self.of_rule[self.root as usize].iter().map(|&p| Item { production: p, dot: 0, origin: 0 }).collect();
+        let mut chart = Chart { items: Vec::new(), position: 0, parent: None };
+        chart.items = self.closure(seeds, &[], 0);
+        Arc::new(chart)
+    }
+
+    /// The chart after `byte` from `chart`, `None` where no match extends it.
+    pub fn step(&self, chart: &Arc<Chart>, byte: u8) -> Option<Arc<Chart>> {
+        let scanned: Vec<Item> = chart.items.iter().filter(|it| matches!(self.next(it), Some(Symbol::Bytes(lo, hi)) if (lo..=hi).contains(&byte))).map(|it| Item { dot: it.dot + 1, ..*it }).collect();
+        if scanned.is_empty() {
+            return None;
+        }
+        let sets = chart.sets();
+        let position = chart.position + 1;
+        let items = self.closure(scanned, &sets, position);
+        Some(Arc::new(Chart { items, position, parent: Some(Arc::clone(chart)) }))
+    }
+
+    /// Whether the output that led to `chart` is a match.
+    pub fn accepts(&self, chart: &Chart) -> bool {
+        chart.items.iter().any(|it| it.origin == 0 && self.productions[it.production as usize].lhs == self.root && self.next(it).is_none())
+    }
+
+    fn next(&self, it: &Item) -> Option<Symbol> {
+        self.productions[it.production as usize].rhs.get(it.dot as usize).copied()
+    }
+
+    /// The Earley set at `position` from its first items: every completion
+    /// (against the sets before, `earlier[origin]`) and prediction they lead to.
+    fn closure(&self, seeds: Vec<Item>, earlier: &[&[Item]], position: u32) -> Vec<Item> {
+        let mut seen: HashSet<Item> = HashSet::new();
+        let mut agenda = Vec::new();
+        for it in seeds {
+            if seen.insert(it) {
+                agenda.push(it);
+            }
+        }
+        while let Some(it) = agenda.pop() {
+            let mut add = |new: Item| {
+                if seen.insert(new) {
+                    agenda.push(new);
+                }
+            };
+            match self.next(&it) {
+                // Completed: step every item of its origin's set waiting for its rule. An
+                // item completed where it was predicted (origin == position) derived
+                // nothing, and the prediction of a nullable rule stepped over it already.
+                None if it.origin < position => {
+                    let lhs = self.productions[it.production as usize].lhs;
+                    for waiting in earlier[it.origin as usize] {
+                        if self.next(waiting) == Some(Symbol::Rule(lhs)) {
+                            add(Item { dot: waiting.dot + 1, ..*waiting });
+                        }
+                    }
+                }
+                None | Some(Symbol::Bytes(..)) => {}
+                Some(Symbol::Rule(r)) => {
+                    for &p in &self.of_rule[r as usize] {
+                        add(Item { production: p, dot: 0, origin: position });
+                    }
+                    if self.nullable[r as usize] {
+                        add(Item { dot: it.dot + 1, ..it });
+                    }
+                }
+            }
+        }
+        let mut items: Vec<Item> = seen.into_iter().collect();
+        items.sort_unstable();
+        items
+    }
+}
+
+impl Chart {
+    /// Every set of the chain, the first first.
+    fn sets(&self) -> Vec<&[Item]> {
+        let mut sets = Vec::with_capacity(self.position as usize + 1);
+        let mut at = Some(self);
+        while let Some(c) = at {
+            sets.push(c.items.as_slice());
+            at = c.parent.as_deref();
+        }
+        sets.reverse();
+        sets
+    }
+}
+
+/// Writes GBNF rules as byte-level productions.
+struct Builder<'a> {
+    names: HashMap<&'a str, u32>,
+    productions: Vec<Production>,
+    rules: u32,
+    symbols: usize,
+}
+
+impl<'a> Builder<'a> {
+    fn named(&mut self, name: &'a str) -> u32 {
+        if let Some(&id) = self.names.get(name) {
+            return id;
+        }
+        let id = self.fresh();
+        self.names.insert(name, id);
+        id
+    }
+
+    fn fresh(&mut self) -> u32 {
+        self.rules += 1;
+        self.rules - 1
+    }
+
+    fn push(&mut self, lhs: u32, rhs: Vec<Symbol>) -> Result<(), String> {
+        self.symbols += rhs.len() + 1;
+        if self.symbols > MAX_GRAMMAR_SYMBOLS {
+            return Err(format!("the grammar takes more than {MAX_GRAMMAR_SYMBOLS} symbols as bytes (repetitions of large rules)"));
+        }
+        self.productions.push(Production { lhs, rhs });
+        Ok(())
+    }
+
+    fn alternatives(&mut self, lhs: u32, alts: &'a Alternatives) -> Result<(), String> {
+        for seq in alts {
+            let mut rhs = Vec::new();
+            for item in seq {
+                self.item(item, &mut rhs)?;
+            }
+            self.push(lhs, rhs)?;
+        }
+        Ok(())
+    }
+
+    /// Appends `item` (an atom and its repetition) to a production's symbols.
+    fn item(&mut self, item: &'a GbnfItem, rhs: &mut Vec<Symbol>) -> Result<(), String> {
+        let (lo, hi) = item.repeat;
+        if (lo, hi) == (1, Some(1)) {
+            return self.atom(&item.atom, rhs);
+        }
+        // The atom as one symbol, repeated.
+        let mut one = Vec::new();
+        self.atom(&item.atom, &mut one)?;
+        let x = match one.as_slice() {
+            [s] => *s,
+            _ => {
+                let r = self.fresh();
+                self.push(r, one)?;
+                Symbol::Rule(r)
+            }
+        };
+        rhs.extend(std::iter::repeat_n(x, lo as usize));
+        match hi {
+            None => {
+                // Left-recursive: Earley keeps one item per set for a left
+                // recursion, where a right one adds one per repetition.
+                let star = self.fresh();
+                self.push(star, vec![])?;
+                self.push(star, vec![Symbol::Rule(star), x])?;
+                rhs.push(Symbol::Rule(star));
+            }
+            Some(hi) if hi > lo => {
+                // opt_1 -> "" | x; opt_k -> "" | x opt_(k-1).
+                let mut tail: Option<u32> = None;
+                for _ in lo..hi {
+                    let opt = self.fresh();
+                    self.push(opt, vec![])?;
+                    self.push(opt, std::iter::once(x).chain(tail.map(Symbol::Rule)).collect())?;
+                    tail = Some(opt);
+                }
+                rhs.extend(tail.map(Symbol::Rule));
+            }
+            Some(_) => {}
+        }
+        Ok(())
+    }
+
+    fn atom(&mut self, atom: &'a Atom, rhs: &mut Vec<Symbol>) -> Result<(), String> {
+        match atom {
+            Atom::Text(t) => rhs.extend(t.bytes().map(|b| Symbol::Bytes(b, b))),
+            Atom::Rule(name) => rhs.push(Symbol::Rule(self.named(name))),
+            Atom::Group(alts) => {
+                let r = self.fresh();
+                self.alternatives(r, alts)?;
+                rhs.push(Symbol::Rule(r));
+            }
+            Atom::Class(ranges, negated) => {
+                let mut class = ClassUnicode::new(ranges.iter().map(|&(lo, hi)| ClassUnicodeRange::new(lo, hi)));
+                if *negated {
+                    class.negate();
+                }
+                rhs.push(self.class(&class)?);
+            }
+            Atom::Any => rhs.push(self.class(&ClassUnicode::new([ClassUnicodeRange::new('\0', char::MAX)]))?),
+        }
+        Ok(())
+    }
+
+    /// A rule of the characters of `class` as UTF-8: one production per
+    /// sequence of byte ranges.
+    fn class(&mut self, class: &ClassUnicode) -> Result<Symbol, String> {
+        let r = self.fresh();
+        for range in class.ranges() {
+            for seq in Utf8Sequences::new(range.start(), range.end()) {
+                self.push(r, seq.as_slice().iter().map(|b| Symbol::Bytes(b.start, b.end)).collect())?;
+            }
+        }
+        Ok(Symbol::Rule(r))
+    }
+}
