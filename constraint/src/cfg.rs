@@ -21,7 +21,7 @@
 //! it (a walk adds one set per byte and copies nothing), so a state costs
 //! one set per byte past its parent.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use regex_syntax::hir::{ClassUnicode, ClassUnicodeRange};
@@ -137,9 +137,8 @@ impl Grammar {
     /// The chart of the empty output.
     pub fn start(&self) -> Arc<Chart> {
         let seeds: Vec<Item> = self.of_rule[self.root as usize].iter().map(|&p| Item { production: p, dot: 0, origin: 0 }).collect();
-        let mut chart = Chart { items: Vec::new(), position: 0, parent: None };
-        chart.items = self.closure(seeds, &[], 0);
-        Arc::new(chart)
+        let empty = Chart { items: Vec::new(), position: 0, parent: None };
+        Arc::new(Chart { items: self.closure(seeds, &empty, 0), position: 0, parent: None })
     }
 
     /// The chart after `byte` from `chart`, `None` where no match extends it.
@@ -148,9 +147,8 @@ impl Grammar {
         if scanned.is_empty() {
             return None;
         }
-        let sets = chart.sets();
         let position = chart.position + 1;
-        let items = self.closure(scanned, &sets, position);
+        let items = self.closure(scanned, chart, position);
         Some(Arc::new(Chart { items, position, parent: Some(Arc::clone(chart)) }))
     }
 
@@ -164,18 +162,22 @@ impl Grammar {
     }
 
     /// The Earley set at `position` from its first items: every completion
-    /// (against the sets before, `earlier[origin]`) and prediction they lead to.
-    fn closure(&self, seeds: Vec<Item>, earlier: &[&[Item]], position: u32) -> Vec<Item> {
-        let mut seen: HashSet<Item> = HashSet::new();
-        let mut agenda = Vec::new();
+    /// (against the sets before it, `before` the last of them) and
+    /// prediction they lead to. A set holds tens of items, so a list
+    /// searched in order keeps them (hashing each cost more than the walk).
+    fn closure(&self, seeds: Vec<Item>, before: &Chart, position: u32) -> Vec<Item> {
+        let mut items: Vec<Item> = Vec::with_capacity(seeds.len() * 4);
+        let mut agenda = Vec::with_capacity(seeds.len() * 4);
         for it in seeds {
-            if seen.insert(it) {
+            if !items.contains(&it) {
+                items.push(it);
                 agenda.push(it);
             }
         }
         while let Some(it) = agenda.pop() {
             let mut add = |new: Item| {
-                if seen.insert(new) {
+                if !items.contains(&new) {
+                    items.push(new);
                     agenda.push(new);
                 }
             };
@@ -185,7 +187,7 @@ impl Grammar {
                 // nothing, and the prediction of a nullable rule stepped over it already.
                 None if it.origin < position => {
                     let lhs = self.productions[it.production as usize].lhs;
-                    for waiting in earlier[it.origin as usize] {
+                    for waiting in before.set_at(it.origin) {
                         if self.next(waiting) == Some(Symbol::Rule(lhs)) {
                             add(Item { dot: waiting.dot + 1, ..*waiting });
                         }
@@ -202,23 +204,19 @@ impl Grammar {
                 }
             }
         }
-        let mut items: Vec<Item> = seen.into_iter().collect();
-        items.sort_unstable();
         items
     }
 }
 
 impl Chart {
-    /// Every set of the chain, the first first.
-    fn sets(&self) -> Vec<&[Item]> {
-        let mut sets = Vec::with_capacity(self.position as usize + 1);
-        let mut at = Some(self);
-        while let Some(c) = at {
-            sets.push(c.items.as_slice());
-            at = c.parent.as_deref();
+    /// The set at `position` (at most this one's): found back along the
+    /// chain, which an item's origin reaches only as far as its rule spans.
+    fn set_at(&self, position: u32) -> &[Item] {
+        let mut at = self;
+        while at.position > position {
+            at = at.parent.as_deref().expect("a chart holds every set before it");
         }
-        sets.reverse();
-        sets
+        &at.items
     }
 }
 
