@@ -67,11 +67,35 @@ struct Item {
 }
 
 /// One Earley set after `position` bytes, and the chart before it.
-#[derive(Debug)]
 pub struct Chart {
     items: Vec<Item>,
     position: u32,
     parent: Option<Arc<Chart>>,
+    /// An ancestor (skew-binary jump pointers, Myers' level ancestors): an
+    /// origin far back is found in O(log n) steps, not one per byte, and
+    /// each new chart's pointer costs O(1). `None` at position 0.
+    jump: Option<Arc<Chart>>,
+}
+
+/// Dropped along the chain in a loop: the default drop recurses once per
+/// byte of the output, which a long one would overflow the stack with.
+impl Drop for Chart {
+    fn drop(&mut self) {
+        let mut next = self.parent.take();
+        while let Some(chart) = next {
+            next = match Arc::try_unwrap(chart) {
+                Ok(mut owned) => owned.parent.take(),
+                Err(_) => None,
+            };
+        }
+    }
+}
+
+/// Not the chain: a long output's chart would print (and recurse) for every byte.
+impl std::fmt::Debug for Chart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Chart {{ position: {}, items: {} }}", self.position, self.items.len())
+    }
 }
 
 impl Grammar {
@@ -137,8 +161,8 @@ impl Grammar {
     /// The chart of the empty output.
     pub fn start(&self) -> Arc<Chart> {
         let seeds: Vec<Item> = self.of_rule[self.root as usize].iter().map(|&p| Item { production: p, dot: 0, origin: 0 }).collect();
-        let empty = Chart { items: Vec::new(), position: 0, parent: None };
-        Arc::new(Chart { items: self.closure(seeds, &empty, 0), position: 0, parent: None })
+        let empty = Chart { items: Vec::new(), position: 0, parent: None, jump: None };
+        Arc::new(Chart { items: self.closure(seeds, &empty, 0), position: 0, parent: None, jump: None })
     }
 
     /// The chart after `byte` from `chart`, `None` where no match extends it.
@@ -149,7 +173,8 @@ impl Grammar {
         }
         let position = chart.position + 1;
         let items = self.closure(scanned, chart, position);
-        Some(Arc::new(Chart { items, position, parent: Some(Arc::clone(chart)) }))
+        let jump = Some(Chart::next_jump(chart));
+        Some(Arc::new(Chart { items, position, parent: Some(Arc::clone(chart)), jump }))
     }
 
     /// Whether the output that led to `chart` is a match.
@@ -209,14 +234,31 @@ impl Grammar {
 }
 
 impl Chart {
-    /// The set at `position` (at most this one's): found back along the
-    /// chain, which an item's origin reaches only as far as its rule spans.
+    /// The set at `position` (at most this one's).
     fn set_at(&self, position: u32) -> &[Item] {
         let mut at = self;
         while at.position > position {
-            at = at.parent.as_deref().expect("a chart holds every set before it");
+            at = at.back(position);
         }
         &at.items
+    }
+
+    /// One step back toward `position` (below this one's): the jump where it
+    /// does not pass it, else the parent.
+    fn back(&self, position: u32) -> &Chart {
+        match &self.jump {
+            Some(j) if j.position >= position => j,
+            _ => self.parent.as_deref().expect("a chart holds every set before it"),
+        }
+    }
+
+    /// The jump of a new chart whose parent is `parent`: the parent's
+    /// jump's jump where the two jumps span as much, else the parent.
+    fn next_jump(parent: &Arc<Chart>) -> Arc<Chart> {
+        let jump_of = |c: &Arc<Chart>| c.jump.clone().unwrap_or_else(|| Arc::clone(c));
+        let b = jump_of(parent);
+        let c = jump_of(&b);
+        if parent.position - b.position == b.position - c.position { c } else { Arc::clone(parent) }
     }
 }
 

@@ -431,3 +431,21 @@ fn a_grammar_written_again_with_an_end_is_the_same_language() {
         }
     }
 }
+
+/// A long output's chart (one Earley set per byte) is dropped without
+/// recursing per byte: half a million bytes on a thread of 256 KiB of stack.
+#[test]
+fn a_long_charts_drop_does_not_overflow_the_stack() {
+    let walked = std::thread::Builder::new()
+        .stack_size(256 << 10)
+        .spawn(|| {
+            let c = Constraint::grammar(r#"root ::= root "ab" | """#).unwrap();
+            let s = c.walk(c.start(), &b"ab".repeat(250_000)).unwrap();
+            let accepts = c.accepts(s);
+            drop(c);
+            accepts
+        })
+        .unwrap()
+        .join();
+    assert_eq!(walked.ok(), Some(true));
+}
