@@ -36,9 +36,7 @@ fn write(hir: &Hir, out: &mut String) -> Result<(), String> {
         HirKind::Empty => out.push_str("\"\""),
         HirKind::Literal(lit) => {
             let text = std::str::from_utf8(&lit.0).map_err(|_| "a literal that is not UTF-8 text".to_string())?;
-            out.push('"');
-            text.chars().for_each(|c| escape(c, &['"', '\\'], out));
-            out.push('"');
+            write_text(text, out);
         }
         HirKind::Class(Class::Unicode(class)) => {
             let ranges: Vec<(char, char)> = class.ranges().iter().map(|r| (r.start(), r.end())).collect();
@@ -110,7 +108,16 @@ fn write_class(ranges: &[(char, char)], out: &mut String) -> Result<(), String> 
     if ranges.is_empty() {
         return Err("an empty class (it matches nothing)".into());
     }
+    write_ranges(ranges, false, out);
+    Ok(())
+}
+
+/// `[...]` (`[^...]` negated) of `ranges`, each end escaped.
+fn write_ranges(ranges: &[(char, char)], negated: bool, out: &mut String) {
     out.push('[');
+    if negated {
+        out.push('^');
+    }
     for &(lo, hi) in ranges {
         escape(lo, &[']', '\\', '-', '^', '['], out);
         if hi != lo {
@@ -119,7 +126,13 @@ fn write_class(ranges: &[(char, char)], out: &mut String) -> Result<(), String> 
         }
     }
     out.push(']');
-    Ok(())
+}
+
+/// A GBNF string of `text`.
+fn write_text(text: &str, out: &mut String) {
+    out.push('"');
+    text.chars().for_each(|c| escape(c, &['"', '\\'], out));
+    out.push('"');
 }
 
 /// One character of a GBNF string or class: printable ASCII as itself
@@ -193,25 +206,8 @@ fn write_alternatives(alts: &Alternatives, rename: &dyn Fn(&str) -> String, out:
                 out.push(' ');
             }
             match &item.atom {
-                Atom::Text(t) => {
-                    out.push('"');
-                    t.chars().for_each(|c| escape(c, &['"', '\\'], out));
-                    out.push('"');
-                }
-                Atom::Class(ranges, negated) => {
-                    out.push('[');
-                    if *negated {
-                        out.push('^');
-                    }
-                    for &(lo, hi) in ranges {
-                        escape(lo, &[']', '\\', '-', '^', '['], out);
-                        if hi != lo {
-                            out.push('-');
-                            escape(hi, &[']', '\\', '-', '^', '['], out);
-                        }
-                    }
-                    out.push(']');
-                }
+                Atom::Text(t) => write_text(t, out),
+                Atom::Class(ranges, negated) => write_ranges(ranges, *negated, out),
                 Atom::Any => out.push('.'),
                 Atom::Rule(r) => out.push_str(&rename(r)),
                 Atom::Group(g) => {
