@@ -35,6 +35,16 @@ from, so both models keep every row's logits (`logits_all`). With prompt lookup 
 are the verify window's, kept for the tokens accepted. The binding exposes no distribution
 after its sampler chain, so `processed` is not stated.
 
+A GBNF grammar (CONSTRAIN-5, `{"grammar": G}`) goes to `generate`'s own `grammar`
+(`LlamaGrammar`, llama.cpp's grammar sampler, which its chain runs first, CONSTRAIN-1's
+place), written as the spec's rule asks: the grammar's `root` renamed and a new `root` of it
+followed by one of the request's eos ids as a token (`<[11]>`, matched by id), so an eos is
+allowed exactly where the output matches (CONSTRAIN-2); the model's own end token (the tiny
+GGUF's is id 11) is left to the sampler, which allows it exactly where the grammar is
+complete. With speculation on, the binding
+applies it to every row its prompt-lookup verify samples. Regexes and JSON schemas are not
+stated: llama.cpp takes neither as such through the binding.
+
 The KV cache is f32 (`type_k`, `type_v`), so on the tiny model's f32 GGUF the logits lie
 within about 2e-6 of the f64 reference's and the stated epsilons are 1e-4. With llama.cpp's
 default f16 cache they lie up to 1.5e-3 away (measured 2026-11-29), which would blunt every
@@ -47,7 +57,7 @@ import sys
 
 import llama_cpp
 import numpy as np
-from llama_cpp import Llama, LogitsProcessorList
+from llama_cpp import Llama, LlamaGrammar, LogitsProcessorList
 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
 from engine_loop import check_fields, logprob_entries, serve
@@ -75,6 +85,46 @@ def bias_processor(pairs):
     return LogitsProcessorList([apply])
 
 
+def rule_names_renamed(grammar, old, new):
+    """`grammar` (GBNF) with every rule name `old` written `new`: names outside strings,
+    classes and comments, whole."""
+    out, i, n = [], 0, len(grammar)
+    while i < n:
+        c = grammar[i]
+        if c in "\"[":
+            close = "\"" if c == "\"" else "]"
+            j = i + 1
+            while j < n and grammar[j] != close:
+                j += 2 if grammar[j] == "\\" else 1
+            out.append(grammar[i:j + 1])
+            i = j + 1
+        elif c == "#":
+            j = grammar.find("\n", i)
+            j = n if j < 0 else j
+            out.append(grammar[i:j])
+            i = j
+        elif c.isalnum() or c in "-_":
+            j = i
+            while j < n and (grammar[j].isalnum() or grammar[j] in "-_"):
+                j += 1
+            word = grammar[i:j]
+            out.append(new if word == old else word)
+            i = j
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def grammar_with_eos(grammar, eos, model_eos):
+    """CONSTRAIN-2 as llama.cpp's grammar sampler takes it (module doc). The model's own end
+    token is never matched as a token there: the sampler allows it exactly where the grammar
+    is complete, so it is an empty alternative, the other eos ids token references."""
+    body = next(f"specdec-root{k}" for k in range(1000) if f"specdec-root{k}" not in grammar)
+    ends = [f"<[{e}]>" for e in eos if e != model_eos] + (['""'] if model_eos in eos else [])
+    return f"root ::= {body} ({' | '.join(ends)})\n" + rule_names_renamed(grammar, "root", body)
+
+
 def refusal(r, vocab):
     """Why this adapter cannot run request `r` as asked (module doc), or None."""
     penalised = r.get("repetition_penalty", 1.0) != 1.0 or r.get("presence_penalty", 0.0) != 0.0 or r.get("frequency_penalty", 0.0) != 0.0
@@ -89,6 +139,9 @@ def refusal(r, vocab):
     ask = r.get("logprobs")
     if ask and (ask["mode"] != "raw" or not 0 <= ask["top"] <= MAX_TOP):
         return f"logprobs {ask}: only `raw`, top at most {MAX_TOP}"
+    constraint = r.get("constraint")
+    if constraint is not None and (set(constraint) != {"grammar"} or not r["eos"]):
+        return f"constraint {sorted(constraint)}: only a GBNF grammar, with an eos id to end where it matches"
     return None
 
 
@@ -125,6 +178,7 @@ def main():
         "processors": sorted(PROCESSOR_FIELDS),
         "penalty_scopes": ["generated"],
         "logprobs": {"modes": ["raw"], "max_top": MAX_TOP, "epsilon": args.logprob_epsilon},
+        "constraints": ["grammar"],
     }
 
     def text(llm, tokens):
@@ -134,10 +188,12 @@ def main():
         ask = r.get("logprobs")
         llm = spec if r["speculation"] else plain
         llm.set_seed(r["seed"] % 0xFFFFFFFF)
+        constraint = r.get("constraint")
+        grammar = LlamaGrammar.from_string(grammar_with_eos(constraint["grammar"], r["eos"], llm.token_eos()), verbose=False) if constraint else None
         gen = llm.generate(r["prompt"], top_k=r["top_k"], top_p=r["top_p"], min_p=r.get("min_p", 0.0), typical_p=1.0,
                            temp=r["temperature"], repeat_penalty=r.get("repetition_penalty", 1.0),
                            presence_penalty=r.get("presence_penalty", 0.0), frequency_penalty=r.get("frequency_penalty", 0.0),
-                           logits_processor=bias_processor(r.get("logit_bias", [])), reset=True)
+                           logits_processor=bias_processor(r.get("logit_bias", [])), grammar=grammar, reset=True)
         try:
             reply = collect(llm, gen, r, ask)
         finally:
@@ -171,7 +227,7 @@ def main():
 
     def refuse(requests):
         for i, r in enumerate(requests):
-            check_fields(r, stated=PROCESSOR_FIELDS | {"penalty_scope", "logprobs"})
+            check_fields(r, stated=PROCESSOR_FIELDS | {"penalty_scope", "logprobs", "constraint"})
             if (why := refusal(r, plain.n_vocab())) is not None:
                 return i, why
         return None
