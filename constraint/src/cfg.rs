@@ -58,6 +58,10 @@ pub struct Grammar {
     root: u32,
 }
 
+/// A chart's future ([`Grammar::future_key`]): (production, dot, origin or
+/// `u32::MAX` for "here") of each item still expecting a symbol, sorted.
+pub type FutureKey = Vec<(u32, u32, u32)>;
+
 /// An Earley item: production, dot, origin (the position it was predicted at).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct Item {
@@ -180,6 +184,20 @@ impl Grammar {
     /// Whether the output that led to `chart` is a match.
     pub fn accepts(&self, chart: &Chart) -> bool {
         chart.items.iter().any(|it| it.origin == 0 && self.productions[it.production as usize].lhs == self.root && self.next(it).is_none())
+    }
+
+    /// What decides every walk from `chart` on: its last set's items that
+    /// still expect a symbol, with the origin of each predicted here written
+    /// as "here". A walk scans those, completes against the sets their
+    /// origins name (earlier sets, the same for two charts whose keys are
+    /// equal, or this one), and predicts from the grammar alone; so two
+    /// charts with one key allow the same byte strings, and a mask computed
+    /// for one is the other's (inside a JSON string, every position after
+    /// the first). Items completed here have done their work already.
+    pub fn future_key(&self, chart: &Chart) -> FutureKey {
+        let mut key: FutureKey = chart.items.iter().filter(|it| self.next(it).is_some()).map(|it| (it.production, it.dot, if it.origin == chart.position { u32::MAX } else { it.origin })).collect();
+        key.sort_unstable();
+        key
     }
 
     fn next(&self, it: &Item) -> Option<Symbol> {

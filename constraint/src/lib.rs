@@ -313,6 +313,16 @@ impl Constraint {
         }
     }
 
+    /// What decides every walk from `state` on, for a mask cache: `None`
+    /// for a DFA (the state itself does), else the chart's
+    /// [`cfg::Grammar::future_key`].
+    pub fn future_key(&self, state: State) -> Option<cfg::FutureKey> {
+        match &self.kind {
+            Kind::Regular { .. } => None,
+            Kind::ContextFree { grammar, .. } => Some(grammar.future_key(&self.chart(state))),
+        }
+    }
+
     /// Whether the output that led to `state` is a match (eos may end it).
     pub fn accepts(&self, state: State) -> bool {
         match &self.kind {

@@ -449,3 +449,42 @@ fn a_long_charts_drop_does_not_overflow_the_stack() {
         .join();
     assert_eq!(walked.ok(), Some(true));
 }
+
+/// A chart's `future_key` (what a fast mask may be cached by) decides its
+/// future: along JSON texts, every two positions with one key allow the same
+/// byte strings (all of up to three bytes over JSON's punctuation, a digit,
+/// a letter and the halves of a two-byte character) and accept alike; and
+/// positions inside one string share their key, so the cache is used.
+#[test]
+fn charts_with_one_future_key_allow_the_same_texts() {
+    let c = Constraint::grammar(include_str!("../../fixtures/constraints/json-object.gbnf")).unwrap();
+    let text = r#"{"name":"get weather","args":{"days":[1,22,{"x":"é"}],"ok":true},"n":-0.5e3}"#;
+    let mut seen: Vec<(specdec_constraint::cfg::FutureKey, specdec_constraint::State)> = Vec::new();
+    let mut s = c.start();
+    for &b in text.as_bytes() {
+        seen.push((c.future_key(s).unwrap(), s));
+        s = c.walk(s, &[b]).unwrap();
+    }
+    let alphabet = b"{}[]:,\"\\1ae\xc3\xa9";
+    let mut probes: Vec<Vec<u8>> = vec![vec![]];
+    for _ in 0..3 {
+        let longer: Vec<Vec<u8>> = probes.iter().filter(|p| p.len() == probes.last().unwrap().len()).flat_map(|p| alphabet.iter().map(move |&b| [p.as_slice(), &[b]].concat())).collect();
+        probes.extend(longer);
+    }
+    let mut pairs = 0;
+    for (i, (key, a)) in seen.iter().enumerate() {
+        for (other, b) in &seen[i + 1..] {
+            if key == other {
+                pairs += 1;
+                assert_eq!(c.accepts(*a), c.accepts(*b));
+                for p in &probes {
+                    assert_eq!(c.extends(*a, p), c.extends(*b, p), "positions {} and another, probe {p:?}", i);
+                }
+            }
+        }
+    }
+    assert!(pairs >= 10, "only {pairs} positions share a key: the cache would not be used");
+    // The negative control: two positions whose futures differ have other keys.
+    let (inside, after) = (c.walk(c.start(), br#"{"a"#).unwrap(), c.walk(c.start(), br#"{"a""#).unwrap());
+    assert_ne!(c.future_key(inside), c.future_key(after));
+}

@@ -113,8 +113,17 @@ struct Inner {
     spec: ConstraintSpec,
     constraint: Constraint,
     table: Arc<TokenTable>,
-    /// The text-token mask of each state met so far.
-    masks: Mutex<HashMap<State, Arc<[bool]>>>,
+    /// The text-token mask of each state met so far (of each chart's
+    /// future, for a recursive grammar: every position inside one JSON
+    /// string shares it).
+    masks: Mutex<HashMap<MaskKey, Arc<[bool]>>>,
+}
+
+/// What a mask is kept by.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum MaskKey {
+    State(State),
+    Chart(specdec_constraint::cfg::FutureKey),
 }
 
 impl Constrained {
@@ -139,14 +148,15 @@ impl Constrained {
     /// `state`: the text tokens of the cached trie walk, and `eos` where the
     /// state accepts (CONSTRAIN-2).
     pub fn allowed(&self, state: State, eos: &[u32]) -> Vec<bool> {
+        let key = self.0.constraint.future_key(state).map_or(MaskKey::State(state), MaskKey::Chart);
         let text = {
             let mut cache = self.0.masks.lock().unwrap_or_else(|e| e.into_inner());
             // Bounded: a long-lived server keeps a constraint across requests,
             // and each mask is a vocabulary's worth of flags.
-            if cache.len() >= MASKS_KEPT && !cache.contains_key(&state) {
+            if cache.len() >= MASKS_KEPT && !cache.contains_key(&key) {
                 cache.clear();
             }
-            cache.entry(state).or_insert_with(|| self.0.table.walk(&self.0.constraint, state).into()).clone()
+            cache.entry(key).or_insert_with(|| self.0.table.walk(&self.0.constraint, state).into()).clone()
         };
         let mut allowed = text.to_vec();
         let accepts = self.0.constraint.accepts(state);
