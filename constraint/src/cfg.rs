@@ -58,9 +58,17 @@ pub struct Grammar {
     root: u32,
 }
 
-/// A chart's future ([`Grammar::future_key`]): (production, dot, origin or
-/// `u32::MAX` for "here") of each item still expecting a symbol, sorted.
-pub type FutureKey = Vec<(u32, u32, u32)>;
+/// A chart's future ([`Grammar::future_key`]): (production, dot, the id of
+/// the set at its origin, or `u64::MAX` for "here") of each item still
+/// expecting a symbol, sorted.
+pub type FutureKey = Vec<(u32, u32, u64)>;
+
+/// Ids of charts, never reused: a set's id names it whatever output it is of.
+static NEXT_CHART: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn chart_id() -> u64 {
+    NEXT_CHART.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
 
 /// An Earley item: production, dot, origin (the position it was predicted at).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -75,6 +83,8 @@ pub struct Chart {
     items: Vec<Item>,
     position: u32,
     parent: Option<Arc<Chart>>,
+    /// This set's id (never another's, [`chart_id`]).
+    id: u64,
     /// An ancestor (skew-binary jump pointers, Myers' level ancestors): an
     /// origin far back is found in O(log n) steps, not one per byte, and
     /// each new chart's pointer costs O(1). `None` at position 0.
@@ -165,8 +175,8 @@ impl Grammar {
     /// The chart of the empty output.
     pub fn start(&self) -> Arc<Chart> {
         let seeds: Vec<Item> = self.of_rule[self.root as usize].iter().map(|&p| Item { production: p, dot: 0, origin: 0 }).collect();
-        let empty = Chart { items: Vec::new(), position: 0, parent: None, jump: None };
-        Arc::new(Chart { items: self.closure(seeds, &empty, 0), position: 0, parent: None, jump: None })
+        let empty = Chart { items: Vec::new(), position: 0, parent: None, id: u64::MAX, jump: None };
+        Arc::new(Chart { items: self.closure(seeds, &empty, 0), position: 0, parent: None, id: chart_id(), jump: None })
     }
 
     /// The chart after `byte` from `chart`, `None` where no match extends it.
@@ -178,7 +188,7 @@ impl Grammar {
         let position = chart.position + 1;
         let items = self.closure(scanned, chart, position);
         let jump = Some(Chart::next_jump(chart));
-        Some(Arc::new(Chart { items, position, parent: Some(Arc::clone(chart)), jump }))
+        Some(Arc::new(Chart { items, position, parent: Some(Arc::clone(chart)), id: chart_id(), jump }))
     }
 
     /// Whether the output that led to `chart` is a match.
@@ -187,15 +197,17 @@ impl Grammar {
     }
 
     /// What decides every walk from `chart` on: its last set's items that
-    /// still expect a symbol, with the origin of each predicted here written
-    /// as "here". A walk scans those, completes against the sets their
-    /// origins name (earlier sets, the same for two charts whose keys are
-    /// equal, or this one), and predicts from the grammar alone; so two
-    /// charts with one key allow the same byte strings, and a mask computed
-    /// for one is the other's (inside a JSON string, every position after
-    /// the first). Items completed here have done their work already.
+    /// still expect a symbol, each with the set its origin names (by id:
+    /// the same set of the same output, never one of another output that
+    /// reached the same position) or "here". A walk scans those, completes
+    /// against the sets their origins name (or this one), and predicts from
+    /// the grammar alone; so two charts with one key allow the same byte
+    /// strings, and a mask computed for one is the other's (inside a JSON
+    /// string, every position after the first). Items completed here have
+    /// done their work already.
     pub fn future_key(&self, chart: &Chart) -> FutureKey {
-        let mut key: FutureKey = chart.items.iter().filter(|it| self.next(it).is_some()).map(|it| (it.production, it.dot, if it.origin == chart.position { u32::MAX } else { it.origin })).collect();
+        let mut key: FutureKey =
+            chart.items.iter().filter(|it| self.next(it).is_some()).map(|it| (it.production, it.dot, if it.origin == chart.position { u64::MAX } else { chart.chart_at(it.origin).id })).collect();
         key.sort_unstable();
         key
     }
@@ -254,11 +266,16 @@ impl Grammar {
 impl Chart {
     /// The set at `position` (at most this one's).
     fn set_at(&self, position: u32) -> &[Item] {
+        &self.chart_at(position).items
+    }
+
+    /// The chart at `position` (at most this one's).
+    fn chart_at(&self, position: u32) -> &Chart {
         let mut at = self;
         while at.position > position {
             at = at.back(position);
         }
-        &at.items
+        at
     }
 
     /// One step back toward `position` (below this one's): the jump where it

@@ -484,7 +484,13 @@ fn charts_with_one_future_key_allow_the_same_texts() {
         }
     }
     assert!(pairs >= 10, "only {pairs} positions share a key: the cache would not be used");
-    // The negative control: two positions whose futures differ have other keys.
+    // The negative controls: two positions whose futures differ have other keys;
+    // and so do two outputs whose last sets are alike but whose earlier sets
+    // are not (after `(a` a `)` will close, after `[a` a `]`).
     let (inside, after) = (c.walk(c.start(), br#"{"a"#).unwrap(), c.walk(c.start(), br#"{"a""#).unwrap());
     assert_ne!(c.future_key(inside), c.future_key(after));
+    let brackets = as_context_free("root ::= \"(\" x \")\" | \"[\" x \"]\"\nx ::= \"a\" \"a\" \"a\"");
+    let (round, square) = (brackets.walk(brackets.start(), b"(a").unwrap(), brackets.walk(brackets.start(), b"[a").unwrap());
+    assert!(brackets.extends(round, b"aa)") && !brackets.extends(square, b"aa)"));
+    assert_ne!(brackets.future_key(round), brackets.future_key(square), "one key for two futures");
 }
