@@ -66,6 +66,7 @@ pub mod model_section;
 pub mod mutants;
 pub mod ops;
 pub mod report;
+pub mod run_share;
 pub mod runner;
 pub mod section;
 pub mod shard;

@@ -26,7 +26,8 @@
 //!   at a step whose reference top-2 margin is below the epsilon).
 //!
 //! Invariants: the oracle is [`specdec_models::RefModel`], computed in the
-//! same run (never a stored copy of the code under test); SmolLM2 checks are
+//! same run (never a stored copy of the code under test; `cargo xtask test`'s
+//! suites share one computation of SmolLM2's greedy runs); SmolLM2 checks are
 //! reported as not supported, with the reason, when its file is not given.
 
 use std::path::PathBuf;
@@ -522,7 +523,7 @@ fn check_export<B: ModelBackend>(b: &B, s: &Subject, m: &B::Model, files: &Model
 }
 
 /// One greedy generation: tokens and, per step, the top-2 margin.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GreedyRun {
     pub tokens: Vec<u32>,
     pub margins: Vec<f64>,
@@ -591,13 +592,19 @@ pub fn shipped_prompts() -> Vec<Prompt> {
     specdec_models::prompts::parse_prompts("fixtures/prompts/smollm2.json", text).expect("the shipped prompt file parses (checked by the model tests)")
 }
 
+/// The reference's greedy runs of SmolLM2, once per process, and once per test run where
+/// the run shares them ([`crate::run_share`]: every suite binary of `cargo xtask test`
+/// asks for the same minute of f64 forwards).
 fn reference_greedy(s: &Subject, prompts: &[Vec<u32>]) -> Result<Vec<GreedyRun>, String> {
     static CACHE: OnceLock<Result<Vec<GreedyRun>, String>> = OnceLock::new();
+    let (eos, vocab) = (s.weights.config.eos_ids(), s.weights.config.vocab_size);
     CACHE
         .get_or_init(|| {
-            let r = ReferenceBackend;
-            let m = r.load_model(&s.weights).map_err(err)?;
-            greedy(&r, &m, prompts, GREEDY_TOKENS, &s.weights.config.eos_ids(), s.weights.config.vocab_size)
+            crate::run_share::shared("smollm2-reference-greedy", &(prompts, GREEDY_TOKENS, &eos, vocab, s.weights.config.num_hidden_layers), || {
+                let r = ReferenceBackend;
+                let m = r.load_model(&s.weights).map_err(err)?;
+                greedy(&r, &m, prompts, GREEDY_TOKENS, &eos, vocab)
+            })
         })
         .clone()
 }

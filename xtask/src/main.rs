@@ -35,6 +35,7 @@ use std::process::{Command, ExitCode};
 use clap::{Parser, Subcommand};
 
 use xtask::coverage;
+use xtask::test_pool::{self, Job, PoolEvent, RUN_DIR_ENV, Tally};
 mod cuda;
 mod engines;
 mod fuzz;
@@ -183,6 +184,14 @@ fn smollm2_env(root: &Path) -> Result<Vec<(String, PathBuf)>, String> {
 fn cargo_with(root: &Path, args: &[&str], extra: &[String], libtorch: Option<&Path>, env: &[(String, PathBuf)]) -> Result<(), String> {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.current_dir(root).args(args).args(extra);
+    with_env(&mut cmd, libtorch, env);
+    eprintln!("xtask: cargo {}", args.iter().chain(extra.iter().map(String::as_str).collect::<Vec<_>>().iter()).copied().collect::<Vec<_>>().join(" "));
+    let status = cmd.status().map_err(|e| format!("cannot run cargo: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("cargo {} failed ({status})", args.join(" "))) }
+}
+
+/// `env`, and libtorch's environment when given, on `cmd`.
+fn with_env<'c>(cmd: &'c mut Command, libtorch: Option<&Path>, env: &[(String, PathBuf)]) -> &'c mut Command {
     cmd.envs(env.iter().map(|(k, v)| (k, v)));
     if let Some(lt) = libtorch {
         for var in libtorch::LIBTORCH_ENV_REMOVE {
@@ -190,9 +199,80 @@ fn cargo_with(root: &Path, args: &[&str], extra: &[String], libtorch: Option<&Pa
         }
         cmd.envs(libtorch::libtorch_env(lt));
     }
-    eprintln!("xtask: cargo {}", args.iter().chain(extra.iter().map(String::as_str).collect::<Vec<_>>().iter()).copied().collect::<Vec<_>>().join(" "));
-    let status = cmd.status().map_err(|e| format!("cannot run cargo: {e}"))?;
-    if status.success() { Ok(()) } else { Err(format!("cargo {} failed ({status})", args.join(" "))) }
+    cmd
+}
+
+/// The features every test build turns on: the tch backend and the trainer with libtorch.
+const TEST_FEATURES: &str = "specdec-tch/libtorch,specdec-train/libtorch";
+
+/// Every test of the workspace (`test_pool.rs`): one `cargo test --no-run` build, then its
+/// test binaries and the doc tests, as many at once as there are cores, longest first;
+/// `extra` (what followed `--`) goes to each binary as `cargo test -- extra` would pass it.
+fn test_all(root: &Path, extra: &[String], lt: &Path, env: &[(String, PathBuf)]) -> Result<(), String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let build_args = ["test", "--workspace", "--features", TEST_FEATURES, "--no-run", "--message-format=json-render-diagnostics"];
+    eprintln!("xtask: cargo {}", build_args.join(" "));
+    let mut build = Command::new(&cargo);
+    build.current_dir(root).args(build_args).stdout(std::process::Stdio::piped());
+    let out = with_env(&mut build, Some(lt), env).output().map_err(|e| format!("cannot run cargo: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("cargo {} failed ({})", build_args.join(" "), out.status));
+    }
+    let binaries = test_pool::longest_first(test_pool::test_binaries(&String::from_utf8_lossy(&out.stdout))?);
+    let workers = std::thread::available_parallelism().map_or(2, usize::from);
+    let mut jobs: Vec<Job> = binaries
+        .into_iter()
+        .map(|b| {
+            let mut command = Command::new(&b.executable);
+            command.current_dir(&b.dir).args(extra).env("CARGO_MANIFEST_DIR", &b.dir);
+            with_env(&mut command, Some(lt), env);
+            // One compute thread a job (rayon's pool, so ndarray's and candle's; libtorch's
+            // OpenMP pool), as many jobs as cores: pools of one thread per core each, side by
+            // side, spin against each other (the tch suite took 648 s beside the candle suite,
+            // 235 s alone). A pool size the caller set is kept.
+            for var in test_pool::POOL_THREADS {
+                if std::env::var_os(var).is_none() {
+                    command.env(var, "1");
+                }
+            }
+            Job { label: b.label, command }
+        })
+        .collect();
+    let mut doc = Command::new(&cargo);
+    doc.current_dir(root).args(["test", "--workspace", "--features", TEST_FEATURES, "--doc"]).args(rest_after_dashdash(extra.to_vec()));
+    with_env(&mut doc, Some(lt), env);
+    jobs.push(Job { label: "doc tests".into(), command: doc });
+    let logs = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from).join("xtask-test");
+    // What the suites compute once for the whole run (`conformance/src/run_share.rs`: the
+    // reference's greedy decoding of SmolLM2), in a folder of this run alone.
+    let shared = logs.join("run");
+    let _ = std::fs::remove_dir_all(&shared);
+    std::fs::create_dir_all(&shared).map_err(|e| format!("cannot create {}: {e}", shared.display()))?;
+    for job in &mut jobs {
+        job.command.env(RUN_DIR_ENV, &shared);
+    }
+    eprintln!("xtask: {} test jobs on {workers} workers, longest first; each one's output follows when it ends", jobs.len());
+    let start = std::time::Instant::now();
+    let finished = test_pool::run_pool(jobs, workers, &logs, std::time::Duration::from_secs(300), &mut |event| match event {
+        PoolEvent::Started { label, done, total } => eprintln!("xtask: [{done}/{total} done] started {label}"),
+        PoolEvent::Done { job, done, total } => {
+            let verdict = if job.success { "ok" } else { "FAILED" };
+            println!("xtask: [{done}/{total}] {} {verdict} in {:.0} s", job.label, job.seconds);
+            print!("{}", job.output);
+        }
+        PoolEvent::Running(now) => {
+            let list: Vec<String> = now.iter().map(|(l, s)| format!("{l} ({s:.0} s)")).collect();
+            eprintln!("xtask: running: {}", list.join(", "));
+        }
+    })?;
+    let _ = std::fs::remove_dir_all(&shared);
+    let mut tally = Tally::default();
+    finished.iter().for_each(|f| tally.add_text(&f.output));
+    let job_seconds: f64 = finished.iter().map(|f| f.seconds).sum();
+    println!("xtask: {} jobs in {:.0} s ({job_seconds:.0} s of jobs)", finished.len(), start.elapsed().as_secs_f64());
+    let failed: Vec<&str> = finished.iter().filter(|f| !f.success).map(|f| f.label.as_str()).collect();
+    println!("{}", tally.closing_line());
+    if failed.is_empty() && tally.failed == 0 && tally.failed_results == 0 { Ok(()) } else { Err(format!("failed: {}", failed.join(", "))) }
 }
 
 fn run(task: Task) -> Result<(), String> {
@@ -206,8 +286,8 @@ fn run(task: Task) -> Result<(), String> {
             // Style gates first, over every crate and target (tch included): a
             // formatting drift or a clippy warning fails the run.
             cargo(&root, &["fmt", "--all", "--check"], &[], None)?;
-            cargo_with(&root, &["clippy", "--workspace", "--all-targets", "--features", "specdec-tch/libtorch,specdec-train/libtorch", "--", "-D", "warnings"], &[], Some(&lt), &env)?;
-            cargo_with(&root, &["test", "--workspace", "--features", "specdec-tch/libtorch,specdec-train/libtorch"], &rest_after_dashdash(rest), Some(&lt), &env)
+            cargo_with(&root, &["clippy", "--workspace", "--all-targets", "--features", TEST_FEATURES, "--", "-D", "warnings"], &[], Some(&lt), &env)?;
+            test_all(&root, &rest, &lt, &env)
         }
         Task::Conform { rest } => {
             let lt = libtorch::ensure_libtorch(&root)?;
