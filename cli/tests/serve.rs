@@ -478,6 +478,159 @@ fn the_server_passes_the_checks_whose_oracle_is_its_own_plain_decoding() {
     server.idle();
 }
 
+/// A server wrong only under concurrency (ENGINE-10's negative control over
+/// HTTP): a proxy on 127.0.0.1 in front of a `specdec serve`, which hands on
+/// every exchange as it is and changes only the sixth generated id (and its
+/// logprob entry's token) of a speculating completion that was in flight
+/// beside another one, as a batch-variant verify kernel would (vLLM #41758,
+/// TRT-LLM #9208). One request at a time, it is the server. Each request is
+/// held 50 ms before it goes on, so requests a client sends together overlap
+/// here whatever the scheduling; requests sent one after another never do
+/// (a reply leaves the in-flight list before it is written back).
+struct WrongUnderLoad {
+    addr: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    accept: Option<std::thread::JoinHandle<()>>,
+}
+
+impl WrongUnderLoad {
+    fn start(upstream: &str) -> WrongUnderLoad {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        use std::sync::{Arc, Mutex};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().unwrap().to_string();
+        let stop = Arc::new(AtomicBool::new(false));
+        // (request id, was it ever in flight beside another)
+        let in_flight: Arc<Mutex<Vec<(u64, bool)>>> = Arc::default();
+        let next = Arc::new(AtomicU64::new(0));
+        let (upstream, flag) = (upstream.to_string(), Arc::clone(&stop));
+        let accept = std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if flag.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(conn) = conn else { continue };
+                let (upstream, in_flight, next) = (upstream.clone(), Arc::clone(&in_flight), Arc::clone(&next));
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(conn.try_clone().expect("clone"));
+                    let mut conn = conn;
+                    // One exchange after another on this connection, until the client closes it.
+                    while let Some((head, body)) = read_request(&mut reader) {
+                        let line = head.lines().next().unwrap_or_default().to_string();
+                        let completion = line.starts_with("POST /v1/completions");
+                        let id = next.fetch_add(1, Ordering::SeqCst);
+                        if completion {
+                            let mut list = in_flight.lock().unwrap();
+                            let beside = !list.is_empty();
+                            list.iter_mut().for_each(|e| e.1 |= beside);
+                            list.push((id, beside));
+                        }
+                        if completion {
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
+                        let (status, mut reply) = forward(&upstream, &line, &body);
+                        if completion {
+                            let mut list = in_flight.lock().unwrap();
+                            let at = list.iter().position(|e| e.0 == id).unwrap();
+                            let (_, beside) = list.remove(at);
+                            let speculating = serde_json::from_str::<Value>(&body).is_ok_and(|b| b["speculation"] == true);
+                            if beside && speculating {
+                                reply = wrong_sixth_id(&reply);
+                            }
+                        }
+                        let out = format!("HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{reply}", reply.len());
+                        if conn.write_all(out.as_bytes()).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        WrongUnderLoad { addr, stop, accept: Some(accept) }
+    }
+}
+
+impl Drop for WrongUnderLoad {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Wakes the accept loop, which then sees the flag.
+        let _ = TcpStream::connect(&self.addr);
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One HTTP/1.1 request off a keep-alive connection: (head, body), or `None`
+/// where the client closed it.
+fn read_request(reader: &mut BufReader<TcpStream>) -> Option<(String, String)> {
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        if line == "\r\n" {
+            break;
+        }
+        head.push_str(&line);
+    }
+    let length = head.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse::<usize>().unwrap())).unwrap_or(0);
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok()?;
+    Some((head, String::from_utf8(body).unwrap()))
+}
+
+/// `line`'s request with `body` to `upstream` on a fresh connection: (status, body).
+fn forward(upstream: &str, line: &str, body: &str) -> (String, String) {
+    let mut parts = line.split(' ');
+    let (method, path) = (parts.next().unwrap(), parts.next().unwrap());
+    let mut s = TcpStream::connect(upstream).expect("the server answers");
+    let head = format!("{method} {path} HTTP/1.1\r\nHost: {upstream}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len());
+    s.write_all(format!("{head}{body}").as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, reply) = out.split_once("\r\n\r\n").expect("a whole response");
+    let status = head.split_once(' ').map(|(_, rest)| rest.lines().next().unwrap_or_default().to_string()).unwrap();
+    (status, reply.to_string())
+}
+
+/// A completion reply with its sixth generated id one higher (mod the tiny
+/// vocabulary), in `token_ids` and in the logprob entry's token.
+fn wrong_sixth_id(reply: &str) -> String {
+    let mut v: Value = serde_json::from_str(reply).expect("a JSON reply");
+    let choice = &mut v["choices"][0];
+    if let Some(t) = choice["token_ids"].get_mut(5) {
+        let wrong = (t.as_u64().unwrap() + 1) % 12;
+        *t = json!(wrong);
+        if let Some(token) = choice["logprobs"]["tokens"].get_mut(5) {
+            *token = json!(format!("token_id:{wrong}"));
+        }
+    }
+    v.to_string()
+}
+
+/// ENGINE-10's negative control over HTTP (issue 44): a server whose output
+/// changes only under concurrency fails the sweep's loads above one, naming
+/// the divergence and its cause, and no check that sends one request at a
+/// time (those pass through the same proxy: it hands an exchange on as it is).
+#[test]
+fn a_server_wrong_only_under_concurrency_fails_the_sweep_alone() {
+    let server = Server::start(&["--proposer", "ngram", "--k", "3", "--max-batch", "16"]);
+    let proxy = WrongUnderLoad::start(&server.addr);
+    let url = format!("http://{}", proxy.addr);
+    let excluded = ["*/seeded", "*/on-vs-off", "*/constrained"].into_iter().flat_map(|glob| ["--exclude", glob]);
+    let out = Command::new(env!("CARGO_BIN_EXE_specdec")).args(["engine-check", "--engine", &url, "--tokenizer", "tiny:tiny-v12-l2"]).args(excluded).output().expect("engine-check runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let failed: Vec<&str> = stdout.lines().filter_map(|l| l.trim_start().strip_prefix("Fail ")?.split(':').next()).collect();
+    let want: Vec<String> = [4, 16, 64].iter().map(|n| format!("engine/http/tiny-v12-l2/own/concurrency/{n}")).collect();
+    assert_eq!(failed, want, "the sweep's loads above one fail, nothing else: {stdout}");
+    assert!(stdout.contains("5 pass, 3 fail"), "the five single-request checks pass through the same proxy: {stdout}");
+    assert!(stdout.contains("first divergence at token 5") && stdout.contains("speculation's under load"), "the report names the divergence and its cause: {stdout}");
+    server.idle();
+}
+
 /// The negative control of the HTTP path: a server of another model (the
 /// checks' expectations come from the reference on tiny-v12-l2) fails,
 /// naming the statement it broke.
