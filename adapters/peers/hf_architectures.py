@@ -29,6 +29,13 @@ Cases: ``llama3`` (Llama with Llama 3's rotary scaling), ``mistral`` (no
 sliding window), ``qwen2`` (q/k/v biases), ``qwen3`` (per-head q/k RMSNorm,
 an explicit head_dim other than hidden/heads), ``phi3`` (q/k/v and gate/up
 each stored as one fused projection).
+
+And one model the reference cannot run, on purpose (``FOREIGN``): ``gpt2``,
+GPT-2 (learned absolute positions, LayerNorm with biases, GELU), written the
+same way with the same tokenizer and no logits. It is what ENGINE-10 is for:
+a server of it (llama.cpp's, from the GGUF its converter writes) is checked
+against its own plain decoding given only the tokenizer, and the Rust loader
+refuses the checkpoint, naming its architecture (``cli/tests/engine.rs``).
 """
 
 import json
@@ -37,7 +44,7 @@ import sys
 
 import torch
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 SIZES = dict(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
 TOKENS = [[1, 5, 9, 2, 7, 7, 30, 41, 3, 12, 0, 47], [44, 3, 3, 8]]
@@ -54,6 +61,12 @@ CASES = {
     "phi3": (Phi3Config, Phi3ForCausalLM, dict(pad_token_id=None)),
 }
 
+# GPT-2's own names for the sizes; positions enough for ENGINE-10's prompts and outputs
+# (`n_ctx`, their old name, is what llama.cpp's converter reads).
+FOREIGN = {
+    "gpt2": (GPT2Config, GPT2LMHeadModel, dict(vocab_size=48, n_embd=32, n_inner=64, n_layer=2, n_head=4, n_positions=256, n_ctx=256, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)),
+}
+
 
 def redraw(model, gen):
     """Every parameter from a fixed seed: matrices and biases centred on 0,
@@ -61,7 +74,7 @@ def redraw(model, gen):
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
-            if name.endswith("norm.weight") or "layernorm" in name:
+            if name.endswith("norm.weight") or "layernorm" in name or ".ln_" in name:
                 p.copy_(1.0 + 0.2 * noise)
             elif name.endswith(".bias"):
                 p.copy_(0.5 * noise)
@@ -90,7 +103,26 @@ def tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=SPECIALS[0], bos_token=SPECIALS[1], eos_token=SPECIALS[2])
 
 
+def write_foreign(out):
+    """The ``FOREIGN`` checkpoints: weights and tokenizer, no logits (module doc)."""
+    for case, (config_cls, model_cls, sizes) in FOREIGN.items():
+        model = model_cls(config_cls(**sizes)).eval()
+        redraw(model, torch.Generator().manual_seed(SEED))
+        folder = os.path.join(out, case)
+        model.save_pretrained(folder, safe_serialization=True)
+        tokenizer().save_pretrained(folder)
+        drop_generation_config(folder)
+        print(f"{case}: {model_cls.__name__}, {sum(p.numel() for p in model.parameters())} parameters (no logits: the reference cannot run it)")
+
+
+def drop_generation_config(folder):
+    path = os.path.join(folder, "generation_config.json")
+    if os.path.exists(path):
+        os.remove(path)
+
+
 def main(out):
+    write_foreign(out)
     for case, (config_cls, model_cls, extra) in CASES.items():
         config = config_cls(**SIZES, **extra)
         model = model_cls(config).eval()
@@ -116,7 +148,7 @@ def main(out):
         }
         with open(os.path.join(folder, "logits.json"), "w") as f:
             json.dump(record, f)
-        os.remove(os.path.join(folder, "generation_config.json")) if os.path.exists(os.path.join(folder, "generation_config.json")) else None
+        drop_generation_config(folder)
         print(f"{case}: {model_cls.__name__}, {sum(p.numel() for p in model.parameters())} parameters")
 
 

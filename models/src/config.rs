@@ -205,9 +205,18 @@ const IGNORABLE: &[&str] = &[
 impl LlamaConfig {
     /// Parses and validates `config.json` text; `file` names it in errors.
     pub fn from_json(text: &str, file: &str) -> Result<Self> {
+        let raw: serde_json::Value = serde_json::from_str(text).map_err(|e| ModelError::invalid(file, "config.json", e.to_string()))?;
+        // The architecture first: another family's config lacks Llama's fields, and naming
+        // the first missing one would hide that the model is not of a family read here.
+        if let Some(model_type) = raw.get("model_type").and_then(serde_json::Value::as_str)
+            && !Architecture::ALL.iter().any(|a| a.model_type() == model_type)
+        {
+            let known: Vec<&str> = Architecture::ALL.iter().map(|a| a.model_type()).collect();
+            let classes = raw.get("architectures").map_or(String::new(), |c| format!(" ({c})"));
+            return Err(ModelError::invalid(file, "model_type", format!("`{model_type}`{classes} is not one of {known:?}")));
+        }
         let mut cfg: LlamaConfig = serde_json::from_str(text).map_err(|e| ModelError::invalid(file, "config.json", e.to_string()))?;
         // HF 5 writes the rotary base only inside `rope_parameters`.
-        let raw: serde_json::Value = serde_json::from_str(text).map_err(|e| ModelError::invalid(file, "config.json", e.to_string()))?;
         if raw.get("rope_theta").is_none()
             && let Some(theta) = cfg.ignored.get("rope_parameters").and_then(|r| r.get("rope_theta"))
         {

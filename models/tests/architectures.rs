@@ -197,6 +197,32 @@ fn configs_that_would_change_the_forward_are_refused() {
     edit("qwen2", &|v| v["rope_parameters"]["rope_theta"] = 5e5.into()).unwrap();
 }
 
+/// A model of another family (`fixtures/architectures/gpt2`, GPT-2 as HF and
+/// llama.cpp's converter wrote it, the model ENGINE-10 checks a server of
+/// with nothing from the reference) is refused by the loader in either
+/// layout, naming its architecture; its GGUF's tokenizer alone still loads
+/// and encodes as the HF checkpoint's tokenizer does, which is all ENGINE-10
+/// needs of the model (`--tokenizer`).
+#[test]
+fn a_model_of_another_family_is_refused_but_its_tokenizer_serves() {
+    let dir = case_dir("gpt2");
+    let gguf = dir.join("llama.cpp-f32.gguf");
+    let err = specdec_models::load(&dir).map(|_| ()).unwrap_err().to_string();
+    assert!(err.contains("model_type") && err.contains("`gpt2`") && err.contains("GPT2LMHeadModel"), "{err}");
+    let err = specdec_models::load(&gguf).map(|_| ()).unwrap_err().to_string();
+    assert!(err.contains("general.architecture") && err.contains("`gpt2`"), "{err}");
+    let (from_gguf, from_hf) = (specdec_models::Tokenizer::open(&gguf).unwrap(), specdec_models::Tokenizer::open(&dir).unwrap());
+    let prompts = std::fs::read_to_string(case_dir("prompts.jsonl")).unwrap();
+    for line in prompts.lines() {
+        let text = serde_json::from_str::<serde_json::Value>(line).unwrap()["text"].as_str().unwrap().to_string();
+        let ids = from_gguf.encode(&text, false).unwrap();
+        assert!(!ids.is_empty() && !ids.contains(&0), "{text:?}: the prompts keep to the alphabet");
+        assert_eq!(ids, from_hf.encode(&text, false).unwrap(), "{text:?}");
+        assert_eq!(from_gguf.decode(&ids, false).unwrap(), text);
+    }
+    assert_eq!((from_gguf.eos_id(), from_gguf.vocab_size()), (Some(2), 48));
+}
+
 /// HF's ids of a text on a checkpoint's tokenizer (`logits.json`).
 #[derive(Deserialize)]
 struct HfText {

@@ -96,6 +96,15 @@ const OWN_SLOTS: usize = 16;
 const OWN_LLAMA_EPSILON: f64 = 1e-2;
 /// SmolLM2's vocabulary.
 const SMOLLM2_VOCAB: usize = 49152;
+/// ENGINE-10 on a model the f64 reference cannot run: `fixtures/architectures/gpt2`
+/// (GPT-2: learned positions, LayerNorm, GELU; random weights HF wrote) as llama.cpp's
+/// converter writes it, in f32 with an f32 KV cache; its n-gram drafter against its plain
+/// server, on the checkpoints' prompts (their 48-id alphabet).
+const FOREIGN_LLAMA_SERVER: [(&str, &[&str]); 1] = [("ngram-simple-3", &["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "1", "--spec-ngram-simple-size-m", "3"])];
+const FOREIGN_GGUF: &str = "fixtures/architectures/gpt2/llama.cpp-f32.gguf";
+const FOREIGN_PROMPTS: &str = "fixtures/architectures/prompts.jsonl";
+const FOREIGN_SUFFIX: &str = "-gpt2-own";
+const FOREIGN_VOCAB: usize = 48;
 /// `specdec serve` backends under ENGINE-10 on SmolLM2: the f32 port and its
 /// batch-invariant Q8_0 one.
 const OWN_SERVE_BACKENDS: [&str; 2] = ["ndarray", "ndarray-q8_0"];
@@ -129,9 +138,6 @@ pub const ENGINES_SEED: &str = "20261125";
 
 /// Engine checks run at once: the machine's two cores, each check one thread.
 const WORKERS: usize = 2;
-/// The environment that holds a run's thread pools to one thread (rayon's, so the ndarray
-/// and candle backends'; libtorch's OpenMP pool).
-const ONE_THREAD: [(&str, &str); 2] = [("RAYON_NUM_THREADS", "1"), ("OMP_NUM_THREADS", "1")];
 
 /// One `specdec engine-check` run of the table.
 struct Run {
@@ -143,11 +149,13 @@ struct Run {
     statement: Option<PathBuf>,
     /// `--tokenizer`: ENGINE-10's checks on the model of this tokenizer.
     tokenizer: Option<PathBuf>,
+    /// `--prompts`: ENGINE-10's prompts, where not the shipped ones.
+    prompts: Option<PathBuf>,
 }
 
 impl Run {
     fn new(slug: impl Into<String>, engine: impl Into<String>) -> Run {
-        Run { slug: slug.into(), engine: engine.into(), model: None, statement: None, tokenizer: None }
+        Run { slug: slug.into(), engine: engine.into(), model: None, statement: None, tokenizer: None, prompts: None }
     }
 }
 
@@ -225,7 +233,12 @@ pub fn run(root: &Path, specdec: &Path, python: &Path, smollm2: &Path, only: Opt
     if !status.success() {
         return Err(format!("specdec model tiny failed: {status}"));
     }
-    let server_slugs: Vec<String> = LLAMA_SERVER_PATHS.iter().map(|(p, _)| format!("llama-server-{p}")).chain(OWN_LLAMA_SERVER.iter().map(|(p, _)| format!("llama-server-{p}-smollm2-own"))).collect();
+    let server_slugs: Vec<String> = LLAMA_SERVER_PATHS
+        .iter()
+        .map(|(p, _)| format!("llama-server-{p}"))
+        .chain(OWN_LLAMA_SERVER.iter().map(|(p, _)| format!("llama-server-{p}-smollm2-own")))
+        .chain(FOREIGN_LLAMA_SERVER.iter().map(|(p, _)| format!("llama-server-{p}{FOREIGN_SUFFIX}")))
+        .collect();
     let need_server = server_slugs.iter().any(|s| wanted(s));
     let need_binding = LLAMA_PATHS.iter().map(|p| format!("llama-cpp-{}", p.replace(':', "-"))).chain(["llama-cpp-prompt-lookup-3-smollm2".to_string()]).any(|s| wanted(&s));
     let builds = {
@@ -287,7 +300,15 @@ pub fn run(root: &Path, specdec: &Path, python: &Path, smollm2: &Path, only: Opt
         // Its KV cache in f32 (the default is f16), so that the logits of the f32 GGUF lie
         // within LLAMA_TINY_EPSILON of the reference's.
         let tiny = |flags: &[&str]| Server::llama(binary, &gguf_end, &[substitute(flags, &gguf_end), LLAMA_TINY_CACHE.map(String::from).to_vec()].concat(), LLAMA_TINY_SLOTS);
-        second.extend(llama_server_runs(&out, &version, &mut servers, &LLAMA_SERVER_PATHS, &ServedModel { suffix: "", vocab: 12, epsilon: LLAMA_TINY_EPSILON, tokenizer: None }, &wanted, tiny)?);
+        second.extend(llama_server_runs(
+            &out,
+            &version,
+            &mut servers,
+            &LLAMA_SERVER_PATHS,
+            &ServedModel { suffix: "", vocab: 12, epsilon: LLAMA_TINY_EPSILON, tokenizer: None, prompts: None },
+            &wanted,
+            tiny,
+        )?);
     }
     // SmolLM2, whose law cannot be enumerated: greedy identity and speculation on
     // against off (`--model`), on specdec's decoder and on llama.cpp.
@@ -317,10 +338,20 @@ pub fn run(root: &Path, specdec: &Path, python: &Path, smollm2: &Path, only: Opt
             &version,
             &mut servers,
             &OWN_LLAMA_SERVER,
-            &ServedModel { suffix: "-smollm2-own", vocab: SMOLLM2_VOCAB, epsilon: OWN_LLAMA_EPSILON, tokenizer: Some(smollm2) },
+            &ServedModel { suffix: "-smollm2-own", vocab: SMOLLM2_VOCAB, epsilon: OWN_LLAMA_EPSILON, tokenizer: Some(smollm2), prompts: None },
             &wanted,
             big,
         )?);
+    }
+    // And on a model the reference cannot run (GPT-2), as any vendor's: its GGUF from
+    // llama.cpp's converter, known to the checks by that file's tokenizer alone.
+    if let Some(binary) = llama_server.as_ref().filter(|_| wanted(&format!("llama-server-{}{FOREIGN_SUFFIX}", FOREIGN_LLAMA_SERVER[0].0))) {
+        let version = llama_server_version(binary)?;
+        let gguf = root.join(FOREIGN_GGUF);
+        let foreign = |flags: &[&str]| Server::llama(binary, &gguf, &[flags.iter().map(|f| f.to_string()).collect(), LLAMA_TINY_CACHE.map(String::from).to_vec()].concat(), OWN_SLOTS);
+        let prompts = root.join(FOREIGN_PROMPTS);
+        let model = ServedModel { suffix: FOREIGN_SUFFIX, vocab: FOREIGN_VOCAB, epsilon: LLAMA_TINY_EPSILON, tokenizer: Some(&gguf), prompts: Some(&prompts) };
+        third.extend(llama_server_runs(&out, &version, &mut servers, &FOREIGN_LLAMA_SERVER, &model, &wanted, foreign)?);
     }
     let mut serves = Vec::new();
     for backend in OWN_SERVE_BACKENDS {
@@ -356,6 +387,8 @@ struct ServedModel<'a> {
     epsilon: f64,
     /// With a tokenizer the runs are ENGINE-10's (`--tokenizer`).
     tokenizer: Option<&'a Path>,
+    /// ENGINE-10's prompts (`--prompts`), where not the shipped ones.
+    prompts: Option<&'a Path>,
 }
 
 /// The runs of llama.cpp's server, one per `(path, flags)` wanted: a server per
@@ -371,7 +404,7 @@ fn llama_server_runs(
     wanted: &dyn Fn(&str) -> bool,
     start: impl Fn(&[&str]) -> Result<Server, String>,
 ) -> Result<Vec<Run>, String> {
-    let ServedModel { suffix, vocab, epsilon, tokenizer } = *model;
+    let ServedModel { suffix, vocab, epsilon, tokenizer, prompts } = *model;
     let mut runs = Vec::new();
     let mut plain: Option<String> = None;
     for (path, flags) in paths {
@@ -396,7 +429,7 @@ fn llama_server_runs(
         };
         let statement = out.join(format!("{slug}.statement.json"));
         std::fs::write(&statement, llama_server_statement(path, version, vocab, epsilon, tokenizer.is_none()).to_string()).map_err(|e| format!("cannot write {}: {e}", statement.display()))?;
-        runs.push(Run { statement: Some(statement), tokenizer: tokenizer.map(Path::to_path_buf), ..Run::new(slug, format!("{url},plain={plain_url}")) });
+        runs.push(Run { statement: Some(statement), tokenizer: tokenizer.map(Path::to_path_buf), prompts: prompts.map(Path::to_path_buf), ..Run::new(slug, format!("{url},plain={plain_url}")) });
     }
     Ok(runs)
 }
@@ -446,11 +479,12 @@ fn run_all(root: &Path, specdec: &Path, record: &Record, runs: &[Run]) -> Result
             // One thread per run: WORKERS runs share the cores, and candle's and libtorch's
             // pools of one per core each, side by side, spin against each other (candle's
             // runs took 6-15 times ndarray's on 2026-11-29). Outputs do not depend on it.
-            .envs(ONE_THREAD)
+            .envs(xtask::test_pool::POOL_THREADS.map(|var| (var, "1")))
             .args(["engine-check", "--seed", ENGINES_SEED, "--engine", &r.engine])
             .args(r.model.iter().flat_map(|m| ["--model".to_string(), rel(m)]))
             .args(r.statement.iter().flat_map(|p| ["--statement".to_string(), rel(p)]))
             .args(r.tokenizer.iter().flat_map(|p| ["--tokenizer".to_string(), rel(p)]))
+            .args(r.prompts.iter().flat_map(|p| ["--prompts".to_string(), rel(p)]))
             .arg("--report")
             .arg(&json)
             .arg("--report")
@@ -657,9 +691,10 @@ pub(crate) fn llama_cpp_source(python: &Path, dir: &Path) -> Result<PathBuf, Str
     Ok(src)
 }
 
-/// The architectures' checkpoints whose llama.cpp-written GGUF the loader reads (the
-/// others, and why, in [`CONVERTER_REFUSES`]).
-pub(crate) const CONVERTED_ARCHITECTURES: [&str; 4] = ["llama3", "mistral", "qwen2", "qwen3"];
+/// The architectures' checkpoints llama.cpp's converter writes as GGUFs: those the loader
+/// reads (the others, and why, in [`CONVERTER_REFUSES`]) and the foreign `gpt2`, which
+/// llama.cpp's server runs for ENGINE-10 ([`FOREIGN_GGUF`]) and the loader refuses.
+pub(crate) const CONVERTED_ARCHITECTURES: [&str; 5] = ["llama3", "mistral", "qwen2", "qwen3", "gpt2"];
 /// What llama.cpp's converter says of the other checkpoints.
 pub(crate) const CONVERTER_REFUSES: [(&str, &str); 1] = [("phi3", "refused by the converter: its Phi-3 path needs a SentencePiece `tokenizer.model`")];
 /// The converter's one dependency the peers' environment lacks.
