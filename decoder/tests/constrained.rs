@@ -239,6 +239,50 @@ fn the_fast_mask_equals_the_plain_definition() {
     }
 }
 
+/// CONSTRAIN-2 on a real vocabulary: SmolLM2's 49,152 byte-level BPE tokens
+/// (pieces that straddle JSON punctuation, spaces and UTF-8, specials with
+/// no bytes). At every byte of tool calls under the tool-call mix's schema
+/// (`fixtures/prompts/tool_calls.json`) and of JSON texts under the
+/// recursive grammar, the fast mask equals the plain definition. Runs where
+/// `SPECDEC_SMOLLM2_GGUF` names the model (`cargo xtask test` sets it);
+/// otherwise it says why and passes.
+#[test]
+fn the_fast_mask_equals_the_plain_definition_on_smollm2s_vocabulary() {
+    let Some(path) = std::env::var_os("SPECDEC_SMOLLM2_GGUF").filter(|p| !p.is_empty()) else {
+        eprintln!("skipping: SPECDEC_SMOLLM2_GGUF is not set (`cargo xtask model` fetches SmolLM2 and prints it)");
+        return;
+    };
+    let tok = specdec_models::Tokenizer::open(&path).unwrap();
+    let t = TokenTable::of_tokenizer(&tok, tok.vocab_size()).unwrap();
+    let eos = tok.end_ids();
+    let mix: serde_json::Value = serde_json::from_str(include_str!("../../fixtures/prompts/tool_calls.json")).unwrap();
+    let schema = ConstraintSpec::JsonSchema(mix["schema"].clone());
+    let check = |c: &Constrained, texts: &[&str]| {
+        let plain = c.constraint();
+        for text in texts {
+            let mut state = plain.start();
+            // The comparison is not vacuous: the masks along a text differ, and most allow
+            // neither every token nor eos.
+            let mut masks = std::collections::HashSet::new();
+            for (at, &b) in text.as_bytes().iter().enumerate() {
+                let mask = c.allowed(state, &eos);
+                assert_eq!(mask, allowed(plain, state, t.vocabulary(), &eos), "CONSTRAIN-2: {text} at byte {at}");
+                assert!(!mask[eos[0] as usize] && mask.iter().any(|&a| !a), "{text} at byte {at}: eos or every token allowed inside the text");
+                masks.insert(mask);
+                state = plain.walk(state, &[b]).unwrap_or_else(|| panic!("{text}: byte {at} refused"));
+            }
+            assert!(masks.len() >= text.len() / 4, "{text}: {} distinct masks", masks.len());
+            let mask = c.allowed(state, &eos);
+            assert!(plain.accepts(state) && eos.iter().all(|&e| mask[e as usize]), "{text}: eos allowed at the end");
+            assert_eq!(mask, allowed(plain, state, t.vocabulary(), &eos), "CONSTRAIN-2: {text} at its end");
+        }
+    };
+    check(&compiled(&schema, &t), &[r#"{"name":"get_weather","arguments":{"query":"Paris, été \u00e9 \"3\"","days":3}}"#, r#"{"name":"send_email","arguments":{"query":"Bob","urgent":true}}"#]);
+    let grammar = compiled(&ConstraintSpec::grammar(JSON_GRAMMAR).unwrap(), &t);
+    assert!(grammar.constraint().is_context_free());
+    check(&grammar, &[r#"{"a":[1,{"b":null}],"c":"é"}"#]);
+}
+
 /// Any JSON object as a recursive GBNF grammar (compact: no whitespace).
 const JSON_GRAMMAR: &str = include_str!("../../fixtures/constraints/json-object.gbnf");
 
