@@ -63,7 +63,7 @@ fn a_failing_or_missing_engine_fails_with_a_repro_line() {
 }
 
 /// MODEL-17 with `--model`: the model checks (greedy identity against the
-/// reference, on against off) on a Qwen2 and a Phi-3 checkpoint HF wrote,
+/// reference, on against off) on each architecture's checkpoint HF wrote,
 /// through the checkpoint's own tokenizer and the vendor's `--prompts`
 /// (the checkpoints' alphabet); the negative control, an engine that always
 /// answers id 0, fails greedy identity on the same model.
@@ -71,7 +71,7 @@ fn a_failing_or_missing_engine_fails_with_a_repro_line() {
 fn the_model_checks_take_an_architecture_checkpoint_and_its_prompts() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/architectures");
     let prompts = format!("{root}/prompts.jsonl");
-    for case in ["qwen2", "phi3"] {
+    for case in ["llama3", "mistral", "qwen2", "qwen3", "phi3"] {
         let model = format!("{root}/{case}");
         let out = specdec(&["engine-check", "--engine", "decoder:ndarray:ngram", "--model", &model, "--prompts", &prompts]);
         let t = text(&out);
