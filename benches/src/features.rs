@@ -2,7 +2,7 @@
 //! step (issue 48's logprobs, issue 43's constraints): on the tool-call mix
 //! of `fixtures/prompts/tool_calls.json`, greedy, each prompt plain, plain
 //! with logprobs (top 5, processed), plain under its JSON schema, and with
-//! n-gram drafts without and with the schema; and plain and with n-gram
+//! n-gram drafts without and with logprobs and the schema; and plain and with n-gram
 //! drafts under a recursive grammar of any JSON object
 //! (`fixtures/constraints/json-object.gbnf`, a context-free constraint: its
 //! mask an Earley walk of the vocabulary, never cached across positions).
@@ -59,10 +59,11 @@ const JSON_OBJECT_GRAMMAR: &str = include_str!("../../fixtures/constraints/json-
 
 /// The configurations: name, drafts, logprobs, constraint; and the one
 /// whose tokens it must equal.
-const CONFIGS: [(&str, bool, bool, Constrain, &str); 7] = [
+const CONFIGS: [(&str, bool, bool, Constrain, &str); 8] = [
     ("plain", false, false, Constrain::Nothing, "plain"),
     ("plain + logprobs", false, true, Constrain::Nothing, "plain"),
     ("n-gram", true, false, Constrain::Nothing, "plain"),
+    ("n-gram + logprobs", true, true, Constrain::Nothing, "plain"),
     ("plain + schema", false, false, Constrain::Schema, "plain + schema"),
     ("n-gram + schema", true, false, Constrain::Schema, "plain + schema"),
     ("plain + grammar", false, false, Constrain::Grammar, "plain + grammar"),
