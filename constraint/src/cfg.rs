@@ -167,6 +167,43 @@ impl Grammar {
         Grammar { productions, of_rule, nullable, root }
     }
 
+    /// The grammar in llguidance's Lark dialect, the same language byte for
+    /// byte: each rule a lowercase rule `rN` of its productions (an empty
+    /// one `""`), each byte range a one-byte terminal. Every terminal being
+    /// one byte, the terminals are prefix-free, so llguidance's greedy lexer
+    /// has one split of any text and its parse is this grammar's; a byte of
+    /// a multi-byte character is a terminal of its own, so the grammar
+    /// allows invalid UTF-8 (none derives it: classes are written as their
+    /// UTF-8 sequences); and no bytes are forced, so every tokenization of a
+    /// text is allowed, as CONSTRAIN-2 allows it. Rules that derive no text
+    /// are gone already, which llguidance, pruning nothing, needs for its
+    /// masks to be exact.
+    pub fn to_lark(&self) -> String {
+        let mut out = format!("%llguidance {{\"allow_invalid_utf8\": true, \"no_forcing\": true}}\nstart: r{}\n", self.root);
+        for (rule, productions) in self.of_rule.iter().enumerate().filter(|(_, p)| !p.is_empty()) {
+            let alternatives: Vec<String> = productions
+                .iter()
+                .map(|&p| {
+                    let rhs = &self.productions[p as usize].rhs;
+                    if rhs.is_empty() {
+                        return "\"\"".to_string();
+                    }
+                    let symbols: Vec<String> = rhs
+                        .iter()
+                        .map(|s| match *s {
+                            Symbol::Rule(r) => format!("r{r}"),
+                            Symbol::Bytes(lo, hi) if lo == hi => format!("/\\x{lo:02x}/"),
+                            Symbol::Bytes(lo, hi) => format!("/[\\x{lo:02x}-\\x{hi:02x}]/"),
+                        })
+                        .collect();
+                    symbols.join(" ")
+                })
+                .collect();
+            out.push_str(&format!("r{rule}: {}\n", alternatives.join(" | ")));
+        }
+        out
+    }
+
     /// Whether any text matches (`root` derives some text).
     pub fn matches_something(&self) -> bool {
         !self.of_rule[self.root as usize].is_empty()

@@ -263,6 +263,15 @@ impl Constraint {
         matches!(self.kind, Kind::ContextFree { .. })
     }
 
+    /// A recursive grammar in llguidance's Lark dialect
+    /// ([`cfg::Grammar::to_lark`]); `None` for a DFA's constraint.
+    pub fn lark(&self) -> Option<String> {
+        match &self.kind {
+            Kind::Regular { .. } => None,
+            Kind::ContextFree { grammar, .. } => Some(grammar.to_lark()),
+        }
+    }
+
     /// The state of the empty output.
     pub fn start(&self) -> State {
         match &self.kind {

@@ -494,3 +494,25 @@ fn charts_with_one_future_key_allow_the_same_texts() {
     assert!(brackets.extends(round, b"aa)") && !brackets.extends(square, b"aa)"));
     assert_ne!(brackets.future_key(round), brackets.future_key(square), "one key for two futures");
 }
+
+/// A recursive grammar in llguidance's Lark dialect (the decoder's fast mask
+/// of it, `decoder/src/guide.rs`), worked by hand: one rule per rule, one
+/// one-byte terminal per byte (`é` as its two UTF-8 bytes, a class as its
+/// range), a rule that derives no text gone with every production using it,
+/// nothing forced; a DFA's constraint has none.
+#[test]
+fn a_recursive_grammar_as_lark() {
+    let lark = |g: &str| Constraint::grammar(g).unwrap().lark().unwrap();
+    let head = "%llguidance {\"allow_invalid_utf8\": true, \"no_forcing\": true}\nstart: r0\n";
+    assert_eq!(lark(r#"root ::= "a" root "b" | "c""#), format!("{head}r0: /\\x61/ r0 /\\x62/ | /\\x63/\n"));
+    // `dead` recurses without end: it and the alternative using it are dropped.
+    assert_eq!(
+        lark(
+            r#"root ::= "x" root | "é" | dead
+dead ::= "y" dead"#
+        ),
+        format!("{head}r0: /\\x78/ r0 | /\\xc3/ /\\xa9/\n")
+    );
+    assert_eq!(lark(r#"root ::= [a-c] root | """#), format!("{head}r0: r1 r0 | \"\"\nr1: /[\\x61-\\x63]/\n"));
+    assert_eq!(Constraint::grammar(r#"root ::= "a" [b-d]*"#).unwrap().lark(), None, "a regular grammar is a DFA");
+}

@@ -1,26 +1,38 @@
 //! Structured outputs (CONSTRAIN-1, CONSTRAIN-2): a request's constraint
 //! and the fast token mask; the window rule that applies it is `masks.rs`.
 //!
-//! The mask of a state is computed once by walking a byte trie of the
-//! vocabulary from the state (each shared prefix walked once, a dead branch
-//! cut at its first byte, a step back over a byte undone by the constraint's
-//! [`Cursor`](specdec_constraint::Cursor): a DFA state, or a recursive
-//! grammar's Earley set) and cached per state; it equals the plain
-//! definition, [`specdec_constraint::allowed`], token for token
-//! (`tests/constrained.rs`).
+//! The mask of a regular constraint's state is computed once by walking a
+//! byte trie of the vocabulary from the state (each shared prefix walked
+//! once, a dead branch cut at its first byte, a step back over a byte undone
+//! by the constraint's [`Cursor`](specdec_constraint::Cursor)) and cached per
+//! DFA state. A recursive grammar's mask is llguidance's (`guide.rs`: its
+//! parser moved along the state's token path, some 50 times faster than the
+//! walk of Earley sets on SmolLM2's vocabulary), the same walk where
+//! llguidance cannot follow. Either equals the plain definition,
+//! [`specdec_constraint::allowed`], token for token (`tests/constrained.rs`).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use specdec_constraint::{Constraint, ConstraintError, ConstraintSpec, State, Vocabulary};
 
+use crate::guide::{Guide, GuideEnv};
+
 /// A model's vocabulary as text bytes, with the byte trie the fast mask
 /// walks; built once per model and shared by its requests.
-#[derive(Debug)]
 pub struct TokenTable {
     vocab: Vocabulary,
     /// Node 0 is the root; a node's tokens are those whose bytes end there.
     nodes: Vec<TrieNode>,
+    /// llguidance's view of the vocabulary, built at the first recursive
+    /// grammar (`None` where llguidance refuses it).
+    guide_env: OnceLock<Option<GuideEnv>>,
+}
+
+impl std::fmt::Debug for TokenTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TokenTable {{ tokens: {}, trie nodes: {} }}", self.vocab.len(), self.nodes.len())
+    }
 }
 
 #[derive(Debug, Default)]
@@ -48,7 +60,11 @@ impl TokenTable {
             }
             nodes[at].tokens.push(id);
         }
-        TokenTable { vocab, nodes }
+        TokenTable { vocab, nodes, guide_env: OnceLock::new() }
+    }
+
+    fn guide_env(&self) -> Option<&GuideEnv> {
+        self.guide_env.get_or_init(|| GuideEnv::new(&self.vocab).ok()).as_ref()
     }
 
     /// The tiny models' text (`Aa`, `Bb`, .., [`specdec_models::tiny::tiny_text`])
@@ -117,6 +133,12 @@ struct Inner {
     /// future, for a recursive grammar: every position inside one JSON
     /// string shares it).
     masks: Mutex<HashMap<MaskKey, Arc<[bool]>>>,
+    /// A recursive grammar's llguidance parser (`None` for a DFA, or where
+    /// llguidance refuses the grammar).
+    guide: Option<Mutex<Guide>>,
+    /// For the guide: each state [`Constrained::advance`] made, with the
+    /// state and token it came from (its token path, read back to the start).
+    parents: Mutex<HashMap<State, (State, u32)>>,
 }
 
 /// What a mask is kept by.
@@ -129,7 +151,39 @@ enum MaskKey {
 impl Constrained {
     pub fn new(spec: ConstraintSpec, table: Arc<TokenTable>) -> Result<Self, ConstraintError> {
         let constraint = Constraint::new(&spec)?;
-        Ok(Constrained(Arc::new(Inner { spec, constraint, table, masks: Mutex::new(HashMap::new()) })))
+        let guide = constraint.lark().and_then(|lark| Guide::new(table.guide_env()?, lark).ok()).map(Mutex::new);
+        Ok(Constrained(Arc::new(Inner { spec, constraint, table, masks: Mutex::new(HashMap::new()), guide, parents: Mutex::new(HashMap::new()) })))
+    }
+
+    /// What computes this constraint's masks now: `llguidance` (a recursive
+    /// grammar's parser) or `trie walk`.
+    pub fn fast_path(&self) -> &'static str {
+        match &self.0.guide {
+            Some(g) if !g.lock().unwrap_or_else(|e| e.into_inner()).is_lost() => "llguidance",
+            _ => "trie walk",
+        }
+    }
+
+    /// The tokens that led [`Constrained::advance`] to `state` from the start,
+    /// `None` for a state it did not make.
+    fn path(&self, mut state: State) -> Option<Vec<u32>> {
+        let start = self.0.constraint.start();
+        let parents = self.0.parents.lock().unwrap_or_else(|e| e.into_inner());
+        let mut path = Vec::new();
+        while state != start {
+            let &(parent, token) = parents.get(&state)?;
+            path.push(token);
+            state = parent;
+        }
+        path.reverse();
+        Some(path)
+    }
+
+    /// llguidance's text tokens after `state`, where it has a parser that follows its path.
+    fn guided(&self, state: State) -> Option<Vec<bool>> {
+        let guide = self.0.guide.as_ref()?;
+        let path = self.path(state)?;
+        guide.lock().unwrap_or_else(|e| e.into_inner()).mask(&path)
     }
 
     pub fn spec(&self) -> &ConstraintSpec {
@@ -148,15 +202,9 @@ impl Constrained {
     /// `state`: the text tokens of the cached trie walk, and `eos` where the
     /// state accepts (CONSTRAIN-2).
     pub fn allowed(&self, state: State, eos: &[u32]) -> Vec<bool> {
-        let key = self.0.constraint.future_key(state).map_or(MaskKey::State(state), MaskKey::Chart);
-        let text = {
-            let mut cache = self.0.masks.lock().unwrap_or_else(|e| e.into_inner());
-            // Bounded: a long-lived server keeps a constraint across requests,
-            // and each mask is a vocabulary's worth of flags.
-            if cache.len() >= MASKS_KEPT && !cache.contains_key(&key) {
-                cache.clear();
-            }
-            cache.entry(key).or_insert_with(|| self.0.table.walk(&self.0.constraint, state).into()).clone()
+        let text: Arc<[bool]> = match self.guided(state) {
+            Some(text) => text.into(),
+            None => self.walked(state),
         };
         let mut allowed = text.to_vec();
         let accepts = self.0.constraint.accepts(state);
@@ -168,9 +216,28 @@ impl Constrained {
         allowed
     }
 
+    /// The text tokens after `state` by the trie walk, kept per state (per chart future).
+    fn walked(&self, state: State) -> Arc<[bool]> {
+        let key = self.0.constraint.future_key(state).map_or(MaskKey::State(state), MaskKey::Chart);
+        {
+            let mut cache = self.0.masks.lock().unwrap_or_else(|e| e.into_inner());
+            // Bounded: a long-lived server keeps a constraint across requests,
+            // and each mask is a vocabulary's worth of flags.
+            if cache.len() >= MASKS_KEPT && !cache.contains_key(&key) {
+                cache.clear();
+            }
+            cache.entry(key).or_insert_with(|| self.0.table.walk(&self.0.constraint, state).into()).clone()
+        }
+    }
+
     /// The state after `token` (CONSTRAIN-4), `None` where it is not allowed.
     pub fn advance(&self, state: State, token: u32, eos: &[u32]) -> Option<State> {
-        specdec_constraint::advance(&self.0.constraint, state, token, self.0.table.vocabulary(), eos)
+        let next = specdec_constraint::advance(&self.0.constraint, state, token, self.0.table.vocabulary(), eos)?;
+        // A recursive grammar's every walk is a new state: remember its path for the guide.
+        if self.0.guide.is_some() && next != state {
+            self.0.parents.lock().unwrap_or_else(|e| e.into_inner()).insert(next, (state, token));
+        }
+        Some(next)
     }
 }
 

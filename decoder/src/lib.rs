@@ -72,6 +72,7 @@ pub(crate) mod device;
 pub mod engine;
 pub mod error;
 mod fault;
+mod guide;
 mod ledger;
 mod logprobs;
 mod masks;

@@ -191,20 +191,22 @@ fn the_fast_mask_equals_the_plain_definition() {
         }
         assert!(seen > 10, "{pattern}: only {seen} outputs walked");
     }
-    // The recursive grammar: its states are its own (charts), so walked on it.
+    // The recursive grammar: its states are its own (charts), reached as the
+    // decoder reaches them (`advance`), so its masks are llguidance's, moved
+    // back and forth along a depth-first walk of every output.
     let c = compiled(&ConstraintSpec::grammar(GRAMMAR).unwrap(), &t);
-    let mut frontier = vec![Vec::<u32>::new()];
+    let mut frontier = vec![(Vec::<u32>::new(), c.constraint().start())];
     let mut seen = 0;
-    while let Some(out) = frontier.pop() {
-        let state = state_after(c.constraint(), &out, t.vocabulary(), &[EOS]).unwrap();
+    while let Some((out, state)) = frontier.pop() {
         let mask = c.allowed(state, &[EOS]);
         assert_eq!(mask, allowed(c.constraint(), state, t.vocabulary(), &[EOS]), "CONSTRAIN-2: {GRAMMAR} after {out:?}");
         seen += 1;
         if out.len() < 6 {
-            frontier.extend((0..12u32).filter(|&i| mask[i as usize] && i != EOS).map(|i| [out.clone(), vec![i]].concat()));
+            frontier.extend((0..12u32).filter(|&i| mask[i as usize] && i != EOS).map(|i| ([out.clone(), vec![i]].concat(), c.advance(state, i, &[EOS]).unwrap())));
         }
     }
     assert!(seen > 100, "the grammar: only {seen} outputs walked");
+    assert_eq!(c.fast_path(), "llguidance", "the grammar's masks were llguidance's");
     // Bytes: every single byte, and pieces that straddle JSON tokens and UTF-8.
     let mut pieces: Vec<Option<Vec<u8>>> = (0..=255u8).map(|b| Some(vec![b])).collect();
     for p in ["{\"", "\":", "\",\"", "\"}", "true", "fal", "se", "nu", "ll", "12", "-0", "é", "\u{e9}\"", "\\u00"] {
@@ -224,19 +226,25 @@ fn the_fast_mask_equals_the_plain_definition() {
         }
         assert!(plain.accepts(state) && c.allowed(state, &eos)[eos[0] as usize], "{text}");
     }
-    // A recursive grammar (Earley sets, stepped back by the cursor): JSON
-    // of any depth, on the same byte-level vocabulary.
+    // A recursive grammar: JSON of any depth, on the same byte-level
+    // vocabulary, each text as one-byte tokens through `advance` (llguidance's
+    // masks) and as states walked on the grammar alone (the trie walk of
+    // Earley sets, which the guide cannot place).
     let c = compiled(&ConstraintSpec::grammar(JSON_GRAMMAR).unwrap(), &t);
     let cfg = c.constraint();
     assert!(cfg.is_context_free());
     for text in [r#"{"a":[1,{"b":null}],"c":"é\u00e9"}"#, r#"{"l":[[[[]],-0.5e3],true]}"#] {
-        let mut state = cfg.start();
+        let (mut guided, mut walked) = (cfg.start(), cfg.start());
         for &b in text.as_bytes() {
-            assert_eq!(c.allowed(state, &eos), allowed(cfg, state, t.vocabulary(), &eos), "{text} at byte {b}");
-            state = cfg.walk(state, &[b]).unwrap_or_else(|| panic!("{text}: byte {b} refused"));
+            let want = allowed(cfg, guided, t.vocabulary(), &eos);
+            assert_eq!(c.allowed(guided, &eos), want, "{text} at byte {b}, llguidance");
+            assert_eq!(c.allowed(walked, &eos), want, "{text} at byte {b}, the trie walk");
+            guided = c.advance(guided, u32::from(b), &eos).unwrap_or_else(|| panic!("{text}: byte {b} refused"));
+            walked = cfg.walk(walked, &[b]).unwrap();
         }
-        assert!(cfg.accepts(state) && c.allowed(state, &eos)[eos[0] as usize], "{text}");
+        assert!(cfg.accepts(guided) && c.allowed(guided, &eos)[eos[0] as usize], "{text}");
     }
+    assert_eq!(c.fast_path(), "llguidance");
 }
 
 /// CONSTRAIN-2 on a real vocabulary: SmolLM2's 49,152 byte-level BPE tokens
@@ -278,9 +286,23 @@ fn the_fast_mask_equals_the_plain_definition_on_smollm2s_vocabulary() {
         }
     };
     check(&compiled(&schema, &t), &[r#"{"name":"get_weather","arguments":{"query":"Paris, été \u00e9 \"3\"","days":3}}"#, r#"{"name":"send_email","arguments":{"query":"Bob","urgent":true}}"#]);
+    // The recursive grammar, as the decoder meets it: its states made by
+    // `advance` along token paths (the tokenizer's own, and one byte a token,
+    // SmolLM2 having a token for every byte), so its masks are llguidance's.
     let grammar = compiled(&ConstraintSpec::grammar(JSON_GRAMMAR).unwrap(), &t);
-    assert!(grammar.constraint().is_context_free());
-    check(&grammar, &[r#"{"a":[1,{"b":null}],"c":"é"}"#]);
+    let cfg = grammar.constraint();
+    assert!(cfg.is_context_free());
+    let byte_token = |b: u8| (0..t.vocabulary().len() as u32).find(|&i| t.vocabulary().bytes(i) == Some(&[b][..])).unwrap();
+    let text = r#"{"name":"get_weather","arguments":{"query":"Paris, été","days":[1,2,{"x":null}]}}"#;
+    for tokens in [tok.encode(text, false).unwrap(), text.bytes().map(byte_token).collect()] {
+        let mut state = cfg.start();
+        for (at, &id) in tokens.iter().enumerate() {
+            assert_eq!(grammar.allowed(state, &eos), allowed(cfg, state, t.vocabulary(), &eos), "CONSTRAIN-2: {text} at token {at} of {}", tokens.len());
+            state = grammar.advance(state, id, &eos).unwrap_or_else(|| panic!("{text}: token {at} refused"));
+        }
+        assert!(cfg.accepts(state) && eos.iter().all(|&e| grammar.allowed(state, &eos)[e as usize]), "{text}: eos at the end");
+    }
+    assert_eq!(grammar.fast_path(), "llguidance");
 }
 
 /// Any JSON object as a recursive GBNF grammar (compact: no whitespace).
