@@ -6,9 +6,9 @@
 //! once, a dead branch cut at its first byte, a step back over a byte undone
 //! by the constraint's [`Cursor`](specdec_constraint::Cursor)) and cached per
 //! DFA state. A recursive grammar's mask is llguidance's (`guide.rs`: its
-//! parser moved along the state's token path, some 50 times faster than the
-//! walk of Earley sets on SmolLM2's vocabulary), the same walk where
-//! llguidance cannot follow. Either equals the plain definition,
+//! parser moved along the state's token path; on SmolLM2's vocabulary a JSON
+//! grammar's mask in about 2 ms, where a walk of Earley sets took 60 to 300),
+//! the same walk where llguidance cannot follow. Either equals the plain definition,
 //! [`specdec_constraint::allowed`], token for token (`tests/constrained.rs`).
 
 use std::collections::HashMap;
