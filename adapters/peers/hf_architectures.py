@@ -62,9 +62,10 @@ CASES = {
 }
 
 # GPT-2's own names for the sizes; positions enough for ENGINE-10's prompts and outputs
-# (`n_ctx`, their old name, is what llama.cpp's converter reads).
+# (`n_ctx`, their old name, is what llama.cpp's converter reads; it writes the MLP as four
+# times `n_embd` wide whatever `n_inner` says, so that is left to its default, the same).
 FOREIGN = {
-    "gpt2": (GPT2Config, GPT2LMHeadModel, dict(vocab_size=48, n_embd=32, n_inner=64, n_layer=2, n_head=4, n_positions=256, n_ctx=256, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)),
+    "gpt2": (GPT2Config, GPT2LMHeadModel, dict(vocab_size=48, n_embd=32, n_layer=2, n_head=4, n_positions=256, n_ctx=256, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)),
 }
 
 

@@ -181,11 +181,41 @@ fn own_model(tokenizer: &str, prompts: Option<&Path>) -> Result<OwnModel, String
     };
     let name = name.unwrap_or_else(|| "model".into()).to_lowercase().replace('/', "-");
     let eos = tok.end_ids();
-    // The `constrained` check's mix: the shipped tool calls under their JSON schema.
+    // The `constrained` check's mix: the shipped tool calls under their JSON schema,
+    // where the model can end an answer and its vocabulary can write every name the
+    // schema holds (a small alphabet's model could only run into a dead end there).
     let mix = specdec_models::prompts::tool_call_mix(&tok).map_err(|e| e.to_string())?;
-    let constrained = (!eos.is_empty()).then(|| OwnConstraint { spec: ConstraintSpec::JsonSchema(mix.schema), prompts: mix.prompts, eos: eos.clone(), max_new_tokens: TOOL_CALL_TOKENS });
+    let unwritable = schema_names(&mix.schema).into_iter().find(|name| tok.encode(name, false).and_then(|ids| tok.decode(&ids, false)).ok().as_deref() != Some(name.as_str()));
+    let constrained = match (eos.is_empty(), unwritable) {
+        (true, _) => Err("the tokenizer names no end token, so no constrained answer could end".to_string()),
+        (false, Some(name)) => Err(format!("the vocabulary cannot write `{name}`, a name the tool-call schema holds")),
+        (false, None) => Ok(OwnConstraint { spec: ConstraintSpec::JsonSchema(mix.schema), prompts: mix.prompts, eos: eos.clone(), max_new_tokens: TOOL_CALL_TOKENS }),
+    };
     let text = Arc::new(move |ids: &[u32]| tok.decode(ids, false).unwrap_or_else(|e| format!("<{e}>")));
     Ok(OwnModel { name, prompts: encoded, eos, text, constrained })
+}
+
+/// Every name a JSON schema makes an answer write: its property names and its
+/// string `enum` values, at any depth.
+fn schema_names(schema: &serde_json::Value) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut todo = vec![schema];
+    while let Some(v) = todo.pop() {
+        match v {
+            serde_json::Value::Object(map) => {
+                if let Some(serde_json::Value::Object(props)) = map.get("properties") {
+                    names.extend(props.keys().cloned());
+                }
+                if let Some(serde_json::Value::Array(values)) = map.get("enum") {
+                    names.extend(values.iter().filter_map(|e| e.as_str().map(str::to_string)));
+                }
+                todo.extend(map.values());
+            }
+            serde_json::Value::Array(items) => todo.extend(items),
+            _ => {}
+        }
+    }
+    names
 }
 
 /// The model checks' model: its weights, the prompts (`prompts`, else the
@@ -324,5 +354,25 @@ mod tests {
         for bad in ["", "decoder:", "decoder:ndarray", "exec:", "exec: ", "vllm:x", "llama-cpp+https://h:1", "http://", "http://h:1,http://h:2", "llama-cpp+http://h:1,plain=http://h:2"] {
             assert!(bad.parse::<EngineSpec>().is_err(), "{bad}");
         }
+    }
+
+    /// ENGINE-10 knows a model by its tokenizer alone: GPT-2's GGUF, a model the
+    /// reference cannot run, names the model `gpt2`, encodes its prompts, and its
+    /// 48-id alphabet (no `_`) cannot write the tool-call schema's names, so the
+    /// `constrained` check is not supported, naming one; the tool-call prompts
+    /// are plain text for a model without a chat template.
+    #[test]
+    fn a_foreign_models_tokenizer_gives_the_checks_their_model() {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/architectures");
+        let m = own_model(&format!("{root}/gpt2/gpt2.llama.cpp-f32.gguf"), Some(Path::new(&format!("{root}/prompts.jsonl")))).unwrap();
+        assert_eq!((m.name.as_str(), m.prompts.len(), m.eos.as_slice()), ("gpt2", 4, &[2][..]));
+        assert_eq!((m.text)(&m.prompts[0].1), "the capital of france is");
+        let why = m.constrained.err().unwrap();
+        assert!(why.starts_with("the vocabulary cannot write `") && why.contains('_'), "{why}");
+        assert!(OwnModel::tiny().constrained.is_ok());
+        let names = schema_names(&serde_json::json!({"properties": {"a": {"enum": ["x_y", 3]}, "b": {"type": "object", "properties": {"c": {}}}}}));
+        let mut names: Vec<&str> = names.iter().map(String::as_str).collect();
+        names.sort();
+        assert_eq!(names, ["a", "b", "c", "x_y"]);
     }
 }

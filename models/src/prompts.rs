@@ -180,17 +180,20 @@ const TOOL_CALLS: &str = include_str!("../../fixtures/prompts/tool_calls.json");
 pub struct ToolCallMix {
     /// The JSON schema every answer is constrained to.
     pub schema: serde_json::Value,
-    /// `(id, ids)` of each prompt, in the tokenizer's chat template.
+    /// `(id, ids)` of each prompt, in the tokenizer's chat template (as plain
+    /// text for a model without one, a base model's).
     pub prompts: Vec<(String, Vec<u32>)>,
 }
 
-/// The shipped tool-call mix, its prompts encoded by `tok`.
+/// The shipped tool-call mix, its prompts encoded by `tok`: in its chat
+/// template, or as plain text where it has none.
 pub fn tool_call_mix(tok: &crate::Tokenizer) -> Result<ToolCallMix> {
     let file = "tool_calls.json";
     let f: ToolCallFile = serde_json::from_str(TOOL_CALLS).map_err(|e| ModelError::invalid(file, "prompts", e.to_string()))?;
     if f.prompts.is_empty() {
         return Err(ModelError::invalid(file, "prompts", "the mix holds no prompt"));
     }
-    let prompts = f.prompts.into_iter().map(|p| Ok((p.id, tok.prompt_ids(&p.text, true)?))).collect::<Result<_>>()?;
+    let chat = tok.chat_template().is_some();
+    let prompts = f.prompts.into_iter().map(|p| Ok((p.id, tok.prompt_ids(&p.text, chat)?))).collect::<Result<_>>()?;
     Ok(ToolCallMix { schema: f.schema, prompts })
 }

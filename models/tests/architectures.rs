@@ -206,7 +206,7 @@ fn configs_that_would_change_the_forward_are_refused() {
 #[test]
 fn a_model_of_another_family_is_refused_but_its_tokenizer_serves() {
     let dir = case_dir("gpt2");
-    let gguf = dir.join("llama.cpp-f32.gguf");
+    let gguf = dir.join("gpt2.llama.cpp-f32.gguf");
     let err = specdec_models::load(&dir).map(|_| ()).unwrap_err().to_string();
     assert!(err.contains("model_type") && err.contains("`gpt2`") && err.contains("GPT2LMHeadModel"), "{err}");
     let err = specdec_models::load(&gguf).map(|_| ()).unwrap_err().to_string();

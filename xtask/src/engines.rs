@@ -101,7 +101,8 @@ const SMOLLM2_VOCAB: usize = 49152;
 /// converter writes it, in f32 with an f32 KV cache; its n-gram drafter against its plain
 /// server, on the checkpoints' prompts (their 48-id alphabet).
 const FOREIGN_LLAMA_SERVER: [(&str, &[&str]); 1] = [("ngram-simple-3", &["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "1", "--spec-ngram-simple-size-m", "3"])];
-const FOREIGN_GGUF: &str = "fixtures/architectures/gpt2/llama.cpp-f32.gguf";
+/// Named by its model first: ENGINE-10 names the model of a GGUF by its file name.
+const FOREIGN_GGUF: &str = "fixtures/architectures/gpt2/gpt2.llama.cpp-f32.gguf";
 const FOREIGN_PROMPTS: &str = "fixtures/architectures/prompts.jsonl";
 const FOREIGN_SUFFIX: &str = "-gpt2-own";
 const FOREIGN_VOCAB: usize = 48;
@@ -691,10 +692,9 @@ pub(crate) fn llama_cpp_source(python: &Path, dir: &Path) -> Result<PathBuf, Str
     Ok(src)
 }
 
-/// The architectures' checkpoints llama.cpp's converter writes as GGUFs: those the loader
-/// reads (the others, and why, in [`CONVERTER_REFUSES`]) and the foreign `gpt2`, which
-/// llama.cpp's server runs for ENGINE-10 ([`FOREIGN_GGUF`]) and the loader refuses.
-pub(crate) const CONVERTED_ARCHITECTURES: [&str; 5] = ["llama3", "mistral", "qwen2", "qwen3", "gpt2"];
+/// The architectures' checkpoints whose llama.cpp-written GGUF the loader reads (the
+/// others, and why, in [`CONVERTER_REFUSES`]).
+pub(crate) const CONVERTED_ARCHITECTURES: [&str; 4] = ["llama3", "mistral", "qwen2", "qwen3"];
 /// What llama.cpp's converter says of the other checkpoints.
 pub(crate) const CONVERTER_REFUSES: [(&str, &str); 1] = [("phi3", "refused by the converter: its Phi-3 path needs a SentencePiece `tokenizer.model`")];
 /// The converter's one dependency the peers' environment lacks.
@@ -708,9 +708,12 @@ pub(crate) fn convert_architectures(root: &Path, python: &Path, fixtures: &Path)
     let src = llama_cpp_source(python, &dir)?;
     let deps = pip_target(python, &dir.join("deps"), &[SENTENCEPIECE.to_string()], &[])?;
     let script = root.join("adapters/peers/llama_cpp_convert.py");
-    for case in CONVERTED_ARCHITECTURES {
-        let out = fixtures.join(case).join("llama.cpp-f32.gguf");
-        crate::run_command(Command::new(python).arg(&script).arg(&src).arg(&deps).arg(fixtures.join(case)).arg(&out))?;
+    // The foreign model's GGUF as ENGINE-10's run names it ([`FOREIGN_GGUF`]).
+    let foreign = root.join(FOREIGN_GGUF);
+    let foreign_case = foreign.parent().and_then(Path::file_name).and_then(|n| n.to_str()).ok_or("FOREIGN_GGUF names no case folder")?.to_string();
+    let cases = CONVERTED_ARCHITECTURES.iter().map(|c| (c.to_string(), fixtures.join(c).join("llama.cpp-f32.gguf"))).chain([(foreign_case, foreign)]);
+    for (case, out) in cases {
+        crate::run_command(Command::new(python).arg(&script).arg(&src).arg(&deps).arg(fixtures.join(&case)).arg(&out))?;
         eprintln!("xtask: {case}: llama.cpp's converter wrote {}", out.display());
     }
     for (case, why) in CONVERTER_REFUSES {

@@ -64,8 +64,8 @@ pub struct OwnModel {
     pub eos: Vec<u32>,
     /// The text of a token sequence.
     pub text: TokenText,
-    /// The `constrained` check's mix; without one it is not supported.
-    pub constrained: Option<OwnConstraint>,
+    /// The `constrained` check's mix, or why there is none (the check is then not supported).
+    pub constrained: Result<OwnConstraint, String>,
 }
 
 /// The `constrained` check's mix: prompts whose answer the constraint
@@ -91,7 +91,7 @@ impl OwnModel {
         let prompts: Vec<(String, Vec<u32>)> = tiny_prompts().into_iter().enumerate().map(|(i, p)| (format!("tiny-{i}"), p)).collect();
         let setting = super::constrained::CONSTRAINT_SETTINGS[0];
         let constrained = OwnConstraint { spec: setting.spec(), prompts: Vec::clone(&prompts), eos: vec![super::constrained::CONSTRAINED_EOS], max_new_tokens: TINY_CONSTRAINED_TOKENS };
-        OwnModel { name: super::ENGINE_MODEL.into(), prompts, eos: Vec::new(), text: Arc::new(tiny_text), constrained: Some(constrained) }
+        OwnModel { name: super::ENGINE_MODEL.into(), prompts, eos: Vec::new(), text: Arc::new(tiny_text), constrained: Ok(constrained) }
     }
 }
 
@@ -422,15 +422,16 @@ fn seeded(engine: &mut dyn GenerationEngine, model: &OwnModel) -> Result<Verdict
 /// `greedy`, margins excused alike), and every plain output that ends at
 /// eos is a match of the constraint (CONSTRAIN-4); at least one must.
 fn constrained(engine: &mut dyn GenerationEngine, model: &OwnModel) -> Result<(Verdict, String), Verdict> {
-    let Some(mix) = &model.constrained else {
-        return Ok((Verdict::NotSupported("no constrained mix is given for this model".into()), String::new()));
+    let mix = match &model.constrained {
+        Ok(mix) => mix,
+        Err(why) => return Ok((Verdict::NotSupported(why.clone()), String::new())),
     };
     if mix.prompts.is_empty() || mix.eos.is_empty() {
         return Err(Verdict::Fail("the constrained mix has no prompts or no eos: the check would test nothing".into()));
     }
     let constraint = Constraint::new(&mix.spec).map_err(|e| Verdict::Fail(format!("the mix's constraint: {e}")))?;
     // The mix as a model of its own: its prompts, its eos, the model's text.
-    let asked = OwnModel { prompts: mix.prompts.clone(), eos: mix.eos.clone(), constrained: None, ..model.clone() };
+    let asked = OwnModel { prompts: mix.prompts.clone(), eos: mix.eos.clone(), constrained: Err("the mix itself".into()), ..model.clone() };
     let info = engine.info().clone();
     let request = |prompt: &[u32], on: bool| GenerationRequest { constraint: Some(mix.spec.clone()), max_new_tokens: mix.max_new_tokens, ..greedy(&info, &asked, prompt, on) };
     let plain = plain_of(engine, &asked, &|prompt| request(prompt, false))?;
