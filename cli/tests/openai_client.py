@@ -50,7 +50,12 @@ def chat_logprobs(speculation, stream=False, mode="raw"):
     kw = dict(model=model, messages=[{"role": "user", "content": "BbCcBbCcBbCc"}], max_tokens=10, temperature=0,
               logprobs=True, top_logprobs=3, extra_body={"speculation": speculation, "logprobs_mode": mode})
     if not stream:
-        return client.chat.completions.create(**kw).choices[0].logprobs.content
+        choice = client.chat.completions.create(**kw).choices[0]
+        if speculation:
+            # The comparison with speculation off is not vacuous: drafts were verified.
+            drafts = choice.model_extra["draft_tokens"]
+            assert drafts["proposed"] > 0 and drafts["accepted"] > 0, ("speculation drafted nothing", drafts)
+        return choice.logprobs.content
     return [e for c in client.chat.completions.create(stream=True, **kw) if c.choices and c.choices[0].logprobs
             for e in c.choices[0].logprobs.content]
 for mode in ["raw", "processed"]:
