@@ -255,7 +255,8 @@ fn run_section(spec: &EngineSpec, options: &CheckOptions, cfg: &SuiteConfig, mod
     let mut report = |e: &mut dyn GenerationEngine, label: &str| {
         let info = e.info().clone();
         let results = section(e, label);
-        Report::for_engine(&info.name, &info.version, info.greedy_epsilon, cfg.seed, results)
+        // A shard's report says which it is, so `specdec report merge` can join them.
+        Report { shard: cfg.shard, ..Report::for_engine(&info.name, &info.version, info.greedy_epsilon, cfg.seed, results) }
     };
     match spec {
         EngineSpec::Exec(_) | EngineSpec::Http(_) => Ok(report(options.connect(spec)?.as_mut(), spec.label())),

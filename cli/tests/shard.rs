@@ -185,3 +185,43 @@ fn fuzz_shards_sum_per_target_and_every_unit_runs_once() {
     let out = merge(&all);
     assert!(text(&out).contains("run by two shards"), "{}", text(&out));
 }
+
+/// SUITE-5 for `engine-check` (issue 44's report a vendor attaches): the
+/// engine section on specdec's decoder in three shards merges into the
+/// unsharded run's report, timings aside, each shard running its own checks
+/// only (the sampled laws left out: they cost minutes, and the kernel run
+/// above merges a statistical family already).
+#[test]
+fn shards_of_an_engine_check_merge_into_the_unsharded_report() {
+    let base = dir("engine");
+    let run = |shard: Option<usize>, out: &Path| {
+        let mut args = vec!["engine-check", "--engine", "decoder:reference:ngram", "--exclude", "*/sampled/*", "--exclude", "*/on", "--exclude", "*/off", "--exclude", "*/seed-pairs"];
+        let label = shard.map(|i| format!("{i}/3"));
+        if let Some(l) = &label {
+            args.extend(["--shard", l.as_str()]);
+        }
+        args.extend(["--report", out.to_str().unwrap()]);
+        let o = specdec(&args);
+        assert!(o.status.success(), "{}", text(&o));
+    };
+    let whole = base.join("whole.json");
+    run(None, &whole);
+    let whole = json(&whole);
+    let ran = |v: &Value| v["results"].as_array().unwrap().iter().filter(|r| r["status"] != "Skipped").count();
+    assert!(ran(&whole) >= 10, "the run holds the section's exact checks: {}", ran(&whole));
+    let mut sizes = Vec::new();
+    for i in 0..3 {
+        let dir = base.join(format!("shard-{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        run(Some(i), &dir.join("engine.json"));
+        sizes.push(ran(&json(&dir.join("engine.json"))));
+    }
+    assert!(sizes.iter().all(|&n| n > 0 && n < ran(&whole)) && sizes.iter().sum::<usize>() == ran(&whole), "each shard runs its part: {sizes:?} of {}", ran(&whole));
+    let merged = base.join("merged");
+    let shards: Vec<String> = (0..3).map(|i| base.join(format!("shard-{i}")).to_str().unwrap().to_string()).collect();
+    let out = Command::new(SPECDEC).args(["report", "merge"]).args(&shards).args(["--out", merged.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    // The engine's name (`specdec/reference/ngram`) as one file name.
+    let file = merged.join("specdec-reference-ngram.json");
+    assert_eq!(untimed(json(&file)), untimed(whole), "SUITE-5: the engine check's shards merge into its unsharded report");
+}

@@ -109,10 +109,18 @@ pub fn main<B: ModelBackend>(make: impl FnOnce() -> Result<B, String>, selection
     libtest_mimic::run(&args, trials).exit_code()
 }
 
-/// Writes `<backend>.json`, `.md` and `.junit.xml` into `dir`.
+/// Writes `<backend>.json`, `.md` and `.junit.xml` into `dir` ([`report_stem`]).
 pub fn write_reports(report: &Report, dir: &std::path::Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    std::fs::write(dir.join(format!("{}.json", report.backend)), report.to_json())?;
-    std::fs::write(dir.join(format!("{}.md", report.backend)), report.to_markdown())?;
-    std::fs::write(dir.join(format!("{}.junit.xml", report.backend)), report.to_junit())
+    let stem = report_stem(&report.backend);
+    std::fs::write(dir.join(format!("{stem}.json")), report.to_json())?;
+    std::fs::write(dir.join(format!("{stem}.md")), report.to_markdown())?;
+    std::fs::write(dir.join(format!("{stem}.junit.xml")), report.to_junit())
+}
+
+/// A report's file name in a folder: its backend's name with every character
+/// but letters, digits, `.`, `_` and `-` as `-` (an engine's name, such as
+/// `specdec/reference/ngram`, would otherwise name folders).
+pub fn report_stem(backend: &str) -> String {
+    backend.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '-' }).collect()
 }
