@@ -5,7 +5,7 @@
 //! n-gram drafts without and with logprobs and the schema; and plain and with n-gram
 //! drafts under a recursive grammar of any JSON object
 //! (`fixtures/constraints/json-object.gbnf`, a context-free constraint: its
-//! mask an Earley walk of the vocabulary, never cached across positions).
+//! mask llguidance's, its parser moved along the output).
 //! The ratios are of decode time per token in this one run: logprobs over
 //! plain, each mask over plain, and speculation over plain with and without
 //! a constraint (how much drafts buy when most of the output is forced). A configuration whose

@@ -184,16 +184,21 @@ fn own_model(tokenizer: &str, prompts: Option<&Path>) -> Result<OwnModel, String
     // The `constrained` check's mix: the shipped tool calls under their JSON schema,
     // where the model can end an answer and its vocabulary can write every name the
     // schema holds (a small alphabet's model could only run into a dead end there).
-    let mix = specdec_models::prompts::tool_call_mix(&tok).map_err(|e| e.to_string())?;
-    let unwritable = schema_names(&mix.schema).into_iter().find(|name| tok.encode(name, false).and_then(|ids| tok.decode(&ids, false)).ok().as_deref() != Some(name.as_str()));
-    let constrained = match (eos.is_empty(), unwritable) {
-        (true, _) => Err("the tokenizer names no end token, so no constrained answer could end".to_string()),
-        (false, Some(name)) => Err(format!("the vocabulary cannot write `{name}`, a name the tool-call schema holds")),
-        (false, None) => Ok(OwnConstraint { spec: ConstraintSpec::JsonSchema(mix.schema), prompts: mix.prompts, eos: eos.clone(), max_new_tokens: TOOL_CALL_TOKENS }),
+    let writes = |text: &str| tok.encode(text, false).and_then(|ids| tok.decode(&ids, false)).ok().as_deref() == Some(text);
+    let constrained = match specdec_models::prompts::tool_call_mix(&tok) {
+        Err(e) => Err(format!("the tool-call prompts do not encode: {e}")),
+        Ok(_) if eos.is_empty() => Err("the tokenizer names no end token, so no constrained answer could end".to_string()),
+        Ok(mix) => match schema_names(&mix.schema).into_iter().chain(JSON_PUNCTUATION.iter().map(|c| c.to_string())).find(|name| !writes(name)) {
+            Some(name) => Err(format!("the vocabulary cannot write `{name}`, which a tool call under the schema holds")),
+            None => Ok(OwnConstraint { spec: ConstraintSpec::JsonSchema(mix.schema), prompts: mix.prompts, eos: eos.clone(), max_new_tokens: TOOL_CALL_TOKENS }),
+        },
     };
     let text = Arc::new(move |ids: &[u32]| tok.decode(ids, false).unwrap_or_else(|e| format!("<{e}>")));
     Ok(OwnModel { name, prompts: encoded, eos, text, constrained })
 }
+
+/// What every JSON tool call writes beside the schema's names.
+const JSON_PUNCTUATION: [&str; 5] = ["{", "}", "\"", ":", ","];
 
 /// Every name a JSON schema makes an answer write: its property names and its
 /// string `enum` values, at any depth.

@@ -500,7 +500,7 @@ fn write_all(paths: &[PathBuf], reports: &[Report]) -> Result<(), String> {
         let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
         if matches!(ext, "json" | "md" | "xml") {
             for r in reports {
-                let target = if reports.len() == 1 { path.clone() } else { path.with_file_name(format!("{}-{}", r.backend, file_name(path))) };
+                let target = if reports.len() == 1 { path.clone() } else { path.with_file_name(format!("{}-{}", specdec_conformance::harness::report_stem(&r.backend), file_name(path))) };
                 let text = match ext {
                     "json" => r.to_json(),
                     "md" => r.to_markdown(),

@@ -484,9 +484,10 @@ fn the_server_passes_the_checks_whose_oracle_is_its_own_plain_decoding() {
 /// logprob entry's token) of a speculating completion that was in flight
 /// beside another one, as a batch-variant verify kernel would (vLLM #41758,
 /// TRT-LLM #9208). One request at a time, it is the server. Each request is
-/// held 50 ms before it goes on, so requests a client sends together overlap
-/// here whatever the scheduling; requests sent one after another never do
-/// (a reply leaves the in-flight list before it is written back).
+/// held 100 ms before it goes on, so requests a client sends together overlap
+/// here unless its threads start them more than that apart (one overlapping
+/// pair of a load fails it); requests sent one after another never do (a
+/// reply leaves the in-flight list before it is written back).
 struct WrongUnderLoad {
     addr: String,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -526,7 +527,7 @@ impl WrongUnderLoad {
                             list.push((id, beside));
                         }
                         if completion {
-                            std::thread::sleep(Duration::from_millis(50));
+                            std::thread::sleep(Duration::from_millis(100));
                         }
                         let (status, mut reply) = forward(&upstream, &line, &body);
                         if completion {

@@ -5,23 +5,20 @@
 //!
 //! Invariants: a value is shared only within one run (the folder is new for each run and
 //! removed after it), so an oracle read here is still the reference computed in the same
-//! run, never a stored copy. The first process to ask computes it holding a lock file;
-//! the others wait for its result, and compute it themselves if the lock goes without one
-//! (its owner failed or died) or after [`WAIT`]. A result is written whole (a temporary
-//! file renamed into place) or not at all, and one that does not parse is recomputed.
+//! run, never a stored copy. The first process to ask computes it holding an exclusive
+//! lock on a lock file; the others wait on that lock and then read its result, or compute
+//! it themselves where there is none (its owner failed, panicked or died: the system
+//! releases a dead process's lock). A result is written whole (a temporary file renamed
+//! into place) or not at all, and one that does not parse is recomputed.
 
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 /// The environment variable naming the run's folder.
 pub const RUN_DIR_ENV: &str = "SPECDEC_RUN_DIR";
-
-/// How long a process waits for another's result before computing its own.
-pub const WAIT: Duration = Duration::from_secs(600);
 
 /// `compute()`'s value, computed once per run for every process asking with the same
 /// `name` and `inputs` (hashed into the file name).
@@ -37,29 +34,30 @@ fn shared_in<T: Serialize + DeserializeOwned>(dir: Option<PathBuf>, name: &str, 
     let stem = dir.join(format!("{name}-{:016x}", h.finish()));
     let (result, lock) = (stem.with_extension("json"), stem.with_extension("lock"));
     let read = || std::fs::read_to_string(&result).ok().and_then(|t| serde_json::from_str::<T>(&t).ok());
-    let start = Instant::now();
-    loop {
-        if let Some(v) = read() {
-            return Ok(v);
-        }
-        match std::fs::OpenOptions::new().write(true).create_new(true).open(&lock) {
-            Ok(_) => break,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && start.elapsed() < WAIT => std::thread::sleep(Duration::from_millis(200)),
-            // No folder, no permission, or waited long enough: this process's own value.
-            Err(_) => return compute(),
-        }
+    if let Some(v) = read() {
+        return Ok(v);
     }
-    // This process holds the lock: compute, publish whole, release (also on failure).
+    // No folder or no lock to be had: this process's own value.
+    let Ok(file) = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock) else { return compute() };
+    if file.lock().is_err() {
+        return compute();
+    }
+    // Held (released when `file` drops, or by the system if this process dies): a value
+    // another holder published, else this one's, published whole.
+    if let Some(v) = read() {
+        return Ok(v);
+    }
     let value = compute();
     if let Ok(v) = &value
         && let Ok(text) = serde_json::to_string(v)
     {
-        let tmp = stem.with_extension(format!("tmp{}", std::process::id()));
+        // Only the lock's holder writes it.
+        let tmp = stem.with_extension("tmp");
         if std::fs::write(&tmp, text).is_ok() {
             let _ = std::fs::rename(&tmp, &result);
         }
     }
-    let _ = std::fs::remove_file(&lock);
+    drop(file);
     value
 }
 
@@ -91,7 +89,41 @@ mod tests {
         assert_eq!((again.len(), calls.get()), (2, 3), "a failure is not shared");
         let _: Vec<f64> = shared_in(None, "v", &(1u32, "x"), compute).unwrap();
         assert_eq!(calls.get(), 4, "no run folder, no sharing");
-        assert!(!std::fs::read_dir(&dir).unwrap().any(|e| e.unwrap().path().extension().is_some_and(|x| x == "lock")), "every lock released");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Askers at once (threads here, each with its own open file as processes have):
+    /// one computes while the others wait on its lock, and all get its value; an owner
+    /// that panics releases the lock, and the next asker computes.
+    #[test]
+    fn askers_at_once_wait_for_one_computation() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let dir = std::env::temp_dir().join(format!("specdec-run-share-race-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let calls = AtomicUsize::new(0);
+        let values: Vec<u64> = std::thread::scope(|s| {
+            let askers: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        shared_in(Some(dir.clone()), "slow", &7u8, || {
+                            calls.fetch_add(1, Ordering::SeqCst);
+                            std::thread::sleep(std::time::Duration::from_millis(200));
+                            Ok(42u64)
+                        })
+                        .unwrap()
+                    })
+                })
+                .collect();
+            askers.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        assert_eq!((values, calls.load(Ordering::SeqCst)), (vec![42; 4], 1), "computed once, every asker served");
+        let panicked = std::thread::spawn({
+            let dir = dir.clone();
+            move || shared_in(Some(dir), "dies", &0u8, || -> Result<u64, String> { panic!("the owner dies") })
+        })
+        .join();
+        assert!(panicked.is_err());
+        assert_eq!(shared_in(Some(dir.clone()), "dies", &0u8, || Ok(5u64)).unwrap(), 5, "the lock went with its owner");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

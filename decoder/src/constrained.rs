@@ -139,6 +139,8 @@ struct Inner {
     /// For the guide: each state [`Constrained::advance`] made, with the
     /// state and token it came from (its token path, read back to the start).
     parents: Mutex<HashMap<State, (State, u32)>>,
+    /// Masks the guide gave ([`Constrained::guided_masks`]).
+    guided: std::sync::atomic::AtomicUsize,
 }
 
 /// What a mask is kept by.
@@ -152,16 +154,12 @@ impl Constrained {
     pub fn new(spec: ConstraintSpec, table: Arc<TokenTable>) -> Result<Self, ConstraintError> {
         let constraint = Constraint::new(&spec)?;
         let guide = constraint.lark().and_then(|lark| Guide::new(table.guide_env()?, lark).ok()).map(Mutex::new);
-        Ok(Constrained(Arc::new(Inner { spec, constraint, table, masks: Mutex::new(HashMap::new()), guide, parents: Mutex::new(HashMap::new()) })))
+        Ok(Constrained(Arc::new(Inner { spec, constraint, table, masks: Mutex::new(HashMap::new()), guide, parents: Mutex::new(HashMap::new()), guided: Default::default() })))
     }
 
-    /// What computes this constraint's masks now: `llguidance` (a recursive
-    /// grammar's parser) or `trie walk`.
-    pub fn fast_path(&self) -> &'static str {
-        match &self.0.guide {
-            Some(g) if !g.lock().unwrap_or_else(|e| e.into_inner()).is_lost() => "llguidance",
-            _ => "trie walk",
-        }
+    /// How many masks llguidance has given so far (the rest came from the trie walk).
+    pub fn guided_masks(&self) -> usize {
+        self.0.guided.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The tokens that led [`Constrained::advance`] to `state` from the start,
@@ -183,7 +181,9 @@ impl Constrained {
     fn guided(&self, state: State) -> Option<Vec<bool>> {
         let guide = self.0.guide.as_ref()?;
         let path = self.path(state)?;
-        guide.lock().unwrap_or_else(|e| e.into_inner()).mask(&path)
+        let mask = guide.lock().unwrap_or_else(|e| e.into_inner()).mask(&path)?;
+        self.0.guided.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some(mask)
     }
 
     pub fn spec(&self) -> &ConstraintSpec {
@@ -199,8 +199,9 @@ impl Constrained {
     }
 
     /// The tokens allowed after an output that left the constraint in
-    /// `state`: the text tokens of the cached trie walk, and `eos` where the
-    /// state accepts (CONSTRAIN-2).
+    /// `state`: the text tokens llguidance allows (a recursive grammar's state
+    /// that [`Constrained::advance`] made) or the cached trie walk does, and
+    /// `eos` where the state accepts (CONSTRAIN-2).
     pub fn allowed(&self, state: State, eos: &[u32]) -> Vec<bool> {
         let text: Arc<[bool]> = match self.guided(state) {
             Some(text) => text.into(),

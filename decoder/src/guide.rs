@@ -12,6 +12,11 @@
 //! for: rolled back to the longest prefix that path shares with the last,
 //! then fed the rest, so the rows of a verify window cost one token each.
 //!
+//! llguidance's trie reads a token whose bytes begin with 0xFF as a special
+//! token, and it never allows the one-byte token 0xFF; the plain definition
+//! allows neither either, since no grammar here derives the byte 0xFF (each
+//! is UTF-8 text, which never holds it).
+//!
 //! Invariant: a mask given here equals the plain definition
 //! ([`specdec_constraint::allowed`]) token for token (`tests/constrained.rs`:
 //! the tiny, a byte-level and SmolLM2's vocabularies); where llguidance cannot
@@ -73,7 +78,8 @@ impl Guide {
     }
 
     /// Whether it refused a path or failed a step (its masks are over).
-    pub(crate) fn is_lost(&self) -> bool {
+    #[cfg(test)]
+    fn is_lost(&self) -> bool {
         self.lost
     }
 

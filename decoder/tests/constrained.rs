@@ -206,7 +206,7 @@ fn the_fast_mask_equals_the_plain_definition() {
         }
     }
     assert!(seen > 100, "the grammar: only {seen} outputs walked");
-    assert_eq!(c.fast_path(), "llguidance", "the grammar's masks were llguidance's");
+    assert_eq!(c.guided_masks(), seen, "every mask of the walk was llguidance's");
     // Bytes: every single byte, and pieces that straddle JSON tokens and UTF-8.
     let mut pieces: Vec<Option<Vec<u8>>> = (0..=255u8).map(|b| Some(vec![b])).collect();
     for p in ["{\"", "\":", "\",\"", "\"}", "true", "fal", "se", "nu", "ll", "12", "-0", "é", "\u{e9}\"", "\\u00"] {
@@ -244,7 +244,10 @@ fn the_fast_mask_equals_the_plain_definition() {
         }
         assert!(cfg.accepts(guided) && c.allowed(guided, &eos)[eos[0] as usize], "{text}");
     }
-    assert_eq!(c.fast_path(), "llguidance");
+    // Each text's byte positions and its end, and its start twice (the walked
+    // states' first is the start, which the guide places too).
+    let guided: usize = [r#"{"a":[1,{"b":null}],"c":"é\u00e9"}"#, r#"{"l":[[[[]],-0.5e3],true]}"#].iter().map(|t| t.len() + 2).sum();
+    assert_eq!(c.guided_masks(), guided, "llguidance gave the masks of the states `advance` made, and only those");
 }
 
 /// CONSTRAIN-2 on a real vocabulary: SmolLM2's 49,152 byte-level BPE tokens
@@ -294,15 +297,18 @@ fn the_fast_mask_equals_the_plain_definition_on_smollm2s_vocabulary() {
     assert!(cfg.is_context_free());
     let byte_token = |b: u8| (0..t.vocabulary().len() as u32).find(|&i| t.vocabulary().bytes(i) == Some(&[b][..])).unwrap();
     let text = r#"{"name":"get_weather","arguments":{"query":"Paris, été","days":[1,2,{"x":null}]}}"#;
-    for tokens in [tok.encode(text, false).unwrap(), text.bytes().map(byte_token).collect()] {
+    let mut tokens_walked = 0;
+    for tokens in [tok.encode(text, false).unwrap(), text.bytes().map(byte_token).collect::<Vec<u32>>()] {
+        tokens_walked += tokens.len() + 1;
         let mut state = cfg.start();
         for (at, &id) in tokens.iter().enumerate() {
             assert_eq!(grammar.allowed(state, &eos), allowed(cfg, state, t.vocabulary(), &eos), "CONSTRAIN-2: {text} at token {at} of {}", tokens.len());
             state = grammar.advance(state, id, &eos).unwrap_or_else(|| panic!("{text}: token {at} refused"));
         }
-        assert!(cfg.accepts(state) && eos.iter().all(|&e| grammar.allowed(state, &eos)[e as usize]), "{text}: eos at the end");
+        let end = grammar.allowed(state, &eos);
+        assert!(cfg.accepts(state) && eos.iter().all(|&e| end[e as usize]), "{text}: eos at the end");
     }
-    assert_eq!(grammar.fast_path(), "llguidance");
+    assert_eq!(grammar.guided_masks(), tokens_walked, "every mask asked was llguidance's");
 }
 
 /// Any JSON object as a recursive GBNF grammar (compact: no whitespace).

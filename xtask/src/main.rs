@@ -202,6 +202,18 @@ fn with_env<'c>(cmd: &'c mut Command, libtorch: Option<&Path>, env: &[(String, P
     cmd
 }
 
+/// One compute thread a job (rayon's pool, so ndarray's and candle's; libtorch's OpenMP
+/// pool), as many jobs as cores: pools of one thread per core each, side by side, spin
+/// against each other (the tch suite took 648 s beside the candle suite, 272 s with one
+/// thread). A pool size the caller set is kept.
+fn one_thread_pools(command: &mut Command) {
+    for var in test_pool::POOL_THREADS {
+        if std::env::var_os(var).is_none() {
+            command.env(var, "1");
+        }
+    }
+}
+
 /// The features every test build turns on: the tch backend and the trainer with libtorch.
 const TEST_FEATURES: &str = "specdec-tch/libtorch,specdec-train/libtorch";
 
@@ -213,7 +225,8 @@ fn test_all(root: &Path, extra: &[String], lt: &Path, env: &[(String, PathBuf)])
     let build_args = ["test", "--workspace", "--features", TEST_FEATURES, "--no-run", "--message-format=json-render-diagnostics"];
     eprintln!("xtask: cargo {}", build_args.join(" "));
     let mut build = Command::new(&cargo);
-    build.current_dir(root).args(build_args).stdout(std::process::Stdio::piped());
+    // The JSON messages on stdout; the rendered errors and warnings on the terminal.
+    build.current_dir(root).args(build_args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::inherit());
     let out = with_env(&mut build, Some(lt), env).output().map_err(|e| format!("cannot run cargo: {e}"))?;
     if !out.status.success() {
         return Err(format!("cargo {} failed ({})", build_args.join(" "), out.status));
@@ -226,21 +239,14 @@ fn test_all(root: &Path, extra: &[String], lt: &Path, env: &[(String, PathBuf)])
             let mut command = Command::new(&b.executable);
             command.current_dir(&b.dir).args(extra).env("CARGO_MANIFEST_DIR", &b.dir);
             with_env(&mut command, Some(lt), env);
-            // One compute thread a job (rayon's pool, so ndarray's and candle's; libtorch's
-            // OpenMP pool), as many jobs as cores: pools of one thread per core each, side by
-            // side, spin against each other (the tch suite took 648 s beside the candle suite,
-            // 235 s alone). A pool size the caller set is kept.
-            for var in test_pool::POOL_THREADS {
-                if std::env::var_os(var).is_none() {
-                    command.env(var, "1");
-                }
-            }
+            one_thread_pools(&mut command);
             Job { label: b.label, command }
         })
         .collect();
     let mut doc = Command::new(&cargo);
     doc.current_dir(root).args(["test", "--workspace", "--features", TEST_FEATURES, "--doc"]).args(rest_after_dashdash(extra.to_vec()));
     with_env(&mut doc, Some(lt), env);
+    one_thread_pools(&mut doc);
     jobs.push(Job { label: "doc tests".into(), command: doc });
     let logs = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from).join("xtask-test");
     // What the suites compute once for the whole run (`conformance/src/run_share.rs`: the

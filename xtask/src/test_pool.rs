@@ -15,8 +15,9 @@
 //! oversubscribe the cores. A
 //! job's output is printed whole when it ends, never interleaved with another's. The run
 //! fails if any job fails, names every failed job at the end, and ends with one line summing
-//! every `test result:` line ([`Tally`]). While jobs run, a line every few minutes names
-//! them and their time, so a job that hangs is named before CI's limit cuts the log.
+//! every `test result:` line ([`Tally`]). After five minutes with no job started or ended,
+//! a line names the jobs running and their time, so a job that hangs is named before CI's
+//! limit cuts the log.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
