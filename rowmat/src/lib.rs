@@ -44,9 +44,10 @@
 //!   sixth of the bytes. Quantizing f32 weights to Q8_0 loses precision
 //!   against them (stated by the backend that does it), never between
 //!   windows and decodes. Where the blocks are decoded is the kernels'
-//!   business: in AVX2 registers inside the product for up to five input
-//!   rows (a decode, a window at k = 4), else once per task into an f32
-//!   buffer that stays in L2 while the rows pass.
+//!   business: in registers inside the product for up to nine input rows
+//!   on AVX-512 (a decode, any window up to k = 8) and up to five on AVX2
+//!   (a window at k = 4), else once per task into an f32 buffer that stays
+//!   in L2 while the rows pass.
 //!
 //! Inputs are trusted shapes from the caller (a model whose shapes were
 //! validated when it loaded); a mismatch is a bug there, so it panics with

@@ -225,56 +225,86 @@ thread_local! {
     static SPILL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// [`block_f32`] for block rows `first .. first + count`. For up to five
-/// input rows on AVX2 (a decode, or a window at the decoder's default
-/// k = 4) the blocks are decoded in registers inside the product
-/// (`avx2::tile_blocks`: the weights stream from memory in their stored
-/// bytes, no f32 copy, each block decoded once for all the rows).
-/// Otherwise (more rows than the sixteen registers' accumulators hold
-/// would decode each block again for every tile of input rows) the task's
-/// rows are dequantized once ([`crate::BlockFormat::decode`], exact; with
-/// AVX2 by the same register decoding, on AVX-512 machines too) into a
-/// buffer that stays in L2 while the input rows pass. Every path
-/// multiplies the same f32 values in the canonical order.
+/// Weight rows per AVX-512 block tile for `nx` input rows: the tile's
+/// `nx · nw` accumulators, its `2 · nw` decoded halves of a block, one
+/// input register and the decoding's constants fit the 32 registers; at
+/// most 4 (one more row saves nothing the decoding costs).
+#[cfg(target_arch = "x86_64")]
+fn avx512_block_tile_w(nx: usize) -> usize {
+    (28 / (nx + 2)).clamp(1, 4)
+}
+
+/// Expands to a `match` over the listed block tile shapes `(NX, NW)`,
+/// calling `$m::tile_blocks::<NX, NW>` on the input rows and weight rows
+/// `$j ..` of a block task and storing the results.
+#[cfg(target_arch = "x86_64")]
+macro_rules! each_block_tile {
+    ($shape:expr, $m:ident, $q:expr, $x:expr, $first:expr, $j:expr, $dest:expr; $(($a:literal, $b:literal)),*) => {{
+        let cols = $q.cols();
+        let xr = |i: usize| &$x[i * cols..(i + 1) * cols];
+        let wr = |i: usize| $q.row_blocks($first + $j + i);
+        match $shape {
+            $(($a, $b) => {
+                let xs: [&[f32]; $a] = std::array::from_fn(xr);
+                let ws: [&[u8]; $b] = std::array::from_fn(wr);
+                // SAFETY: the caller checked the instruction set (`isa`); every input row
+                // holds `cols` values and every weight row `cols / 32` blocks.
+                store(unsafe { $m::tile_blocks::<$a, $b>($q.format(), ws, xs, cols / crate::BLOCK) }, $dest.at($j), 0)
+            })*
+            other => unreachable!("no block tile of shape {other:?}"),
+        }
+    }};
+}
+
+/// [`block_f32`] for block rows `first .. first + count`. For up to nine
+/// input rows on AVX-512 (a decode, or a verify window up to k = 8) and up
+/// to five on AVX2 (a window at the decoder's default k = 4) the blocks are
+/// decoded in registers inside the product (`tile_blocks`: the weights
+/// stream from memory in their stored bytes, no f32 copy, each block
+/// decoded once for all the input rows). Otherwise (a prefill's many rows,
+/// or more than AVX2's sixteen registers' accumulators hold, which would
+/// decode each block again for every tile of input rows) the task's rows
+/// are dequantized once ([`crate::BlockFormat::decode`], exact; with AVX2
+/// by the same register decoding, on AVX-512 machines too) into a buffer
+/// that stays in L2 while the input rows pass. Every path multiplies the
+/// same f32 values in the canonical order.
 ///
-/// Measured on SmolLM2 (RESULTS, tenth session): a 5-token window cost
-/// 1.87 decodes in registers against 2.84 through the buffer; Q8_0 (the
-/// head) took the buffer for decodes too until the decoding prefetched the
-/// blocks ahead of it, and without the prefetch its register tiles had
-/// decoded slower than the buffer (23-32 against 46-51 tokens/s).
+/// Measured on SmolLM2 (RESULTS, tenth session, AVX2): a 5-token window
+/// cost 1.87 decodes in registers against 2.84 through the buffer; Q8_0
+/// (the head) took the buffer for decodes too until the decoding
+/// prefetched the blocks ahead of it, and without the prefetch its
+/// register tiles had decoded slower than the buffer (23-32 against 46-51
+/// tokens/s).
 pub(crate) fn block_quant(q: &BlockMatrix, first: usize, count: usize, x: &[f32], n: usize, dest: Dest, isa: Isa) {
-    let cols = q.cols();
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 && n <= AVX2_BLOCK_MAX_X {
-        let blocks = cols / crate::BLOCK;
-        // One pass over the blocks for all the input rows: a decode's one or
-        // two against three weight rows at a time, a window's three to five
-        // against one (five rows' accumulators fill the sixteen registers).
-        let tile_w = if n <= AVX2_MAX_X { AVX2_TILE_W } else { 1 };
-        let xr = |i: usize| &x[i * cols..(i + 1) * cols];
+    if isa == Isa::Avx512 && n <= AVX512_MAX_X {
+        // One pass over the blocks for all the input rows, as many weight
+        // rows at a time as the registers hold beside their accumulators.
+        let tile_w = avx512_block_tile_w(n);
         let mut j = 0;
         while j < count {
             let take = if count - j >= tile_w { tile_w } else { 1 };
-            let wr = |i: usize| q.row_blocks(first + j + i);
-            macro_rules! shapes {
-                ($(($a:literal, $b:literal)),*) => {
-                    match (n, take) {
-                        $(($a, $b) => {
-                            let xs: [&[f32]; $a] = std::array::from_fn(xr);
-                            let ws: [&[u8]; $b] = std::array::from_fn(wr);
-                            // SAFETY: the CPU has AVX2, FMA and F16C (`isa`); every input row
-                            // holds `cols` values and every weight row `cols / 32` blocks.
-                            store(unsafe { avx2::tile_blocks::<$a, $b>(q.format(), ws, xs, blocks) }, dest.at(j), 0)
-                        })*
-                        other => unreachable!("no tile of shape {other:?}"),
-                    }
-                };
-            }
-            shapes!((1, 1), (1, 3), (2, 1), (2, 3), (3, 1), (4, 1), (5, 1));
+            each_block_tile!((n, take), avx512, q, x, first, j, dest;
+                (1, 1), (1, 4), (2, 1), (2, 4), (3, 1), (3, 4), (4, 1), (4, 4), (5, 1), (5, 4), (6, 1), (6, 3), (7, 1), (7, 3), (8, 1), (8, 2), (9, 1), (9, 2));
             j += take;
         }
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 && n <= AVX2_BLOCK_MAX_X {
+        // A decode's one or two rows against three weight rows at a time, a
+        // window's three to five against one (five rows' accumulators fill
+        // the sixteen registers).
+        let tile_w = if n <= AVX2_MAX_X { AVX2_TILE_W } else { 1 };
+        let mut j = 0;
+        while j < count {
+            let take = if count - j >= tile_w { tile_w } else { 1 };
+            each_block_tile!((n, take), avx2, q, x, first, j, dest; (1, 1), (1, 3), (2, 1), (2, 3), (3, 1), (4, 1), (5, 1));
+            j += take;
+        }
+        return;
+    }
+    let cols = q.cols();
     SCRATCH.with(|s| {
         let mut buf = s.borrow_mut();
         buf.resize(count * cols, 0.0);
@@ -330,7 +360,7 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{Span, reduce, tail};
-    use crate::LANES;
+    use crate::{BLOCK, BlockFormat, LANES};
 
     /// `out[i][j] = dot(x[i], w[j])` in the canonical order, each lane set
     /// in one 16-lane register.
@@ -405,26 +435,8 @@ mod avx512 {
         // reachable tiles hold at most 27; a larger one, which the dispatch
         // lists but `avx512_tile_w` never picks, takes the scalar path).
         if cols.is_multiple_of(LANES) && NR * NW <= 32 {
-            let mut flat = [_mm512_setzero_ps(); 32];
-            for i in 0..NR {
-                for j in 0..NW {
-                    flat[i * NW + j] = acc[i][j];
-                }
-            }
-            let mut sums = [0.0f32; 32];
-            for (group, at) in [(0, 0), (1, 16)] {
-                if at < NR * NW {
-                    let v: [__m512; 16] = std::array::from_fn(|m| flat[at + m]);
-                    // SAFETY: the caller's CPU has AVX-512F.
-                    sums[group * 16..group * 16 + 16].copy_from_slice(&unsafe { reduce16(v) });
-                }
-            }
-            for i in 0..NR {
-                for j in 0..NW {
-                    out[i][j] = sums[i * NW + j];
-                }
-            }
-            return out;
+            // SAFETY: the caller's CPU has AVX-512F.
+            return unsafe { reduce_tile(acc) };
         }
         for i in 0..NR {
             for j in 0..NW {
@@ -436,6 +448,89 @@ mod avx512 {
             }
         }
         out
+    }
+
+    /// [`reduce`] of every accumulator of a tile of at most 32, sixteen at a
+    /// time ([`reduce16`]).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn reduce_tile<const NR: usize, const NW: usize>(acc: [[__m512; NW]; NR]) -> [[f32; NW]; NR] {
+        debug_assert!(NR * NW <= 32);
+        let mut flat = [_mm512_setzero_ps(); 32];
+        for i in 0..NR {
+            for j in 0..NW {
+                flat[i * NW + j] = acc[i][j];
+            }
+        }
+        let mut sums = [0.0f32; 32];
+        for (group, at) in [(0, 0), (1, 16)] {
+            if at < NR * NW {
+                let v: [__m512; 16] = std::array::from_fn(|m| flat[at + m]);
+                // SAFETY: the caller's CPU has AVX-512F.
+                sums[group * 16..group * 16 + 16].copy_from_slice(&unsafe { reduce16(v) });
+            }
+        }
+        std::array::from_fn(|i| std::array::from_fn(|j| sums[i * NW + j]))
+    }
+
+    /// A tile of block rows (`BlockFormat`), each block's 32 values decoded
+    /// in two 16-lane registers as [`crate::BlockFormat::decode`] computes
+    /// them (see `avx2::tile_blocks` for why the register arithmetic is the
+    /// same) and accumulated in the canonical order: block `b`'s values
+    /// 0..16 go to lanes 0..16, then its values 16..32 to the same lanes.
+    /// The `NW` rows' blocks are decoded before the `NR` input rows pass,
+    /// so each input chunk is loaded once per tile and each block decoded
+    /// once for every input row.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn tile_blocks<const NR: usize, const NW: usize>(format: BlockFormat, w: [&[u8]; NW], x: [&[f32]; NR], blocks: usize) -> [[f32; NW]; NR] {
+        let mut acc = [[_mm512_setzero_ps(); NW]; NR];
+        let size = format.block_bytes();
+        for b in 0..blocks {
+            let mut v = [[_mm512_setzero_ps(); 2]; NW];
+            for j in 0..NW {
+                super::avx2::prefetch_ahead(w[j].as_ptr().wrapping_add(b * size));
+                debug_assert!((b + 1) * size <= w[j].len());
+                // SAFETY: block b of row j lies in w[j] (the caller's row of `blocks` blocks).
+                v[j] = unsafe { decode(format, w[j].as_ptr().add(b * size)) };
+            }
+            for i in 0..NR {
+                // SAFETY: b · 32 + 32 <= cols = x[i].len().
+                let (x0, x1) = unsafe {
+                    let xp = x[i].as_ptr().add(b * BLOCK);
+                    (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(LANES)))
+                };
+                for j in 0..NW {
+                    acc[i][j] = _mm512_fmadd_ps(v[j][0], x0, acc[i][j]);
+                    acc[i][j] = _mm512_fmadd_ps(v[j][1], x1, acc[i][j]);
+                }
+            }
+        }
+        // SAFETY: as above.
+        unsafe { reduce_tile(acc) }
+    }
+
+    /// One block's values 0..16 and 16..32.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn decode(format: BlockFormat, block: *const u8) -> [__m512; 2] {
+        // SAFETY (every read below): `block` starts a whole block of `format`.
+        let scales = unsafe { _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(block.cast::<i32>()))) };
+        let d = _mm512_broadcastss_ps(scales);
+        match format {
+            BlockFormat::Q8_0 => unsafe {
+                let q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(block.add(2).cast())));
+                let q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(block.add(2 + LANES).cast())));
+                [_mm512_mul_ps(q0, d), _mm512_mul_ps(q1, d)]
+            },
+            BlockFormat::Q4_1 => {
+                let m = _mm512_broadcastss_ps(_mm_movehdup_ps(scales));
+                // SAFETY: as above; the 16 bytes of nibbles follow the two scales.
+                let bytes = unsafe { _mm512_cvtepu8_epi32(_mm_loadu_si128(block.add(4).cast())) };
+                let low = _mm512_and_si512(bytes, _mm512_set1_epi32(0x0F));
+                let high = _mm512_srli_epi32::<4>(bytes);
+                [_mm512_fmadd_ps(_mm512_cvtepi32_ps(low), d, m), _mm512_fmadd_ps(_mm512_cvtepi32_ps(high), d, m)]
+            }
+        }
     }
 
     /// [`reduce`] of sixteen accumulators at once: `out[m] = reduce(v[m])`.
@@ -569,7 +664,7 @@ mod avx2 {
     /// so the address may lie past the weights.
     #[inline]
     #[target_feature(enable = "avx2")]
-    fn prefetch_ahead(block: *const u8) {
+    pub(super) fn prefetch_ahead(block: *const u8) {
         _mm_prefetch::<_MM_HINT_T0>(block.wrapping_add(BLOCKS_AHEAD_BYTES).cast());
     }
 
