@@ -3,24 +3,36 @@
     bench_generate.py JOB.json
 
 JOB.json: {"prompts": [{"id": ..., "ids": [token ids]}], "max_tokens": N, "k": K,
-"threads": T, "hf_dir": DIR or null, "gguf": FILE or null}. For each engine given, each
-prompt runs greedy, plain and with the engine's own prompt-lookup drafter proposing up to K
-tokens: HF transformers' `generate(prompt_lookup_num_tokens=K)` on the HF-layout model, and
-llama.cpp through llama-cpp-python (`LlamaPromptLookupDecoding(num_pred_tokens=K)`) on the
-GGUF. The prompts arrive as token ids, so every engine reads the tokens specdec reads.
+"threads": T, "hf_dir": DIR or null, "gguf": FILE or null, "llama_cpp": true to time
+llama-cpp-python on the GGUF, "llama_server": BINARY or null}.
+For each engine given, each prompt runs greedy, plain and with the engine's own n-gram
+drafter proposing up to K tokens: HF transformers' `generate(prompt_lookup_num_tokens=K)`
+on the HF-layout model; llama.cpp through llama-cpp-python
+(`LlamaPromptLookupDecoding(num_pred_tokens=K)`) on the GGUF; and llama.cpp's own server
+(`llama-server` on the GGUF, started here on 127.0.0.1 and stopped here, one slot, its
+native `/completion` endpoint, no prompt cache), plain and with its `ngram-simple` drafter
+(lookup of LOOKUP tokens, drafts of up to K). The prompts arrive as token ids, so every
+engine reads the tokens specdec reads.
 
 Decode time excludes the prompt, as specdec's own runs do: each configuration is timed
 generating N tokens and generating 1 token from the same prompt (the prefill and the first
 token), and tokens per second is (n - 1) over the difference, with n the tokens it
-generated (an engine may stop early at the model's end-of-sequence id, as specdec does).
+generated (an engine may stop early at the model's end-of-sequence id, as specdec does);
+0 where that is not a time (one token, or a difference not above 0: the timer's noise).
 Each timing is the best of two runs after one warm-up run of the first prompt. Prints one
 JSON object: {"engines": [{"engine", "version", "mode", "runs": [{"prompt", "tokens",
 "decode_s", "tokens_per_s"}]}], "skipped": [why an engine did not run]}.
 """
 
 import json
+import socket
+import subprocess
 import sys
 import time
+import urllib.request
+
+# The n-gram llama-server's drafter looks up (specdec's n-gram proposer matches up to 3).
+LOOKUP = 3
 
 
 def best_of(n, f):
@@ -42,8 +54,11 @@ def time_engine(generate, prompts, max_tokens):
         full_s, tokens = best_of(2, lambda: generate(p["ids"], max_tokens))
         first_s, _ = best_of(2, lambda: generate(p["ids"], 1))
         n = len(tokens)
-        decode_s = max(full_s - first_s, 1e-9)
-        runs.append({"prompt": p["id"], "tokens": n, "decode_s": decode_s, "tokens_per_s": (n - 1) / decode_s if n > 1 else 0.0})
+        decode_s = full_s - first_s
+        # Untimed (0) where the answer is one token or took no longer than one: the
+        # difference is then the timer's noise, not a decode.
+        timed = n > 1 and decode_s > 0
+        runs.append({"prompt": p["id"], "tokens": n, "decode_s": decode_s if timed else 0.0, "tokens_per_s": (n - 1) / decode_s if timed else 0.0})
     return runs
 
 
@@ -99,11 +114,75 @@ def llama_engines(job):
         yield {"engine": "llama.cpp", "version": version, "mode": mode, "runs": time_engine(make(load(draft)), job["prompts"], job["max_tokens"])}
 
 
+def post(url, body, timeout):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.load(r)
+
+
+class LlamaServer:
+    """llama-server on a free port of 127.0.0.1 until `stop` (or the context's end)."""
+
+    def __init__(self, binary, gguf, n_ctx, threads, flags):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        args = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-c", str(n_ctx), "-np", "1",
+                "-t", str(threads), "-tb", str(threads), "--log-disable", *flags]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server {flags} exited ({self.proc.returncode}): {self.proc.stderr.read().decode(errors='replace')[-300:]}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"llama-server {flags} did not answer /health in 120 s")
+            time.sleep(0.2)
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def llama_server_engines(job):
+    binary, gguf = job["llama_server"], job["gguf"]
+    n_ctx = max(len(p["ids"]) for p in job["prompts"]) + job["max_tokens"] + 16
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60)
+    build = next((l for l in (version.stdout + version.stderr).splitlines() if l.startswith("version")), "version unknown")
+    k = job["k"]
+    for mode, flags in (("plain", []), (f"ngram-simple:{LOOKUP}/{k}", ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(LOOKUP), "--spec-ngram-simple-size-m", str(k)])):
+        with LlamaServer(binary, gguf, n_ctx, job["threads"], flags) as server:
+            def generate(ids, n):
+                body = {"prompt": ids, "n_predict": n, "temperature": 0.0, "top_k": 1, "samplers": ["top_k"],
+                        "cache_prompt": False, "return_tokens": True, "stream": False}
+                out = post(server.url + "/completion", body, timeout=600)
+                return out["tokens"]
+            runs = time_engine(generate, job["prompts"], job["max_tokens"])
+        yield {"engine": "llama-server", "version": f"llama.cpp's llama-server ({build}, {job['threads']} threads, the GGUF's Q4_1, one slot)", "mode": mode, "runs": runs}
+
+
 def main():
     job = json.load(open(sys.argv[1]))
     engines, skipped = [], []
-    for key, run in (("hf_dir", hf_engines), ("gguf", llama_engines)):
-        if not job.get(key):
+    for key, run in (("hf_dir", hf_engines), ("llama_cpp", llama_engines), ("llama_server", llama_server_engines)):
+        if not job.get(key) or (key != "hf_dir" and not job.get("gguf")):
             continue
         try:
             engines.extend(run(job))

@@ -2,7 +2,7 @@
 //! docs), written to `reports/bench/`. `SPECDEC_BENCH_SECTIONS` picks
 //! sections (`kernels,ngram,forward,e2e,mix,serve,features`, all by default); forward, e2e,
 //! mix, serve and features need `SPECDEC_SMOLLM2_GGUF`; the peer columns need `SPECDEC_PEERS_PYTHON` (and
-//! `SPECDEC_LLAMA_CPP_PATH` for llama.cpp in the mix). `SPECDEC_BENCH_MIX_BACKENDS` names
+//! `SPECDEC_LLAMA_CPP_PATH` and `SPECDEC_LLAMA_SERVER` for llama.cpp's binding and server in the mix). `SPECDEC_BENCH_MIX_BACKENDS` names
 //! the backends the prompt mix runs on (`ndarray`, the fastest CPU backend, by default).
 
 use std::path::{Path, PathBuf};
@@ -255,8 +255,12 @@ fn main() -> Result<(), String> {
             mix_peers = match std::env::var_os("SPECDEC_PEERS_PYTHON") {
                 None => Err("SPECDEC_PEERS_PYTHON is not set (`cargo xtask bench` installs HF transformers and llama.cpp and sets it)".into()),
                 Some(python) => {
-                    let (llama, hf, gguf) = (std::env::var_os("SPECDEC_LLAMA_CPP_PATH"), std::env::var_os("SPECDEC_SMOLLM2_HF"), std::env::var_os("SPECDEC_SMOLLM2_GGUF"));
-                    let setup = mix::PeerSetup { python: Path::new(&python), llama_cpp: llama.as_deref().map(Path::new), hf_dir: hf.as_deref().map(Path::new), gguf: gguf.as_deref().map(Path::new) };
+                    let var = std::env::var_os;
+                    let (llama, server, hf, gguf) = (var("SPECDEC_LLAMA_CPP_PATH"), var("SPECDEC_LLAMA_SERVER"), var("SPECDEC_SMOLLM2_HF"), var("SPECDEC_SMOLLM2_GGUF"));
+                    fn path(v: &Option<std::ffi::OsString>) -> Option<&Path> {
+                        v.as_deref().map(Path::new)
+                    }
+                    let setup = mix::PeerSetup { python: Path::new(&python), llama_cpp: path(&llama), llama_server: path(&server), hf_dir: path(&hf), gguf: path(&gguf) };
                     mix::peers(&setup, &prompts, max_tokens, &criterion_dir)
                 }
             };

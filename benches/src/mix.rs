@@ -3,9 +3,10 @@
 //! benchmark plus code editing), each run greedy, plain and with every
 //! proposer under the pay-off controller (`specdec generate`'s default), per
 //! category and overall; batches of 1, 4 and 16 requests for plain against
-//! speculative throughput; and the peers (HF transformers, llama.cpp), plain
-//! and with their own prompt lookup, timed in the same run on the same token
-//! ids (`adapters/peers/bench_generate.py`).
+//! speculative throughput; and the peers (HF transformers, llama.cpp's Python
+//! binding and its own server), plain and with their own n-gram drafters,
+//! timed in the same run on the same token ids
+//! (`adapters/peers/bench_generate.py`).
 //!
 //! Invariant: every speculative run, single or batched, must emit exactly
 //! the tokens of its plain run (greedy losslessness, DECODE-1); the first
@@ -253,6 +254,8 @@ pub struct PeerRun {
     pub prompt: String,
     pub tokens: usize,
     pub decode_s: f64,
+    /// 0 where the decode could not be timed (`bench_generate.py`): left out
+    /// of the means and ratios, and counted in the report.
     pub tokens_per_s: f64,
 }
 
@@ -264,10 +267,12 @@ pub struct Peers {
 }
 
 /// Where the peers are: the peers' Python (HF transformers), llama-cpp-python's
-/// directory (put on `PYTHONPATH`), and the model in both layouts.
+/// directory (put on `PYTHONPATH`), llama.cpp's `llama-server` binary, and the
+/// model in both layouts.
 pub struct PeerSetup<'a> {
     pub python: &'a Path,
     pub llama_cpp: Option<&'a Path>,
+    pub llama_server: Option<&'a Path>,
     pub hf_dir: Option<&'a Path>,
     pub gguf: Option<&'a Path>,
 }
@@ -283,7 +288,9 @@ pub fn peers(setup: &PeerSetup<'_>, prompts: &[MixPrompt], max_tokens: usize, sc
         "k": k,
         "threads": threads,
         "hf_dir": setup.hf_dir,
-        "gguf": setup.llama_cpp.and(setup.gguf),
+        "gguf": setup.gguf,
+        "llama_cpp": setup.llama_cpp.is_some(),
+        "llama_server": setup.llama_server,
     });
     std::fs::create_dir_all(scratch).map_err(|e| format!("cannot create {}: {e}", scratch.display()))?;
     let job_file = scratch.join("mix-peers.json");
@@ -400,7 +407,7 @@ pub fn markdown(mix: &Mix, peers: &Result<Peers, String>, max_tokens: usize) -> 
     md
 }
 
-fn peers_md(md: &mut String, mix: &Mix, peers: &Peers, backends: &[&str], categories: &[&str]) {
+fn peers_md<'a>(md: &mut String, mix: &'a Mix, peers: &'a Peers, backends: &[&str], categories: &[&'a str]) {
     let _ = writeln!(md, "### Peers, same run, same token ids\n");
     for e in peers.engines.iter().map(|e| &e.version).fold(Vec::new(), |mut v: Vec<&String>, x| {
         if !v.contains(&x) {
@@ -415,14 +422,25 @@ fn peers_md(md: &mut String, mix: &Mix, peers: &Peers, backends: &[&str], catego
     }
     let _ = writeln!(
         md,
-        "\nDecode tokens/s excluding the prompt (each peer timed generating the full answer and one token, best of two; `adapters/peers/bench_generate.py`), mean over the category's prompts. \"ours / X\": our tokens/s over the peer's, plain over plain, and over the peer's prompt lookup the faster of our two proposers on each prompt (a best of two, so it leans our way), per category as the geometric mean over its prompts.\n"
+        "\nDecode tokens/s excluding the prompt (each peer timed generating the full answer and one token, best of two; `adapters/peers/bench_generate.py`), mean over the category's prompts. \"ours / X\": our tokens/s over the peer's, plain over plain, and over the peer's n-gram drafter (prompt lookup) the faster of our two proposers on each prompt (a best of two, so it leans our way), per category as the geometric mean over its prompts.\n"
     );
     let prompt_category: BTreeMap<&str, &str> = mix.runs.iter().map(|r| (r.prompt.as_str(), r.category.as_str())).collect();
-    let peer_rate = |e: &PeerEngine, category: Option<&str>| mean(e.runs.iter().filter(|r| category.is_none_or(|c| prompt_category.get(r.prompt.as_str()) == Some(&c))).map(|r| r.tokens_per_s));
-    let peer_ratio = |e: &PeerEngine, backend: &str, category: Option<&str>, speculative: bool| {
-        geomean(e.runs.iter().filter(|r| category.is_none_or(|c| prompt_category.get(r.prompt.as_str()) == Some(&c))).filter_map(|pr| {
+    for e in &peers.engines {
+        let untimed = e.runs.iter().filter(|r| r.tokens_per_s <= 0.0).count();
+        if untimed > 0 {
+            let _ = writeln!(md, "{} {}: {untimed} of {} prompts not timed (one token, or the whole answer no slower than one token), left out.\n", e.engine, e.mode, e.runs.len());
+        }
+    }
+    // A peer's timed runs of a category (all of them for `None`).
+    let timed_runs = |e: &'a PeerEngine, category: Option<&'a str>| {
+        let prompt_category = &prompt_category;
+        e.runs.iter().filter(move |r| r.tokens_per_s > 0.0 && category.is_none_or(|c| prompt_category.get(r.prompt.as_str()) == Some(&c)))
+    };
+    let peer_rate = |e: &'a PeerEngine, category: Option<&'a str>| mean(timed_runs(e, category).map(|r| r.tokens_per_s));
+    let peer_ratio = |e: &'a PeerEngine, backend: &str, category: Option<&'a str>, speculative: bool| {
+        geomean(timed_runs(e, category).filter_map(|pr| {
             let ours = mix.runs.iter().filter(|r| r.backend == backend && r.prompt == pr.prompt && r.proposer.is_some() == speculative).map(|r| r.tokens_per_s).fold(0.0, f64::max);
-            (pr.tokens_per_s > 0.0 && ours > 0.0).then(|| ours / pr.tokens_per_s)
+            (ours > 0.0).then(|| ours / pr.tokens_per_s)
         }))
     };
     for backend in backends {
@@ -437,7 +455,11 @@ fn peers_md(md: &mut String, mix: &Mix, peers: &Peers, backends: &[&str], catego
             let _ = write!(md, "| {} |", category.unwrap_or("**overall**"));
             for e in &peers.engines {
                 let speculative = e.mode != "plain";
-                let _ = write!(md, " {:.1} | {:.2}x |", peer_rate(e, category), peer_ratio(e, backend, category, speculative));
+                if timed_runs(e, category).next().is_some() {
+                    let _ = write!(md, " {:.1} | {:.2}x |", peer_rate(e, category), peer_ratio(e, backend, category, speculative));
+                } else {
+                    let _ = write!(md, " not timed | - |");
+                }
             }
             let _ = writeln!(md);
         }
@@ -516,6 +538,35 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.contains("ngram") && err.contains("differ"), "{err}");
+    }
+
+    /// A peer's prompt whose decode could not be timed (its rate 0) is left
+    /// out of the means and ratios and counted; a category with no timed
+    /// prompt says so rather than showing a ratio of 1 over nothing.
+    #[test]
+    fn an_untimed_peer_prompt_is_counted_not_averaged() {
+        let ours = |category: &str, prompt: &str| MixRun {
+            backend: "b".into(),
+            category: category.into(),
+            prompt: prompt.into(),
+            proposer: None,
+            tokens: 10,
+            tokens_per_s: 40.0,
+            speedup: 1.0,
+            steps: 10,
+            proposed: 0,
+            accepted: 0,
+            steps_by_k: vec![],
+        };
+        let mix = Mix { runs: vec![ours("x", "x1"), ours("x", "x2"), ours("y", "y1")], batches: vec![] };
+        let run = |prompt: &str, tokens_per_s: f64| PeerRun { prompt: prompt.into(), tokens: 10, decode_s: 0.1, tokens_per_s };
+        let engine = PeerEngine { engine: "peer".into(), version: "v".into(), mode: "plain".into(), runs: vec![run("x1", 20.0), run("x2", 0.0), run("y1", 0.0)] };
+        let mut md = String::new();
+        peers_md(&mut md, &mix, &Peers { engines: vec![engine], skipped: vec![] }, &["b"], &["x", "y"]);
+        assert!(md.contains("peer plain: 2 of 3 prompts not timed"), "{md}");
+        assert!(md.contains("| x | 20.0 | 2.00x |"), "the timed prompt alone: {md}");
+        assert!(md.contains("| y | not timed | - |"), "{md}");
+        assert!(md.contains("| **overall** | 20.0 | 2.00x |"), "{md}");
     }
 
     #[test]

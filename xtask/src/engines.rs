@@ -642,7 +642,7 @@ pub fn ensure_llama_cpp(root: &Path, python: &Path) -> Result<PathBuf, String> {
 /// from the llama.cpp source that llama-cpp-python's PyPI source release carries (the same
 /// llama.cpp the binding runs), with CMake from PyPI: CPU only, no web UI (its build would
 /// fetch one from outside PyPI), no TLS.
-fn llama_server(root: &Path, python: &Path) -> Result<PathBuf, String> {
+pub fn llama_server(root: &Path, python: &Path) -> Result<PathBuf, String> {
     let dir = root.join(".cache/engines-llama-server");
     let binary = dir.join("bin/llama-server");
     let stamp = dir.join(".specdec-pins");
