@@ -514,7 +514,7 @@ mod avx512 {
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     unsafe fn decode(format: BlockFormat, block: *const u8) -> [__m512; 2] {
         // SAFETY (every read below): `block` starts a whole block of `format`.
-        let scales = unsafe { _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(block.cast::<i32>()))) };
+        let scales = unsafe { super::avx2::scales(block) };
         let d = _mm512_broadcastss_ps(scales);
         match format {
             BlockFormat::Q8_0 => unsafe {
@@ -671,12 +671,24 @@ mod avx2 {
     /// How far ahead of the block being decoded the decoding asks for weights.
     const BLOCKS_AHEAD_BYTES: usize = 1024;
 
+    /// A block's two leading f16 values widened exactly (lane 0 the scale
+    /// `d`, lane 1 Q4_1's minimum `m`).
+    ///
+    /// # Safety
+    /// `block` starts a whole block of at least 4 bytes; the CPU has F16C.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn scales(block: *const u8) -> __m128 {
+        // SAFETY: by the caller's contract.
+        _mm_cvtph_ps(_mm_cvtsi32_si128(unsafe { std::ptr::read_unaligned(block.cast::<i32>()) }))
+    }
+
     /// One block's values 0..8, 8..16, 16..24 and 24..32.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn decode(format: BlockFormat, block: *const u8) -> [__m256; 4] {
         // SAFETY (every read below): `block` starts a whole block of `format`.
-        let scales = unsafe { _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(block.cast::<i32>()))) };
+        let scales = unsafe { super::avx2::scales(block) };
         let d = _mm256_broadcastss_ps(scales);
         match format {
             BlockFormat::Q8_0 => unsafe {
