@@ -226,8 +226,8 @@ thread_local! {
 }
 
 /// Weight rows per AVX-512 block tile for `nx` input rows: the tile's
-/// `nx · nw` accumulators, its `2 · nw` decoded halves of a block, one
-/// input register and the decoding's constants fit the 32 registers; at
+/// `nx · nw` accumulators, its `2 · nw` decoded halves of a block, two
+/// input registers and the decoding's constants fit the 32 registers; at
 /// most 4 (one more row saves nothing the decoding costs).
 #[cfg(target_arch = "x86_64")]
 fn avx512_block_tile_w(nx: usize) -> usize {
@@ -280,6 +280,10 @@ pub(crate) fn block_quant(q: &BlockMatrix, first: usize, count: usize, x: &[f32]
     if isa == Isa::Avx512 && n <= AVX512_MAX_X {
         // One pass over the blocks for all the input rows, as many weight
         // rows at a time as the registers hold beside their accumulators.
+        // Whole rows: a 9-row window over SmolLM2's 1536-wide down
+        // projection reads its inputs from L2 for every tile (55 KiB), yet
+        // spans of blocks as `block_f32`'s showed no gain in the one
+        // (noisy) measurement so far (RESULTS, fourteenth session).
         let tile_w = avx512_block_tile_w(n);
         let mut j = 0;
         while j < count {

@@ -1,6 +1,11 @@
 //! The crate's promise, checked as data: an output row's bits depend only on
 //! its input row and the weights (not on the row count, the task split or
 //! the instruction set), and Q8_0 equals f32 on the dequantized weights.
+//!
+//! Each path runs only where the CPU has its instructions: the portable one
+//! everywhere, AVX2's on x86 machines with AVX2, FMA and F16C, AVX-512's on
+//! those with AVX-512F too (a machine without them cannot check those
+//! kernels; `check` prints the paths it compared).
 
 use half::f16;
 use specdec_rowmat::{BLOCK, BlockFormat, Q8_0_BLOCK, Weights, dot, matmul, matmul_each_path, matmul_serial};
@@ -35,6 +40,8 @@ fn check(w: &Weights, seed: u64) {
     let x = values(seed, 9 * cols);
     let window = matmul(&x, 9, w);
     // Every path at every row count: some kernels serve only up to five rows.
+    let paths: Vec<&str> = matmul_each_path(&x[..cols], 1, w).into_iter().map(|(path, _)| path).collect();
+    eprintln!("{} x {cols} ({}): paths compared {paths:?}", w.rows(), w.dtype());
     for n in 1..=9 {
         for (path, y) in matmul_each_path(&x[..n * cols], n, w) {
             assert_eq!(bits(&y), bits(&window[..n * w.rows()]), "the {path} path agrees ({} x {cols}, {n} rows)", w.rows());
