@@ -10,7 +10,7 @@ drafter proposing up to K tokens: HF transformers' `generate(prompt_lookup_num_t
 on the HF-layout model; llama.cpp through llama-cpp-python
 (`LlamaPromptLookupDecoding(num_pred_tokens=K)`) on the GGUF; and llama.cpp's own server
 (`llama-server` on the GGUF, started here on 127.0.0.1 and stopped here, one slot, its
-native `/completion` endpoint, no prompt cache), plain and with its `ngram-simple` drafter
+native `/completion` endpoint, neither its prompt cache nor its host-memory cache), plain and with its `ngram-simple` drafter
 (lookup of LOOKUP tokens, drafts of up to K). The prompts arrive as token ids, so every
 engine reads the tokens specdec reads.
 
@@ -18,16 +18,19 @@ Decode time excludes the prompt, as specdec's own runs do: each configuration is
 generating N tokens and generating 1 token from the same prompt (the prefill and the first
 token), and tokens per second is (n - 1) over the difference, with n the tokens it
 generated (an engine may stop early at the model's end-of-sequence id, as specdec does);
-0 where that is not a time (one token, or a difference not above 0: the timer's noise).
+0 where that is not a time: one token, or a difference within twice the spread between the
+repeated runs of either timing (the machine's noise, not a decode).
 Each timing is the best of two runs after one warm-up run of the first prompt. Prints one
 JSON object: {"engines": [{"engine", "version", "mode", "runs": [{"prompt", "tokens",
 "decode_s", "tokens_per_s"}]}], "skipped": [why an engine did not run]}.
 """
 
 import json
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -36,14 +39,16 @@ LOOKUP = 3
 
 
 def best_of(n, f):
-    best = None
+    """(the shortest of n timings, its output, the spread of the n timings)."""
+    best, times = None, []
     for _ in range(n):
         t = time.perf_counter()
         out = f()
         dt = time.perf_counter() - t
+        times.append(dt)
         if best is None or dt < best[0]:
             best = (dt, out)
-    return best
+    return best[0], best[1], max(times) - min(times)
 
 
 def time_engine(generate, prompts, max_tokens):
@@ -51,13 +56,13 @@ def time_engine(generate, prompts, max_tokens):
     generate(prompts[0]["ids"], max_tokens)  # warm-up
     runs = []
     for p in prompts:
-        full_s, tokens = best_of(2, lambda: generate(p["ids"], max_tokens))
-        first_s, _ = best_of(2, lambda: generate(p["ids"], 1))
+        full_s, tokens, full_spread = best_of(2, lambda: generate(p["ids"], max_tokens))
+        first_s, _, first_spread = best_of(2, lambda: generate(p["ids"], 1))
         n = len(tokens)
         decode_s = full_s - first_s
-        # Untimed (0) where the answer is one token or took no longer than one: the
-        # difference is then the timer's noise, not a decode.
-        timed = n > 1 and decode_s > 0
+        # Untimed (0) where the answer is one token, or the difference is within twice the
+        # spread the repeated runs showed: it is then the machine's noise, not a decode.
+        timed = n > 1 and decode_s > 2 * max(full_spread, first_spread)
         runs.append({"prompt": p["id"], "tokens": n, "decode_s": decode_s if timed else 0.0, "tokens_per_s": (n - 1) / decode_s if timed else 0.0})
     return runs
 
@@ -129,20 +134,31 @@ class LlamaServer:
             port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         args = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-c", str(n_ctx), "-np", "1",
-                "-t", str(threads), "-tb", str(threads), "--log-disable", *flags]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                "-t", str(threads), "-tb", str(threads), "--cache-ram", "0", *flags]
+        # Its log goes to a file, read back only to say why it failed: a pipe nobody
+        # reads while the requests run could fill and stall the server.
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self.log)
+        try:
+            self.wait_healthy(flags)
+        except BaseException:
+            self.stop()
+            raise
+
+    def wait_healthy(self, flags):
         deadline = time.monotonic() + 120
         while True:
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
                     if r.status == 200:
                         return
-            except OSError:
+            except Exception:  # not listening yet, or not answering HTTP yet: keep waiting
                 pass
             if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server {flags} exited ({self.proc.returncode}): {self.proc.stderr.read().decode(errors='replace')[-300:]}")
+                self.log.seek(0)
+                tail = self.log.read().decode(errors="replace").strip().splitlines()[-3:]
+                raise RuntimeError(f"llama-server {flags} exited ({self.proc.returncode}): {' | '.join(tail)}")
             if time.monotonic() > deadline:
-                self.stop()
                 raise RuntimeError(f"llama-server {flags} did not answer /health in 120 s")
             time.sleep(0.2)
 
@@ -153,6 +169,7 @@ class LlamaServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self.log.close()
 
     def __enter__(self):
         return self
@@ -178,11 +195,25 @@ def llama_server_engines(job):
         yield {"engine": "llama-server", "version": f"llama.cpp's llama-server ({build}, {job['threads']} threads, the GGUF's Q4_1, one slot)", "mode": mode, "runs": runs}
 
 
+# Why an engine of the job does not run when its key is not given.
+NOT_GIVEN = {
+    "hf_dir": "HF transformers: no HF-layout model (SPECDEC_SMOLLM2_HF unset)",
+    "llama_cpp": "llama.cpp's binding: not installed (SPECDEC_LLAMA_CPP_PATH unset)",
+    "llama_server": "llama-server: not built (SPECDEC_LLAMA_SERVER unset)",
+}
+
+
 def main():
+    # A SIGTERM unwinds like an exception, so every server started here is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     job = json.load(open(sys.argv[1]))
     engines, skipped = [], []
     for key, run in (("hf_dir", hf_engines), ("llama_cpp", llama_engines), ("llama_server", llama_server_engines)):
-        if not job.get(key) or (key != "hf_dir" and not job.get("gguf")):
+        if not job.get(key):
+            skipped.append(NOT_GIVEN[key])
+            continue
+        if key != "hf_dir" and not job.get("gguf"):
+            skipped.append(f"{NOT_GIVEN[key].split(':')[0]}: no GGUF (SPECDEC_SMOLLM2_GGUF unset)")
             continue
         try:
             engines.extend(run(job))

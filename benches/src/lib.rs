@@ -21,9 +21,9 @@
 //! prompt mix ([`mix`], `fixtures/prompts/mix.json`: seven categories under
 //! the pay-off controller, batches of 1, 4 and 16, each in three rounds of
 //! plain-then-speculative runs with the median ratio within a round, since a
-//! small machine's memory speed drifts, and HF transformers and llama.cpp
-//! plain and with prompt lookup on the same token ids,
-//! `adapters/peers/bench_generate.py`); `specdec serve` under load
+//! small machine's memory speed drifts, and HF transformers, llama.cpp's
+//! binding and its server plain and with their n-gram drafters on the same
+//! token ids, `adapters/peers/bench_generate.py`); `specdec serve` under load
 //! ([`serve_load`]); the cost of logprobs and of a JSON schema's mask per
 //! decode step, and n-gram drafts under the schema, on a tool-call mix
 //! ([`features`]); HF transformers' verify timed in the same run when the

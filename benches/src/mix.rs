@@ -422,7 +422,7 @@ fn peers_md<'a>(md: &mut String, mix: &'a Mix, peers: &'a Peers, backends: &[&st
     }
     let _ = writeln!(
         md,
-        "\nDecode tokens/s excluding the prompt (each peer timed generating the full answer and one token, best of two; `adapters/peers/bench_generate.py`), mean over the category's prompts. \"ours / X\": our tokens/s over the peer's, plain over plain, and over the peer's n-gram drafter (prompt lookup) the faster of our two proposers on each prompt (a best of two, so it leans our way), per category as the geometric mean over its prompts.\n"
+        "\nDecode tokens/s excluding the prompt (each peer timed generating the full answer and one token, best of two; `adapters/peers/bench_generate.py`), mean over the category's timed prompts. \"ours / X\": our tokens/s over the peer's, plain over plain, and over the peer's n-gram drafter (prompt lookup) the faster of our two proposers on each prompt (a best of two, so it leans our way), per category as the geometric mean over its prompts.\n"
     );
     let prompt_category: BTreeMap<&str, &str> = mix.runs.iter().map(|r| (r.prompt.as_str(), r.category.as_str())).collect();
     for e in &peers.engines {
@@ -437,11 +437,15 @@ fn peers_md<'a>(md: &mut String, mix: &'a Mix, peers: &'a Peers, backends: &[&st
         e.runs.iter().filter(move |r| r.tokens_per_s > 0.0 && category.is_none_or(|c| prompt_category.get(r.prompt.as_str()) == Some(&c)))
     };
     let peer_rate = |e: &'a PeerEngine, category: Option<&'a str>| mean(timed_runs(e, category).map(|r| r.tokens_per_s));
+    // `None` where no prompt has both a peer's timing and ours (not a ratio of 1 over nothing).
     let peer_ratio = |e: &'a PeerEngine, backend: &str, category: Option<&'a str>, speculative: bool| {
-        geomean(timed_runs(e, category).filter_map(|pr| {
-            let ours = mix.runs.iter().filter(|r| r.backend == backend && r.prompt == pr.prompt && r.proposer.is_some() == speculative).map(|r| r.tokens_per_s).fold(0.0, f64::max);
-            (ours > 0.0).then(|| ours / pr.tokens_per_s)
-        }))
+        let ratios: Vec<f64> = timed_runs(e, category)
+            .filter_map(|pr| {
+                let ours = mix.runs.iter().filter(|r| r.backend == backend && r.prompt == pr.prompt && r.proposer.is_some() == speculative).map(|r| r.tokens_per_s).fold(0.0, f64::max);
+                (ours > 0.0).then(|| ours / pr.tokens_per_s)
+            })
+            .collect();
+        (!ratios.is_empty()).then(|| geomean(ratios.into_iter()))
     };
     for backend in backends {
         let mut header = format!("| category ({backend}) |");
@@ -455,10 +459,13 @@ fn peers_md<'a>(md: &mut String, mix: &'a Mix, peers: &'a Peers, backends: &[&st
             let _ = write!(md, "| {} |", category.unwrap_or("**overall**"));
             for e in &peers.engines {
                 let speculative = e.mode != "plain";
-                if timed_runs(e, category).next().is_some() {
-                    let _ = write!(md, " {:.1} | {:.2}x |", peer_rate(e, category), peer_ratio(e, backend, category, speculative));
-                } else {
+                if timed_runs(e, category).next().is_none() {
                     let _ = write!(md, " not timed | - |");
+                    continue;
+                }
+                match peer_ratio(e, backend, category, speculative) {
+                    Some(ratio) => _ = write!(md, " {:.1} | {ratio:.2}x |", peer_rate(e, category)),
+                    None => _ = write!(md, " {:.1} | - |", peer_rate(e, category)),
                 }
             }
             let _ = writeln!(md);
@@ -542,7 +549,8 @@ mod tests {
 
     /// A peer's prompt whose decode could not be timed (its rate 0) is left
     /// out of the means and ratios and counted; a category with no timed
-    /// prompt says so rather than showing a ratio of 1 over nothing.
+    /// prompt says so, and one where our runs have no rate shows no ratio,
+    /// rather than a ratio of 1 over nothing.
     #[test]
     fn an_untimed_peer_prompt_is_counted_not_averaged() {
         let ours = |category: &str, prompt: &str| MixRun {
@@ -558,15 +566,18 @@ mod tests {
             accepted: 0,
             steps_by_k: vec![],
         };
-        let mix = Mix { runs: vec![ours("x", "x1"), ours("x", "x2"), ours("y", "y1")], batches: vec![] };
+        let mut z = ours("z", "z1");
+        z.tokens_per_s = 0.0;
+        let mix = Mix { runs: vec![ours("x", "x1"), ours("x", "x2"), ours("y", "y1"), z], batches: vec![] };
         let run = |prompt: &str, tokens_per_s: f64| PeerRun { prompt: prompt.into(), tokens: 10, decode_s: 0.1, tokens_per_s };
-        let engine = PeerEngine { engine: "peer".into(), version: "v".into(), mode: "plain".into(), runs: vec![run("x1", 20.0), run("x2", 0.0), run("y1", 0.0)] };
+        let engine = PeerEngine { engine: "peer".into(), version: "v".into(), mode: "plain".into(), runs: vec![run("x1", 20.0), run("x2", 0.0), run("y1", 0.0), run("z1", 30.0)] };
         let mut md = String::new();
-        peers_md(&mut md, &mix, &Peers { engines: vec![engine], skipped: vec![] }, &["b"], &["x", "y"]);
-        assert!(md.contains("peer plain: 2 of 3 prompts not timed"), "{md}");
+        peers_md(&mut md, &mix, &Peers { engines: vec![engine], skipped: vec![] }, &["b"], &["x", "y", "z"]);
+        assert!(md.contains("peer plain: 2 of 4 prompts not timed"), "{md}");
         assert!(md.contains("| x | 20.0 | 2.00x |"), "the timed prompt alone: {md}");
         assert!(md.contains("| y | not timed | - |"), "{md}");
-        assert!(md.contains("| **overall** | 20.0 | 2.00x |"), "{md}");
+        assert!(md.contains("| z | 30.0 | - |"), "no ratio where ours has no rate: {md}");
+        assert!(md.contains("| **overall** | 25.0 | 2.00x |"), "{md}");
     }
 
     #[test]
