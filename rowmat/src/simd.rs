@@ -282,8 +282,8 @@ pub(crate) fn block_quant(q: &BlockMatrix, first: usize, count: usize, x: &[f32]
         // rows at a time as the registers hold beside their accumulators.
         // Whole rows: a 9-row window over SmolLM2's 1536-wide down
         // projection reads its inputs from L2 for every tile (55 KiB), yet
-        // spans of blocks as `block_f32`'s showed no gain in the one
-        // (noisy) measurement so far (RESULTS, fourteenth session).
+        // spans of blocks as `block_f32`'s made that window slower, about
+        // 24.5 ms against 21 (RESULTS, fourteenth session).
         let tile_w = avx512_block_tile_w(n);
         let mut j = 0;
         while j < count {
