@@ -114,9 +114,19 @@ def llama_engines(job):
             return out
         return generate
 
-    version = f"llama.cpp via llama-cpp-python {llama_cpp.__version__} ({job['threads']} threads, the GGUF's Q4_1)"
+    version = f"llama.cpp via llama-cpp-python {llama_cpp.__version__} ({job['threads']} threads, the GGUF's Q4_1, {vector_paths(llama_cpp.llama_print_system_info())})"
     for mode, draft in (("plain", None), (f"prompt-lookup:{job['k']}", LlamaPromptLookupDecoding(num_pred_tokens=job["k"]))):
         yield {"engine": "llama.cpp", "version": version, "mode": mode, "runs": time_engine(make(load(draft)), job["prompts"], job["max_tokens"])}
+
+
+def vector_paths(system_info):
+    """The x86 vector paths llama.cpp was built with, from its system-info line
+    ("CPU : SSE3 = 1 | ... | AVX512 = 1 | ..."): a peer built without the machine's widest
+    path is a slower peer than a user's own build, and the report says which it timed."""
+    text = system_info.decode() if isinstance(system_info, bytes) else str(system_info)
+    on = [f.split("=")[0].strip() for f in text.replace("CPU :", "|").split("|") if f.strip().endswith("= 1")]
+    wide = [f for f in on if f.startswith("AVX")]
+    return "built with " + (", ".join(wide) if wide else "no AVX path")
 
 
 def post(url, body, timeout):
@@ -162,6 +172,12 @@ class LlamaServer:
                 raise RuntimeError(f"llama-server {flags} did not answer /health in 120 s")
             time.sleep(0.2)
 
+    def system_info(self):
+        """The system-info line of its log (at `-lv 4`, printed before it listens). Reading
+        to the end leaves the file offset, which the server shares, at the end it writes to."""
+        self.log.seek(0)
+        return next((l for l in self.log.read().decode(errors="replace").splitlines() if "CPU :" in l), "")
+
     def stop(self):
         self.proc.terminate()
         try:
@@ -183,6 +199,10 @@ def llama_server_engines(job):
     n_ctx = max(len(p["ids"]) for p in job["prompts"]) + job["max_tokens"] + 16
     version = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60)
     build = next((l for l in (version.stdout + version.stderr).splitlines() if l.startswith("version")), "version unknown")
+    # Its system-info line is logged only at debug verbosity: read from a server started
+    # for that alone, so the timed servers log as they normally do.
+    with LlamaServer(binary, gguf, n_ctx, job["threads"], ["-lv", "4"]) as probe:
+        paths = vector_paths(probe.system_info())
     k = job["k"]
     for mode, flags in (("plain", []), (f"ngram-simple:{LOOKUP}/{k}", ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(LOOKUP), "--spec-ngram-simple-size-m", str(k)])):
         with LlamaServer(binary, gguf, n_ctx, job["threads"], flags) as server:
@@ -192,7 +212,7 @@ def llama_server_engines(job):
                 out = post(server.url + "/completion", body, timeout=600)
                 return out["tokens"]
             runs = time_engine(generate, job["prompts"], job["max_tokens"])
-        yield {"engine": "llama-server", "version": f"llama.cpp's llama-server ({build}, {job['threads']} threads, the GGUF's Q4_1, one slot)", "mode": mode, "runs": runs}
+        yield {"engine": "llama-server", "version": f"llama.cpp's llama-server ({build}, {job['threads']} threads, the GGUF's Q4_1, one slot, {paths})", "mode": mode, "runs": runs}
 
 
 # Why an engine of the job does not run when its key is not given.

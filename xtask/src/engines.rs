@@ -63,6 +63,35 @@ const LLAMA_CPP_DEPS: [&str; 1] = ["diskcache==5.6.3"];
 const LLAMA_PATHS: [&str; 2] = ["none", "prompt-lookup:3"];
 /// CMake from PyPI, which builds llama.cpp's server from the same source.
 const CMAKE: &str = "cmake==3.31.6";
+
+/// The CPU llama.cpp is built for; each build has caches of its own, and a server's stamp
+/// names its flag.
+#[derive(Clone, Copy, Debug)]
+pub enum LlamaCpu {
+    /// The portable build (AVX2 and FMA, no AVX-512): the engine checks, whose recorded
+    /// table ran on it, since its numerics do not depend on the machine it lands on.
+    Portable,
+    /// This machine's widest vector paths (AVX-512 where the CPU has it): the speedup
+    /// report's peers, so a ratio to llama.cpp is to the build a user would make here.
+    Native,
+}
+
+impl LlamaCpu {
+    fn cmake_flag(self) -> &'static str {
+        match self {
+            Self::Portable => "-DGGML_NATIVE=OFF",
+            Self::Native => "-DGGML_NATIVE=ON",
+        }
+    }
+
+    /// The suffix of its cache folders.
+    fn suffix(self) -> &'static str {
+        match self {
+            Self::Portable => "",
+            Self::Native => "-native",
+        }
+    }
+}
 /// llama.cpp's server on the tiny model: (slug suffix, its speculation flags); every one
 /// is paired with a server started without speculation for the requests with it off.
 const LLAMA_SERVER_PATHS: [(&str, &[&str]); 3] = [
@@ -245,7 +274,10 @@ pub fn run(root: &Path, specdec: &Path, python: &Path, smollm2: &Path, only: Opt
     let builds = {
         let (root, python) = (root.to_path_buf(), python.to_path_buf());
         std::thread::spawn(move || -> Result<(Option<PathBuf>, Option<PathBuf>), String> {
-            Ok((if need_binding { Some(ensure_llama_cpp(&root, &python)?) } else { None }, if need_server { Some(llama_server(&root, &python)?) } else { None }))
+            Ok((
+                if need_binding { Some(ensure_llama_cpp(&root, &python, LlamaCpu::Portable)?) } else { None },
+                if need_server { Some(llama_server(&root, &python, LlamaCpu::Portable)?) } else { None },
+            ))
         })
     };
     let mut first: Vec<Run> = Vec::new();
@@ -612,18 +644,18 @@ impl Drop for Server {
     }
 }
 
-/// llama-cpp-python in `.cache/engines-llama`, from a wheel built once from PyPI's
-/// source into `.cache/wheels/llama` (10 to 20 minutes on 2 cores; no binary wheel
-/// for this platform exists), stamped with its pins.
-pub fn ensure_llama_cpp(root: &Path, python: &Path) -> Result<PathBuf, String> {
-    let dir = root.join(".cache/engines-llama");
-    let wheels = root.join(".cache/wheels/llama");
+/// llama-cpp-python in `.cache/engines-llama[-native]`, from a wheel built once for `cpu`
+/// from PyPI's source into `.cache/wheels/llama[-native]` (10 to 20 minutes on 2 cores;
+/// no binary wheel for this platform exists), stamped with its pins.
+pub fn ensure_llama_cpp(root: &Path, python: &Path, cpu: LlamaCpu) -> Result<PathBuf, String> {
+    let dir = root.join(format!(".cache/engines-llama{}", cpu.suffix()));
+    let wheels = root.join(format!(".cache/wheels/llama{}", cpu.suffix()));
     let version = LLAMA_CPP.split("==").nth(1).unwrap_or_default();
     let built = |w: &Path| std::fs::read_dir(w).into_iter().flatten().flatten().any(|e| e.file_name().to_string_lossy().starts_with(&format!("llama_cpp_python-{version}-")));
     if !built(&wheels) {
-        eprintln!("xtask: building {LLAMA_CPP} from source (once; 10 to 20 minutes on 2 cores)");
+        eprintln!("xtask: building {LLAMA_CPP} ({cpu:?} CPU) from source (once; 10 to 20 minutes on 2 cores)");
         let status = Command::new(python)
-            .env("CMAKE_ARGS", "-DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF")
+            .env("CMAKE_ARGS", format!("{} -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF", cpu.cmake_flag()))
             .env("CMAKE_BUILD_PARALLEL_LEVEL", "2")
             .args(["-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps", "-w"])
             .arg(&wheels)
@@ -638,15 +670,15 @@ pub fn ensure_llama_cpp(root: &Path, python: &Path) -> Result<PathBuf, String> {
     pip_target(python, &dir, &packages, &[std::ffi::OsStr::new("--find-links"), wheels.as_os_str()])
 }
 
-/// llama.cpp's server (`llama-server`) in `.cache/engines-llama-server/bin`, built once
-/// from the llama.cpp source that llama-cpp-python's PyPI source release carries (the same
-/// llama.cpp the binding runs), with CMake from PyPI: CPU only, no web UI (its build would
-/// fetch one from outside PyPI), no TLS.
-pub fn llama_server(root: &Path, python: &Path) -> Result<PathBuf, String> {
-    let dir = root.join(".cache/engines-llama-server");
+/// llama.cpp's server (`llama-server`) in `.cache/engines-llama-server[-native]/bin`, built
+/// once for `cpu` from the llama.cpp source that llama-cpp-python's PyPI source release
+/// carries (the same llama.cpp the binding runs), with CMake from PyPI: CPU only, no web
+/// UI (its build would fetch one from outside PyPI), no TLS.
+pub fn llama_server(root: &Path, python: &Path, cpu: LlamaCpu) -> Result<PathBuf, String> {
+    let dir = root.join(format!(".cache/engines-llama-server{}", cpu.suffix()));
     let binary = dir.join("bin/llama-server");
     let stamp = dir.join(".specdec-pins");
-    let pins = format!("{LLAMA_CPP} {CMAKE}");
+    let pins = format!("{LLAMA_CPP} {CMAKE} {}", cpu.cmake_flag());
     if binary.exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == pins) {
         return Ok(binary);
     }
@@ -654,10 +686,10 @@ pub fn llama_server(root: &Path, python: &Path) -> Result<PathBuf, String> {
     let cmake = cmake_dir.join("cmake/data/bin/cmake");
     let src = llama_cpp_source(python, &dir)?;
     let build = dir.join("build");
-    eprintln!("xtask: building llama.cpp's server from {LLAMA_CPP}'s source (once)");
+    eprintln!("xtask: building llama.cpp's server ({cpu:?} CPU) from {LLAMA_CPP}'s source (once)");
     crate::run_command(Command::new(&cmake).arg("-S").arg(&src).arg("-B").arg(&build).args([
         "-DCMAKE_BUILD_TYPE=Release",
-        "-DGGML_NATIVE=OFF",
+        cpu.cmake_flag(),
         "-DBUILD_SHARED_LIBS=OFF",
         "-DLLAMA_BUILD_TESTS=OFF",
         "-DLLAMA_BUILD_EXAMPLES=OFF",

@@ -329,14 +329,14 @@ fn run(task: Task) -> Result<(), String> {
             // The peers timed in the same run, installed by the report itself (once, cached)
             // when a chosen section times them: HF transformers in the peers' environment
             // (kernels, mix), and llama.cpp's Python binding and its own server, built from
-            // PyPI's source on the first run (mix).
+            // PyPI's source for this machine's CPU on the first run (mix).
             let sections = std::env::var("SPECDEC_BENCH_SECTIONS").ok();
             let chosen = |name: &str| sections.as_deref().is_none_or(|s| s.split(',').any(|x| x.trim() == name));
             if chosen("kernels") || chosen("mix") {
                 let python = peers::ensure_peers_venv(&root)?;
                 if chosen("mix") {
-                    env.push(("SPECDEC_LLAMA_CPP_PATH".into(), engines::ensure_llama_cpp(&root, &python)?));
-                    env.push(("SPECDEC_LLAMA_SERVER".into(), engines::llama_server(&root, &python)?));
+                    env.push(("SPECDEC_LLAMA_CPP_PATH".into(), engines::ensure_llama_cpp(&root, &python, engines::LlamaCpu::Native)?));
+                    env.push(("SPECDEC_LLAMA_SERVER".into(), engines::llama_server(&root, &python, engines::LlamaCpu::Native)?));
                 }
                 env.push(("SPECDEC_PEERS_PYTHON".into(), python));
             }
