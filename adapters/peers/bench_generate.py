@@ -22,7 +22,8 @@ generated (an engine may stop early at the model's end-of-sequence id, as specde
 repeated runs of either timing (the machine's noise, not a decode).
 Each timing is the best of two runs after one warm-up run of the first prompt. Prints one
 JSON object: {"engines": [{"engine", "version", "mode", "runs": [{"prompt", "tokens",
-"decode_s", "tokens_per_s"}]}], "skipped": [why an engine did not run]}.
+"decode_s", "tokens_per_s", "prefill_s"}]}], "skipped": [why an engine did not run]}, where
+prefill_s is the one-token timing (the prompt's prefill and one step).
 """
 
 import json
@@ -63,7 +64,7 @@ def time_engine(generate, prompts, max_tokens):
         # Untimed (0) where the answer is one token, or the difference is within twice the
         # spread the repeated runs showed: it is then the machine's noise, not a decode.
         timed = n > 1 and decode_s > 2 * max(full_spread, first_spread)
-        runs.append({"prompt": p["id"], "tokens": n, "decode_s": decode_s if timed else 0.0, "tokens_per_s": (n - 1) / decode_s if timed else 0.0})
+        runs.append({"prompt": p["id"], "tokens": n, "decode_s": decode_s if timed else 0.0, "tokens_per_s": (n - 1) / decode_s if timed else 0.0, "prefill_s": first_s})
     return runs
 
 

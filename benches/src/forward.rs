@@ -7,6 +7,8 @@
 //! to the head, and not at all otherwise: a lookup reads one row). Each
 //! timing ends by downloading the forward's last logit row: the verify ops
 //! read the rest on the device, so a window and a decode pay the same sync.
+//! A prefill is compute-bound instead: its limit is its operations
+//! ([`prefill_flops`]) over the machine's measured FMA throughput.
 
 use criterion::Criterion;
 use serde::Serialize;
@@ -37,6 +39,11 @@ pub struct ForwardTime {
     pub verify5_s: f64,
     pub verify9_s: f64,
     pub prefill64_s: f64,
+    /// f32 operations of the 64-token prefill ([`prefill_flops`]).
+    pub prefill64_flops: f64,
+    /// `prefill64_s` over those operations' time at the measured FMA
+    /// throughput (1 is the limit); `None` on an accelerator.
+    pub prefill64_times_fma_roofline: Option<f64>,
     /// Bytes of weights a decode step reads once.
     pub weight_bytes: f64,
     /// `decode_s` over the host weight-bandwidth roofline at the copy
@@ -56,6 +63,19 @@ pub fn weights_read_per_step(w: &LlamaWeights) -> usize {
     let c = &w.config;
     let all: usize = c.tensor_shapes().iter().map(|(_, s)| s.iter().product::<usize>()).sum();
     if c.tie_word_embeddings { all } else { all - c.vocab_size * c.hidden_size }
+}
+
+/// The f32 operations (a multiply-add counts two) of a `t`-token prefill into
+/// an empty cache that keeps the last logit row: every layer's products on
+/// every token, causal attention's scores and weighted sums (token `i` sees
+/// `i + 1` positions), and the head on one row. Norms, rotations and
+/// activations are left out (a few per weight-row element, not per weight).
+pub fn prefill_flops(w: &LlamaWeights, t: usize) -> f64 {
+    let c = &w.config;
+    let layer_weights: usize = c.tensor_shapes().iter().filter(|(n, s)| n.contains(".layers.") && s.len() == 2).map(|(_, s)| s.iter().product::<usize>()).sum();
+    let attention = 2 * 2 * c.num_hidden_layers * c.num_attention_heads * c.head_dim() * (t * (t + 1) / 2);
+    let head = 2 * c.vocab_size * c.hidden_size;
+    (2 * layer_weights * t + attention + head) as f64
 }
 
 fn tokens(n: usize, salt: u32) -> Vec<u32> {
@@ -110,6 +130,8 @@ pub fn bench<B: ModelBackend>(c: &mut Criterion, name: &str, b: &B, w: &LlamaWei
         verify5_s,
         verify9_s,
         prefill64_s,
+        prefill64_flops: prefill_flops(w, PREFILL),
+        prefill64_times_fma_roofline: crate::on_host(&b.device()).then(|| prefill64_s / machine.fma_limit_s(prefill_flops(w, PREFILL))),
         weight_bytes,
         decode_times_roofline: crate::on_host(&b.device()).then(|| decode_s / machine.read_limit_s(weight_bytes)),
         decode_times_read_roofline: crate::on_host(&b.device()).then(|| decode_s / machine.read_only_limit_s(weight_bytes)),

@@ -1,5 +1,7 @@
-//! The machine the report ran on: cores, CPU model, and its measured copy
-//! and read bandwidths, the yardsticks of the report's memory-bound limits.
+//! The machine the report ran on: cores, CPU model, its measured copy and
+//! read bandwidths, the yardsticks of the report's memory-bound limits, and
+//! its measured f32 FMA throughput, the yardstick of a prefill's
+//! compute-bound limit.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -25,7 +27,17 @@ pub struct Machine {
     /// repetitions. On the 2-core development machine it measured within
     /// about 13 % of the copy convention's figure, above or below it.
     pub read_bytes_per_s: f64,
+    /// f32 floating-point operations per second (an FMA counts two) of
+    /// independent FMA chains on every core at once, the widest vector path
+    /// the CPU has, best of the repetitions: what a compute-bound product
+    /// could reach at most.
+    pub fma_flops_per_s: f64,
+    /// The instructions that measured it (`avx512f`, `avx2+fma`, or
+    /// `scalar` where neither runs, a far lower ceiling than the CPU's).
+    pub fma_path: &'static str,
 }
+
+pub use fma::CHAINS as FMA_CHAINS;
 
 /// 256 MiB: far beyond the last-level cache of any CPU this runs on, so the
 /// copy measures memory, not cache.
@@ -45,6 +57,7 @@ impl Machine {
         let one = best_copy(&src, &mut dst, 1);
         let all = best_copy(&src, &mut dst, cores);
         let read = best_read(&src, 1).max(best_read(&src, cores));
+        let (fma_flops_per_s, fma_path) = fma::best_flops(cores, REPEATS);
         Machine {
             cores,
             cpu: cpu_model().unwrap_or_else(|| "unknown CPU".into()),
@@ -53,7 +66,15 @@ impl Machine {
             all_threads_bytes_per_s: all,
             copy_buffer_bytes: BUFFER,
             read_bytes_per_s: read,
+            fma_flops_per_s,
+            fma_path,
         }
+    }
+
+    /// The time (seconds) to do `flops` f32 operations at the measured FMA
+    /// throughput: a compute-bound forward's roofline on this machine.
+    pub fn fma_limit_s(&self, flops: f64) -> f64 {
+        flops / self.fma_flops_per_s
     }
 
     /// The time (seconds) to read `bytes` once at this machine's copy
@@ -123,4 +144,107 @@ fn best_copy(src: &[u64], dst: &mut [u64], threads: usize) -> f64 {
 fn cpu_model() -> Option<String> {
     let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
     info.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split_once(':')).map(|(_, v)| v.trim().to_string())
+}
+
+/// Peak f32 FMA throughput: each thread runs [`fma::CHAINS`] independent
+/// vector FMA chains (enough to cover the instruction's latency on the cores
+/// this runs on), so the loop is bound by the FMA ports, not by one chain.
+mod fma {
+    use std::hint::black_box;
+    use std::time::Instant;
+
+    /// Independent accumulators per thread.
+    pub const CHAINS: usize = 12;
+    /// FMA rounds per thread per timing: 0.05-0.2 s on a core, long enough
+    /// for the core to settle at its vector-unit clock.
+    const ROUNDS: usize = 1 << 24;
+
+    /// (flops per second on `threads` threads, best of `repeats`; the path).
+    pub fn best_flops(threads: usize, repeats: usize) -> (f64, &'static str) {
+        let (lanes, path): (usize, &'static str) = path();
+        let mut best = f64::INFINITY;
+        for _ in 0..repeats {
+            let start = Instant::now();
+            std::thread::scope(|s| {
+                for t in 0..threads {
+                    s.spawn(move || black_box(run(black_box(1.0 + t as f32 * 1e-7))));
+                }
+            });
+            best = best.min(start.elapsed().as_secs_f64());
+        }
+        let flops = 2.0 * (lanes * CHAINS * ROUNDS * threads) as f64;
+        (flops / best, path)
+    }
+
+    fn path() -> (usize, &'static str) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                return (16, "avx512f");
+            }
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                return (8, "avx2+fma");
+            }
+        }
+        (1, "scalar")
+    }
+
+    /// The chains on the path [`path`] chose; returns a sum so no chain is
+    /// dead code.
+    fn run(seed: f32) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU has AVX-512F (checked above).
+                return unsafe { x86::avx512(seed) };
+            }
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                // SAFETY: the CPU has AVX2 and FMA (checked above).
+                return unsafe { x86::avx2(seed) };
+            }
+        }
+        let mut acc = [seed; CHAINS];
+        for _ in 0..ROUNDS {
+            for a in &mut acc {
+                *a = a.mul_add(0.999_999, 1e-7);
+            }
+        }
+        acc.iter().sum()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    mod x86 {
+        use super::{CHAINS, ROUNDS};
+        use std::arch::x86_64::*;
+
+        #[target_feature(enable = "avx512f")]
+        pub unsafe fn avx512(seed: f32) -> f32 {
+            let (m, c) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+            let mut acc = [_mm512_set1_ps(seed); CHAINS];
+            for _ in 0..ROUNDS {
+                for a in &mut acc {
+                    *a = _mm512_fmadd_ps(*a, m, c);
+                }
+            }
+            acc.iter().map(|&a| _mm512_reduce_add_ps(a)).sum()
+        }
+
+        #[target_feature(enable = "avx2,fma")]
+        pub unsafe fn avx2(seed: f32) -> f32 {
+            let (m, c) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+            let mut acc = [_mm256_set1_ps(seed); CHAINS];
+            for _ in 0..ROUNDS {
+                for a in &mut acc {
+                    *a = _mm256_fmadd_ps(*a, m, c);
+                }
+            }
+            let (mut lanes, mut total) = ([0f32; 8], 0.0);
+            for a in acc {
+                // SAFETY: `lanes` holds 8 f32.
+                unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), a) };
+                total += lanes.iter().sum::<f32>();
+            }
+            total
+        }
+    }
 }

@@ -6,7 +6,8 @@
 //! speculative throughput; and the peers (HF transformers, llama.cpp's Python
 //! binding and its own server), plain and with their own n-gram drafters,
 //! timed in the same run on the same token ids
-//! (`adapters/peers/bench_generate.py`).
+//! (`adapters/peers/bench_generate.py`); and the prefill apart from the
+//! decode, ours and the plain peers', per category.
 //!
 //! Invariant: every speculative run, single or batched, must emit exactly
 //! the tokens of its plain run (greedy losslessness, DECODE-1); the first
@@ -139,6 +140,10 @@ pub struct MixRun {
     pub category: String,
     pub prompt: String,
     pub proposer: Option<String>,
+    /// The prompt's tokens, and the seconds its prefill took (the target's
+    /// and the proposer's).
+    pub prompt_tokens: usize,
+    pub prefill_s: f64,
     pub tokens: usize,
     pub tokens_per_s: f64,
     /// Over the same prompt's plain run (1 for the plain run).
@@ -205,6 +210,8 @@ pub fn measure<B: ModelBackend>(name: &str, b: &B, w: &Arc<LlamaWeights>, prompt
             category: p.category.clone(),
             prompt: p.id.clone(),
             proposer,
+            prompt_tokens: p.ids.len(),
+            prefill_s: r.timings.prefill_s,
             tokens: r.outputs[0].tokens.len(),
             tokens_per_s: r.decode_tokens_per_s(),
             speedup,
@@ -257,6 +264,8 @@ pub struct PeerRun {
     /// 0 where the decode could not be timed (`bench_generate.py`): left out
     /// of the means and ratios, and counted in the report.
     pub tokens_per_s: f64,
+    /// Generating one token from the prompt: its prefill and one step.
+    pub prefill_s: f64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -404,7 +413,54 @@ pub fn markdown(mix: &Mix, peers: &Result<Peers, String>, max_tokens: usize) -> 
         }
         Ok(peers) => peers_md(&mut md, mix, peers, &backends, &categories),
     }
+    let plain_peers: Vec<&PeerEngine> = peers.as_ref().map(|p| p.engines.iter().filter(|e| e.mode == "plain").collect()).unwrap_or_default();
+    prefill_md(&mut md, mix, &plain_peers, &backends, &categories);
     md
+}
+
+/// The prefill, apart from the decode: per category, the prompts' mean length,
+/// our plain runs' prefill tokens/s, and each plain peer's, with our ratio to
+/// it as the geometric mean over the prompts both timed.
+fn prefill_md(md: &mut String, mix: &Mix, peers: &[&PeerEngine], backends: &[&str], categories: &[&str]) {
+    let _ = writeln!(
+        md,
+        "### Prefill, same run, same token ids\n\nPrompt tokens over the prefill's seconds, mean over the category's prompts. Ours: the plain run's prefill (the target's forward over the prompt). A peer's: its one-token timing (the prefill and one decode step, best of two; `adapters/peers/bench_generate.py`), so it leans our way by one step. \"ours / X\": the geometric mean over the prompts of its seconds over ours.\n"
+    );
+    // Each prompt's category and length, as our runs saw them (a peer ran the same ids).
+    let prompts: BTreeMap<&str, (&str, usize)> = mix.runs.iter().map(|r| (r.prompt.as_str(), (r.category.as_str(), r.prompt_tokens))).collect();
+    let in_category = |prompt: &str, category: Option<&str>| prompts.get(prompt).is_some_and(|(c, _)| category.is_none_or(|want| *c == want));
+    for backend in backends {
+        let ours: BTreeMap<&str, &MixRun> = mix.runs.iter().filter(|r| r.backend == *backend && r.proposer.is_none() && r.prefill_s > 0.0).map(|r| (r.prompt.as_str(), r)).collect();
+        let mut header = format!("| category ({backend}) | prompt tokens | ours tok/s |");
+        let mut rule = "|---|---|---|".to_string();
+        for e in peers {
+            let _ = write!(header, " {} tok/s | ours / it |", e.engine);
+            rule.push_str("---|---|");
+        }
+        let _ = writeln!(md, "{header}\n{rule}");
+        for category in categories.iter().map(|c| Some(*c)).chain([None]) {
+            let mine: Vec<&MixRun> = ours.values().copied().filter(|r| in_category(&r.prompt, category)).collect();
+            let length = mean(mine.iter().map(|r| r.prompt_tokens as f64));
+            let rate = mean(mine.iter().map(|r| r.prompt_tokens as f64 / r.prefill_s));
+            let _ = write!(md, "| {} | {length:.0} | {rate:.0} |", category.unwrap_or("**overall**"));
+            for e in peers {
+                let theirs: Vec<&PeerRun> = e.runs.iter().filter(|pr| pr.prefill_s > 0.0 && in_category(&pr.prompt, category)).collect();
+                if theirs.is_empty() {
+                    let _ = write!(md, " not timed | - |");
+                    continue;
+                }
+                let peer_rate = mean(theirs.iter().map(|pr| prompts[pr.prompt.as_str()].1 as f64 / pr.prefill_s));
+                let ratios: Vec<f64> = theirs.iter().filter_map(|pr| ours.get(pr.prompt.as_str()).map(|r| pr.prefill_s / r.prefill_s)).collect();
+                if ratios.is_empty() {
+                    let _ = write!(md, " {peer_rate:.0} | - |");
+                } else {
+                    let _ = write!(md, " {peer_rate:.0} | {:.2}x |", geomean(ratios.into_iter()));
+                }
+            }
+            let _ = writeln!(md);
+        }
+        let _ = writeln!(md);
+    }
 }
 
 fn peers_md<'a>(md: &mut String, mix: &'a Mix, peers: &'a Peers, backends: &[&str], categories: &[&'a str]) {
@@ -558,6 +614,8 @@ mod tests {
             category: category.into(),
             prompt: prompt.into(),
             proposer: None,
+            prompt_tokens: 100,
+            prefill_s: 0.5,
             tokens: 10,
             tokens_per_s: 40.0,
             speedup: 1.0,
@@ -569,7 +627,7 @@ mod tests {
         let mut z = ours("z", "z1");
         z.tokens_per_s = 0.0;
         let mix = Mix { runs: vec![ours("x", "x1"), ours("x", "x2"), ours("y", "y1"), z], batches: vec![] };
-        let run = |prompt: &str, tokens_per_s: f64| PeerRun { prompt: prompt.into(), tokens: 10, decode_s: 0.1, tokens_per_s };
+        let run = |prompt: &str, tokens_per_s: f64| PeerRun { prompt: prompt.into(), tokens: 10, decode_s: 0.1, tokens_per_s, prefill_s: 1.0 };
         let engine = PeerEngine { engine: "peer".into(), version: "v".into(), mode: "plain".into(), runs: vec![run("x1", 20.0), run("x2", 0.0), run("y1", 0.0), run("z1", 30.0)] };
         let mut md = String::new();
         peers_md(&mut md, &mix, &Peers { engines: vec![engine], skipped: vec![] }, &["b"], &["x", "y", "z"]);
@@ -580,6 +638,44 @@ mod tests {
         assert!(md.contains("| **overall** | 25.0 | 2.00x |"), "{md}");
     }
 
+    /// The prefill table: per category our plain runs' and each plain peer's
+    /// prompt tokens per second, and the ratio over the prompts both timed; a
+    /// peer whose category has no timed prefill says so, and a speculative
+    /// run's prefill does not count as ours.
+    #[test]
+    fn the_prefill_table_compares_the_same_prompts() {
+        let ours = |category: &str, prompt: &str, proposer: Option<&str>, prompt_tokens: usize, prefill_s: f64| MixRun {
+            backend: "b".into(),
+            category: category.into(),
+            prompt: prompt.into(),
+            proposer: proposer.map(String::from),
+            prompt_tokens,
+            prefill_s,
+            tokens: 10,
+            tokens_per_s: 40.0,
+            speedup: 1.0,
+            steps: 10,
+            proposed: 0,
+            accepted: 0,
+            steps_by_k: vec![],
+        };
+        // x1: 100 tokens in 0.5 s (200 tok/s); x2: 300 in 1 s (300 tok/s); y1: 50 in 0.25 s.
+        let mix = Mix { runs: vec![ours("x", "x1", None, 100, 0.5), ours("x", "x1", Some("ngram"), 100, 5.0), ours("x", "x2", None, 300, 1.0), ours("y", "y1", None, 50, 0.25)], batches: vec![] };
+        let run = |prompt: &str, prefill_s: f64| PeerRun { prompt: prompt.into(), tokens: 10, decode_s: 0.1, tokens_per_s: 10.0, prefill_s };
+        // The peer: x1 in 1 s (100 tok/s, ours 2x), x2 in 0.5 s (600 tok/s, ours 0.5x), y1 untimed.
+        let engine = PeerEngine { engine: "peer".into(), version: "v".into(), mode: "plain".into(), runs: vec![run("x1", 1.0), run("x2", 0.5), run("y1", 0.0)] };
+        let mut md = String::new();
+        prefill_md(&mut md, &mix, &[&engine], &["b"], &["x", "y"]);
+        assert!(md.contains("| x | 200 | 250 | 350 | 1.00x |"), "{md}");
+        assert!(md.contains("| y | 50 | 200 | not timed | - |"), "{md}");
+        assert!(md.contains("| **overall** | 150 | 233 | 350 | 1.00x |"), "{md}");
+        // Negative control: a peer twice as slow on every prompt is 2x, not 1x.
+        let slow = PeerEngine { runs: vec![run("x1", 1.0), run("x2", 2.0)], ..engine.clone() };
+        let mut md = String::new();
+        prefill_md(&mut md, &mix, &[&slow], &["b"], &["x"]);
+        assert!(md.contains("| x | 200 | 250 | 125 | 2.00x |"), "{md}");
+    }
+
     #[test]
     fn pooling_weighs_drafts_and_steps_and_takes_the_geometric_mean() {
         let run = |speedup: f64, tokens: usize, steps: u64, proposed: u64, accepted: u64| MixRun {
@@ -587,6 +683,8 @@ mod tests {
             category: "c".into(),
             prompt: "p".into(),
             proposer: Some("ngram".into()),
+            prompt_tokens: 100,
+            prefill_s: 0.5,
             tokens,
             tokens_per_s: 10.0 * speedup,
             speedup,

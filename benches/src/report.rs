@@ -103,14 +103,17 @@ impl Report {
         let _ = writeln!(md, "Made by `{}`. Every ratio below is between times measured in this one run.\n", self.command);
         let _ = writeln!(
             md,
-            "**Machine:** {} cores, {}; copy bandwidth **{:.1} GB/s** (the larger of one thread's {:.1} and all threads' {:.1}; {} MiB buffer, read + write bytes, best of 7); read bandwidth **{:.1} GB/s** (a sum over the same buffer, the larger of one thread's and all threads', best of 7). A memory-bound limit below is the bytes a kernel must read once over the copy bandwidth, and for the forward's decode also over the read bandwidth; both are given for host backends only (an accelerator's bandwidth is not measured here).\n",
+            "**Machine:** {} cores, {}; copy bandwidth **{:.1} GB/s** (the larger of one thread's {:.1} and all threads' {:.1}; {} MiB buffer, read + write bytes, best of 7); read bandwidth **{:.1} GB/s** (a sum over the same buffer, the larger of one thread's and all threads', best of 7); f32 FMA throughput **{:.1} GFLOP/s** ({} independent FMA chains per core on every core, `{}`, best of 7). A memory-bound limit below is the bytes a kernel must read once over the copy bandwidth, and for the forward's decode also over the read bandwidth; both are given for host backends only (an accelerator's bandwidth is not measured here).\n",
             m.cores,
             m.cpu,
             m.copy_bytes_per_s / 1e9,
             m.one_thread_bytes_per_s / 1e9,
             m.all_threads_bytes_per_s / 1e9,
             m.copy_buffer_bytes >> 20,
-            m.read_bytes_per_s / 1e9
+            m.read_bytes_per_s / 1e9,
+            m.fma_flops_per_s / 1e9,
+            crate::machine::FMA_CHAINS,
+            m.fma_path
         );
         if let Some(why) = &self.e2e_failure {
             let _ = writeln!(md, "**The end-to-end section failed:** {why}\n");
@@ -231,18 +234,19 @@ impl Report {
         let _ = writeln!(md, "## SmolLM2-135M forward\n");
         let _ = writeln!(
             md,
-            "Criterion means. Context {CONTEXT} tokens; `verify5` and `verify9` are windows of {SHORT_WINDOW} and {WINDOW} tokens (k = 4, the decoder's default, and k = 8) at that context; `prefill64` a 64-token prompt into an empty cache. Each timing ends by downloading the last logit row (the verify ops read the rest on the device). Rooflines: the weights a decode step reads once (q8_0: 34 bytes per 32 weights) over the copy bandwidth, and over the read bandwidth.\n"
+            "Criterion means. Context {CONTEXT} tokens; `verify5` and `verify9` are windows of {SHORT_WINDOW} and {WINDOW} tokens (k = 4, the decoder's default, and k = 8) at that context; `prefill64` a 64-token prompt into an empty cache. Each timing ends by downloading the last logit row (the verify ops read the rest on the device). Rooflines: the weights a decode step reads once (q8_0: 34 bytes per 32 weights) over the copy bandwidth, and over the read bandwidth; for the prefill, its f32 operations (the layers' products on every token, causal attention, the head on the last row; {:.2} GFLOP) over the measured FMA throughput.\n",
+            self.forward[0].prefill64_flops / 1e9
         );
         let _ = writeln!(
             md,
-            "| backend | weights | decode (ms) | tokens/s | x copy roofline | x read roofline | verify5 / decode | verify9 (ms) | verify9 / decode | prefill64 (ms) |\n|---|---|---|---|---|---|---|---|---|---|"
+            "| backend | weights | decode (ms) | tokens/s | x copy roofline | x read roofline | verify5 / decode | verify9 (ms) | verify9 / decode | prefill64 (ms) | prefill64 x FMA roofline |\n|---|---|---|---|---|---|---|---|---|---|---|"
         );
         for f in &self.forward {
             let roofline = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.2}"));
             let (copy, read) = (roofline(f.decode_times_roofline), roofline(f.decode_times_read_roofline));
             let _ = writeln!(
                 md,
-                "| {} | {} ({:.0} MB) | {} | {:.1} | {copy} | {read} | {:.2} | {} | {:.2} | {} |",
+                "| {} | {} ({:.0} MB) | {} | {:.1} | {copy} | {read} | {:.2} | {} | {:.2} | {} | {} |",
                 f.backend,
                 f.weight_dtype,
                 f.weight_bytes / 1e6,
@@ -251,7 +255,8 @@ impl Report {
                 f.verify5_over_decode,
                 ms(f.verify9_s),
                 f.verify9_over_decode,
-                ms(f.prefill64_s)
+                ms(f.prefill64_s),
+                roofline(f.prefill64_times_fma_roofline)
             );
         }
         let _ = writeln!(md);
