@@ -657,7 +657,9 @@ pub fn ensure_llama_cpp(root: &Path, python: &Path, cpu: LlamaCpu) -> Result<Pat
         let status = Command::new(python)
             .env("CMAKE_ARGS", format!("{} -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF", cpu.cmake_flag()))
             .env("CMAKE_BUILD_PARALLEL_LEVEL", "2")
-            .args(["-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps", "-w"])
+            // No cache: pip's wheel cache is keyed on the source, not on CMAKE_ARGS, and
+            // would hand back a wheel built for another CPU.
+            .args(["-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-cache-dir", "--no-deps", "-w"])
             .arg(&wheels)
             .arg(LLAMA_CPP)
             .status()
