@@ -534,6 +534,26 @@ fn peers_md<'a>(md: &mut String, mix: &'a Mix, peers: &'a Peers, backends: &[&st
 mod tests {
     use super::*;
 
+    /// A plain run of backend `b`: 10 tokens at 40 tokens/s in 10 steps, its
+    /// 100-token prompt prefilled in 0.5 s.
+    fn plain_run(category: &str, prompt: &str) -> MixRun {
+        MixRun {
+            backend: "b".into(),
+            category: category.into(),
+            prompt: prompt.into(),
+            proposer: None,
+            prompt_tokens: 100,
+            prefill_s: 0.5,
+            tokens: 10,
+            tokens_per_s: 40.0,
+            speedup: 1.0,
+            steps: 10,
+            proposed: 0,
+            accepted: 0,
+            steps_by_k: vec![],
+        }
+    }
+
     fn prompt(category: &str, id: &str) -> MixPrompt {
         MixPrompt { category: category.into(), category_name: category.into(), id: id.into(), ids: vec![1] }
     }
@@ -609,24 +629,9 @@ mod tests {
     /// rather than a ratio of 1 over nothing.
     #[test]
     fn an_untimed_peer_prompt_is_counted_not_averaged() {
-        let ours = |category: &str, prompt: &str| MixRun {
-            backend: "b".into(),
-            category: category.into(),
-            prompt: prompt.into(),
-            proposer: None,
-            prompt_tokens: 100,
-            prefill_s: 0.5,
-            tokens: 10,
-            tokens_per_s: 40.0,
-            speedup: 1.0,
-            steps: 10,
-            proposed: 0,
-            accepted: 0,
-            steps_by_k: vec![],
-        };
-        let mut z = ours("z", "z1");
+        let mut z = plain_run("z", "z1");
         z.tokens_per_s = 0.0;
-        let mix = Mix { runs: vec![ours("x", "x1"), ours("x", "x2"), ours("y", "y1"), z], batches: vec![] };
+        let mix = Mix { runs: vec![plain_run("x", "x1"), plain_run("x", "x2"), plain_run("y", "y1"), z], batches: vec![] };
         let run = |prompt: &str, tokens_per_s: f64| PeerRun { prompt: prompt.into(), tokens: 10, decode_s: 0.1, tokens_per_s, prefill_s: 1.0 };
         let engine = PeerEngine { engine: "peer".into(), version: "v".into(), mode: "plain".into(), runs: vec![run("x1", 20.0), run("x2", 0.0), run("y1", 0.0), run("z1", 30.0)] };
         let mut md = String::new();
@@ -645,19 +650,10 @@ mod tests {
     #[test]
     fn the_prefill_table_compares_the_same_prompts() {
         let ours = |category: &str, prompt: &str, proposer: Option<&str>, prompt_tokens: usize, prefill_s: f64| MixRun {
-            backend: "b".into(),
-            category: category.into(),
-            prompt: prompt.into(),
             proposer: proposer.map(String::from),
             prompt_tokens,
             prefill_s,
-            tokens: 10,
-            tokens_per_s: 40.0,
-            speedup: 1.0,
-            steps: 10,
-            proposed: 0,
-            accepted: 0,
-            steps_by_k: vec![],
+            ..plain_run(category, prompt)
         };
         // x1: 100 tokens in 0.5 s (200 tok/s); x2: 300 in 1 s (300 tok/s); y1: 50 in 0.25 s.
         let mix = Mix { runs: vec![ours("x", "x1", None, 100, 0.5), ours("x", "x1", Some("ngram"), 100, 5.0), ours("x", "x2", None, 300, 1.0), ours("y", "y1", None, 50, 0.25)], batches: vec![] };
@@ -679,19 +675,14 @@ mod tests {
     #[test]
     fn pooling_weighs_drafts_and_steps_and_takes_the_geometric_mean() {
         let run = |speedup: f64, tokens: usize, steps: u64, proposed: u64, accepted: u64| MixRun {
-            backend: "b".into(),
-            category: "c".into(),
-            prompt: "p".into(),
             proposer: Some("ngram".into()),
-            prompt_tokens: 100,
-            prefill_s: 0.5,
             tokens,
             tokens_per_s: 10.0 * speedup,
             speedup,
             steps,
             proposed,
             accepted,
-            steps_by_k: vec![],
+            ..plain_run("c", "p")
         };
         let runs = [run(2.0, 30, 10, 20, 10), run(0.5, 10, 10, 0, 0)];
         let p = pool(runs.iter());
