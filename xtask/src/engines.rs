@@ -65,33 +65,50 @@ const LLAMA_PATHS: [&str; 2] = ["none", "prompt-lookup:3"];
 const CMAKE: &str = "cmake==3.31.6";
 
 /// The CPU llama.cpp is built for; each build has caches of its own, and a server's stamp
-/// names its flag.
+/// names its flags.
 #[derive(Clone, Copy, Debug)]
 pub enum LlamaCpu {
     /// The portable build (AVX2 and FMA, no AVX-512): the engine checks, whose recorded
     /// table ran on it, since its numerics do not depend on the machine it lands on.
     Portable,
-    /// This machine's widest vector paths (AVX-512 where the CPU has it): the speedup
-    /// report's peers, so a ratio to llama.cpp is to the build a user would make here.
-    Native,
+    /// This machine's widest vector paths (AVX-512 where the CPU has it) but not AMX: the
+    /// speedup report's peers, so a ratio to llama.cpp is to the build a user would make
+    /// here. AMX is left out because a host build with it crashed at its first forward on
+    /// a virtual machine whose CPU reports AMX (RESULTS, 2026-12-07, fifteenth session).
+    Host,
 }
 
 impl LlamaCpu {
     fn cmake_flag(self) -> &'static str {
         match self {
             Self::Portable => "-DGGML_NATIVE=OFF",
-            Self::Native => "-DGGML_NATIVE=ON",
+            Self::Host => "-DGGML_NATIVE=ON",
         }
+    }
+
+    /// Compiler flags, given as `CFLAGS` and `CXXFLAGS` (CMake's first configure reads
+    /// them; an explicit `-mno-` outlasts `-march=native` in GCC whatever the order).
+    fn compiler_flags(self) -> &'static str {
+        match self {
+            Self::Portable => "",
+            Self::Host => "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+        }
+    }
+
+    /// Both, as a build's stamp records them.
+    fn pins(self) -> String {
+        format!("{} {}", self.cmake_flag(), self.compiler_flags()).trim().to_string()
     }
 
     /// The suffix of its cache folders.
     fn suffix(self) -> &'static str {
         match self {
             Self::Portable => "",
-            Self::Native => "-native",
+            Self::Host => "-host",
         }
     }
 }
+
 /// llama.cpp's server on the tiny model: (slug suffix, its speculation flags); every one
 /// is paired with a server started without speculation for the requests with it off.
 const LLAMA_SERVER_PATHS: [(&str, &[&str]); 3] = [
@@ -644,8 +661,8 @@ impl Drop for Server {
     }
 }
 
-/// llama-cpp-python in `.cache/engines-llama[-native]`, from a wheel built once for `cpu`
-/// from PyPI's source into `.cache/wheels/llama[-native]` (10 to 20 minutes on 2 cores;
+/// llama-cpp-python in `.cache/engines-llama[-host]`, from a wheel built once for `cpu`
+/// from PyPI's source into `.cache/wheels/llama[-host]` (10 to 20 minutes on 2 cores;
 /// no binary wheel for this platform exists), stamped with its pins.
 pub fn ensure_llama_cpp(root: &Path, python: &Path, cpu: LlamaCpu) -> Result<PathBuf, String> {
     let dir = root.join(format!(".cache/engines-llama{}", cpu.suffix()));
@@ -656,6 +673,8 @@ pub fn ensure_llama_cpp(root: &Path, python: &Path, cpu: LlamaCpu) -> Result<Pat
         eprintln!("xtask: building {LLAMA_CPP} ({cpu:?} CPU) from source (once; 10 to 20 minutes on 2 cores)");
         let status = Command::new(python)
             .env("CMAKE_ARGS", format!("{} -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF", cpu.cmake_flag()))
+            .env("CFLAGS", cpu.compiler_flags())
+            .env("CXXFLAGS", cpu.compiler_flags())
             .env("CMAKE_BUILD_PARALLEL_LEVEL", "2")
             // No cache: pip's wheel cache is keyed on the source, not on CMAKE_ARGS, and
             // would hand back a wheel built for another CPU.
@@ -672,7 +691,7 @@ pub fn ensure_llama_cpp(root: &Path, python: &Path, cpu: LlamaCpu) -> Result<Pat
     pip_target(python, &dir, &packages, &[std::ffi::OsStr::new("--find-links"), wheels.as_os_str()])
 }
 
-/// llama.cpp's server (`llama-server`) in `.cache/engines-llama-server[-native]/bin`, built
+/// llama.cpp's server (`llama-server`) in `.cache/engines-llama-server[-host]/bin`, built
 /// once for `cpu` from the llama.cpp source that llama-cpp-python's PyPI source release
 /// carries (the same llama.cpp the binding runs), with CMake from PyPI: CPU only, no web
 /// UI (its build would fetch one from outside PyPI), no TLS.
@@ -680,7 +699,7 @@ pub fn llama_server(root: &Path, python: &Path, cpu: LlamaCpu) -> Result<PathBuf
     let dir = root.join(format!(".cache/engines-llama-server{}", cpu.suffix()));
     let binary = dir.join("bin/llama-server");
     let stamp = dir.join(".specdec-pins");
-    let pins = format!("{LLAMA_CPP} {CMAKE} {}", cpu.cmake_flag());
+    let pins = format!("{LLAMA_CPP} {CMAKE} {}", cpu.pins());
     if binary.exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == pins) {
         return Ok(binary);
     }
@@ -689,7 +708,7 @@ pub fn llama_server(root: &Path, python: &Path, cpu: LlamaCpu) -> Result<PathBuf
     let src = llama_cpp_source(python, &dir)?;
     let build = dir.join("build");
     eprintln!("xtask: building llama.cpp's server ({cpu:?} CPU) from {LLAMA_CPP}'s source (once)");
-    crate::run_command(Command::new(&cmake).arg("-S").arg(&src).arg("-B").arg(&build).args([
+    crate::run_command(Command::new(&cmake).env("CFLAGS", cpu.compiler_flags()).env("CXXFLAGS", cpu.compiler_flags()).arg("-S").arg(&src).arg("-B").arg(&build).args([
         "-DCMAKE_BUILD_TYPE=Release",
         cpu.cmake_flag(),
         "-DBUILD_SHARED_LIBS=OFF",

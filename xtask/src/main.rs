@@ -335,8 +335,8 @@ fn run(task: Task) -> Result<(), String> {
             if chosen("kernels") || chosen("mix") {
                 let python = peers::ensure_peers_venv(&root)?;
                 if chosen("mix") {
-                    env.push(("SPECDEC_LLAMA_CPP_PATH".into(), engines::ensure_llama_cpp(&root, &python, engines::LlamaCpu::Native)?));
-                    env.push(("SPECDEC_LLAMA_SERVER".into(), engines::llama_server(&root, &python, engines::LlamaCpu::Native)?));
+                    env.push(("SPECDEC_LLAMA_CPP_PATH".into(), engines::ensure_llama_cpp(&root, &python, engines::LlamaCpu::Host)?));
+                    env.push(("SPECDEC_LLAMA_SERVER".into(), engines::llama_server(&root, &python, engines::LlamaCpu::Host)?));
                 }
                 env.push(("SPECDEC_PEERS_PYTHON".into(), python));
             }
