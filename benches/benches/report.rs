@@ -19,8 +19,10 @@ use specdec_benches::{each_backend, forward, peer};
 use specdec_benches::{features, mix};
 use specdec_registry::Job;
 
-/// The backend the load section serves on: the fastest CPU port built.
-const SERVE_BACKEND: &str = if cfg!(feature = "libtorch") { "tch-cpu" } else { "candle-cpu" };
+/// The backend the load section serves on: `specdec serve`'s default, the
+/// fastest lossless CPU backend (RESULTS), so the section times what a user
+/// of the server gets.
+const SERVE_BACKEND: &str = "ndarray";
 
 /// Default new tokens per end-to-end run (`SPECDEC_BENCH_TOKENS` overrides).
 const MAX_TOKENS: usize = 48;
