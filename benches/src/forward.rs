@@ -121,6 +121,7 @@ pub fn bench<B: ModelBackend>(c: &mut Criterion, name: &str, b: &B, w: &LlamaWei
     let mean = |g: &str| crate::mean_ns(criterion_dir, g, name).map(|t| t / 1e9);
     let (decode_s, verify5_s, verify9_s, prefill64_s) = (mean("forward/decode")?, mean("forward/verify5")?, mean("forward/verify9")?, mean("forward/prefill64")?);
     let weight_dtype = b.model_precision().weight_dtype;
+    let prefill64_flops = prefill_flops(w, PREFILL);
     // The backend's own count where it has one (a GGUF's Q4_1 blocks read as stored).
     let weight_bytes = b.weight_bytes(&model).map_or_else(|| weights_read_per_step(w) as f64 * bytes_per_weight(weight_dtype), |n| n as f64);
     Some(ForwardTime {
@@ -130,8 +131,8 @@ pub fn bench<B: ModelBackend>(c: &mut Criterion, name: &str, b: &B, w: &LlamaWei
         verify5_s,
         verify9_s,
         prefill64_s,
-        prefill64_flops: prefill_flops(w, PREFILL),
-        prefill64_times_fma_roofline: crate::on_host(&b.device()).then(|| prefill64_s / machine.fma_limit_s(prefill_flops(w, PREFILL))),
+        prefill64_flops,
+        prefill64_times_fma_roofline: crate::on_host(&b.device()).then(|| prefill64_s / machine.fma_limit_s(prefill64_flops)),
         weight_bytes,
         decode_times_roofline: crate::on_host(&b.device()).then(|| decode_s / machine.read_limit_s(weight_bytes)),
         decode_times_read_roofline: crate::on_host(&b.device()).then(|| decode_s / machine.read_only_limit_s(weight_bytes)),

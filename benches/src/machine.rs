@@ -159,57 +159,75 @@ mod fma {
     /// for the core to settle at its vector-unit clock.
     const ROUNDS: usize = 1 << 24;
 
+    /// The widest FMA path this CPU runs, detected once.
+    #[derive(Clone, Copy)]
+    enum Path {
+        Avx512,
+        Avx2,
+        Scalar,
+    }
+
+    impl Path {
+        fn detect() -> Path {
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    return Path::Avx512;
+                }
+                if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                    return Path::Avx2;
+                }
+            }
+            Path::Scalar
+        }
+
+        /// (f32 lanes per FMA, its name in the report).
+        fn lanes_and_name(self) -> (usize, &'static str) {
+            match self {
+                Path::Avx512 => (16, "avx512f"),
+                Path::Avx2 => (8, "avx2+fma"),
+                Path::Scalar => (1, "scalar"),
+            }
+        }
+
+        /// The chains on this path; returns a sum so no chain is dead code.
+        fn run(self, seed: f32) -> f32 {
+            match self {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `detect` found AVX-512F on this CPU.
+                Path::Avx512 => unsafe { x86::avx512(seed) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `detect` found AVX2 and FMA on this CPU.
+                Path::Avx2 => unsafe { x86::avx2(seed) },
+                _ => {
+                    let mut acc = [seed; CHAINS];
+                    for _ in 0..ROUNDS {
+                        for a in &mut acc {
+                            *a = a.mul_add(0.999_999, 1e-7);
+                        }
+                    }
+                    acc.iter().sum()
+                }
+            }
+        }
+    }
+
     /// (flops per second on `threads` threads, best of `repeats`; the path).
     pub fn best_flops(threads: usize, repeats: usize) -> (f64, &'static str) {
-        let (lanes, path): (usize, &'static str) = path();
+        let path = Path::detect();
         let mut best = f64::INFINITY;
         for _ in 0..repeats {
             let start = Instant::now();
             std::thread::scope(|s| {
                 for t in 0..threads {
-                    s.spawn(move || black_box(run(black_box(1.0 + t as f32 * 1e-7))));
+                    s.spawn(move || black_box(path.run(black_box(1.0 + t as f32 * 1e-7))));
                 }
             });
             best = best.min(start.elapsed().as_secs_f64());
         }
+        let (lanes, name) = path.lanes_and_name();
         let flops = 2.0 * (lanes * CHAINS * ROUNDS * threads) as f64;
-        (flops / best, path)
-    }
-
-    fn path() -> (usize, &'static str) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                return (16, "avx512f");
-            }
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-                return (8, "avx2+fma");
-            }
-        }
-        (1, "scalar")
-    }
-
-    /// The chains on the path [`path`] chose; returns a sum so no chain is
-    /// dead code.
-    fn run(seed: f32) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                // SAFETY: the CPU has AVX-512F (checked above).
-                return unsafe { x86::avx512(seed) };
-            }
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-                // SAFETY: the CPU has AVX2 and FMA (checked above).
-                return unsafe { x86::avx2(seed) };
-            }
-        }
-        let mut acc = [seed; CHAINS];
-        for _ in 0..ROUNDS {
-            for a in &mut acc {
-                *a = a.mul_add(0.999_999, 1e-7);
-            }
-        }
-        acc.iter().sum()
+        (flops / best, name)
     }
 
     #[cfg(target_arch = "x86_64")]
