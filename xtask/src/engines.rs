@@ -95,6 +95,13 @@ impl LlamaCpu {
         }
     }
 
+    /// [`Self::compiler_flags`] as a build's environment: none for the portable build, which
+    /// leaves the caller's own `CFLAGS` as they were.
+    fn compiler_env(self) -> Vec<(&'static str, &'static str)> {
+        let flags = self.compiler_flags();
+        if flags.is_empty() { Vec::new() } else { vec![("CFLAGS", flags), ("CXXFLAGS", flags)] }
+    }
+
     /// Both, as a build's stamp records them.
     fn pins(self) -> String {
         format!("{} {}", self.cmake_flag(), self.compiler_flags()).trim().to_string()
@@ -673,8 +680,7 @@ pub fn ensure_llama_cpp(root: &Path, python: &Path, cpu: LlamaCpu) -> Result<Pat
         eprintln!("xtask: building {LLAMA_CPP} ({cpu:?} CPU) from source (once; 10 to 20 minutes on 2 cores)");
         let status = Command::new(python)
             .env("CMAKE_ARGS", format!("{} -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF", cpu.cmake_flag()))
-            .env("CFLAGS", cpu.compiler_flags())
-            .env("CXXFLAGS", cpu.compiler_flags())
+            .envs(cpu.compiler_env())
             .env("CMAKE_BUILD_PARALLEL_LEVEL", "2")
             // No cache: pip's wheel cache is keyed on the source, not on CMAKE_ARGS, and
             // would hand back a wheel built for another CPU.
@@ -708,7 +714,7 @@ pub fn llama_server(root: &Path, python: &Path, cpu: LlamaCpu) -> Result<PathBuf
     let src = llama_cpp_source(python, &dir)?;
     let build = dir.join("build");
     eprintln!("xtask: building llama.cpp's server ({cpu:?} CPU) from {LLAMA_CPP}'s source (once)");
-    crate::run_command(Command::new(&cmake).env("CFLAGS", cpu.compiler_flags()).env("CXXFLAGS", cpu.compiler_flags()).arg("-S").arg(&src).arg("-B").arg(&build).args([
+    crate::run_command(Command::new(&cmake).envs(cpu.compiler_env()).arg("-S").arg(&src).arg("-B").arg(&build).args([
         "-DCMAKE_BUILD_TYPE=Release",
         cpu.cmake_flag(),
         "-DBUILD_SHARED_LIBS=OFF",
